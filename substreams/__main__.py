@@ -1,0 +1,5 @@
+"""`python -m substreams` is the `substreams` command."""
+
+from substreams.cli.main import main
+
+main()

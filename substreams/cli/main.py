@@ -1,0 +1,62 @@
+"""The `substreams` command.
+
+Each sub-command lives in its own module of this package and exports ``command`` (a click
+command or group); they are discovered from ``COMMANDS`` so that adding one touches no other
+file.  User mistakes (bad config, no broker, fenced publisher...) are `SubstreamsError`s and
+print one ``error:`` line with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+from confluent_kafka import KafkaException
+
+from substreams.errors import SubstreamsError
+
+COMMANDS = ("broker", "topics", "config", "demo", "verify", "acker", "submit", "bench")
+
+
+class _Main(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SubstreamsError as exc:
+            click.secho(f"error: {exc}", fg="red", err=True)
+            sys.exit(2)
+        except KafkaException as exc:
+            click.secho(f"error: Kafka: {exc.args[0]}", fg="red", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="substreams")
+def cli() -> None:
+    """Substream management on Kafka: punctuations, the trAcker acker, frontiers and
+    firm-bound epoch notifications for Python and PySpark."""
+
+
+def _register() -> None:
+    for name in COMMANDS:
+        module_name = f"substreams.cli.{name}_cmd"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue
+            raise
+        cli.add_command(module.command)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="substreams")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Reading and writing control topics.
+
+Why one transactional producer per writer: the acker puts notifications and the checkpoint
+that explains them into one transaction (exactly-once across restarts), and a zombie writer
+with the same name is fenced by Kafka.  Why chain heads are recovered by reading the topic:
+the control topic *is* the writer's durable state; nothing else is trusted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from substreams.config import Config
+from substreams.control.chain import ChainHead
+from substreams.control.messages import ControlBody, ControlRecord, record_from_wire, record_to_wire
+from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
+from substreams.kafka import client
+from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Corrupt:
+    """A control-topic message that is not a decodable control record."""
+
+    offset: int
+    reason: str
+
+
+def decode_control(msg: Message) -> ControlRecord:
+    headers = dict(msg.headers() or ())
+    codec = protocol_codec("control")
+    return record_from_wire(codec.decode(msg.value() or b"", headers.get(HEADER_FINGERPRINT)))
+
+
+class ControlTail:
+    """Follows one control topic (one partition) from an offset, decoding as it goes."""
+
+    def __init__(self, bootstrap: str, topic: str, from_offset: int = 0, config: Config | None = None) -> None:
+        self.topic = topic
+        self.position = from_offset
+        self.at_end = False
+        self._consumer: Consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
+        self._consumer.assign([TopicPartition(topic, 0, from_offset)])
+
+    def poll(self, timeout: float = 0.1, max_records: int = 500) -> list[tuple[int, ControlRecord | Corrupt]]:
+        out: list[tuple[int, ControlRecord | Corrupt]] = []
+        msgs = self._consumer.consume(max_records, timeout)
+        for msg in msgs:
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    self.at_end = True
+                    continue
+                raise SubstreamsError(f"control topic '{self.topic}': {msg.error()}")
+            self.at_end = False
+            self.position = msg.offset() + 1
+            try:
+                out.append((msg.offset(), decode_control(msg)))
+            except (SubstreamsError, ValueError, KeyError, TypeError) as exc:
+                out.append((msg.offset(), Corrupt(msg.offset(), str(exc))))
+        return out
+
+    def read_to_end(self, timeout: float = 10.0) -> Iterator[tuple[int, ControlRecord | Corrupt]]:
+        """Everything from the current position up to the end of the partition."""
+        deadline = time.monotonic() + timeout
+        self.at_end = False
+        while not self.at_end:
+            if time.monotonic() > deadline:
+                raise SubstreamsError(f"control topic '{self.topic}': no end of partition within {timeout} s")
+            yield from self.poll(0.2)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> ControlTail:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_control(bootstrap: str, topic: str, config: Config | None = None) -> list[tuple[int, ControlRecord]]:
+    """All decodable records of a control topic (a corrupt one is a ProtocolError)."""
+    with ControlTail(bootstrap, topic, 0, config) as tail:
+        out: list[tuple[int, ControlRecord]] = []
+        for offset, rec in tail.read_to_end():
+            if isinstance(rec, Corrupt):
+                raise ProtocolError(f"control topic '{topic}' offset {offset}: {rec.reason}")
+            out.append((offset, rec))
+        return out
+
+
+class ControlWriter:
+    """The single writer ``writer`` of one or more control topics, transactionally."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        writer: str,
+        topics: Iterable[str],
+        config: Config | None = None,
+        transactional_id: str | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.writer = writer
+        self.config = config
+        self.topics = list(topics)
+        self.heads: dict[str, ChainHead] = {t: ChainHead() for t in self.topics}
+        self.codec = protocol_codec("control")
+        self._producer = client.producer(
+            bootstrap, config, transactional_id=transactional_id or f"substreams.control.{writer}",
+            **{"linger.ms": 0},
+        )
+        self._guard(self._producer.init_transactions, 30)
+
+    def _guard(self, call: object, *args: object) -> None:
+        try:
+            call(*args)  # type: ignore[operator]
+        except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() in (
+                KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+            ):
+                raise PublisherFencedError(
+                    f"control writer '{self.writer}' was fenced: another instance took over"
+                ) from exc
+            raise
+
+    def recover(self) -> dict[str, list[tuple[int, ControlRecord]]]:
+        """Read every topic to its end and continue each chain where this writer left it.
+        Returns the records read, by topic (the caller may rebuild state from them)."""
+        seen: dict[str, list[tuple[int, ControlRecord]]] = {}
+        for topic in self.topics:
+            records = read_control(self.bootstrap, topic, self.config)
+            seen[topic] = records
+            head = ChainHead()
+            for _, rec in records:
+                if rec.writer == self.writer:
+                    head = ChainHead(rec.seq + 1, rec.digest)
+            self.heads[topic] = head
+        return seen
+
+    def write(self, items: Sequence[tuple[str, ControlBody]]) -> list[ControlRecord]:
+        """Append ``items`` (topic, body) in one transaction; all or nothing."""
+        if not items:
+            return []
+        heads = {t: h.copy() for t, h in self.heads.items()}
+        stamp = now_ms()
+        out: list[ControlRecord] = []
+        self._guard(self._producer.begin_transaction)
+        try:
+            for topic, body in items:
+                rec = heads[topic].append(self.writer, body, stamp)
+                out.append(rec)
+                self._producer.produce(
+                    topic, value=self.codec.encode(record_to_wire(rec)), partition=0,
+                    headers=self.codec.headers(),
+                )
+            self._guard(self._producer.commit_transaction, 30)
+        except BaseException:
+            try:
+                self._producer.abort_transaction(10)
+            except KafkaException:
+                pass
+            raise
+        self.heads = heads
+        return out
+
+    def close(self) -> None:
+        self._producer.flush(10)

@@ -1,0 +1,187 @@
+"""The control-topic protocol written down as types (seed 000, mapped onto Kafka).
+
+A substream's control topic is the only thing a subscriber needs to follow progress; it does
+not care whether the acker or the punctuation aligner wrote it.  The messages:
+
+- ``FrontierSnapshot{lower, upper, data_from}``: Strymon's InitialFrontierSnapshot, written
+  periodically because a Kafka subscriber can join at any offset.  ``upper`` holds the maximal
+  times seen; ``data_from`` says where a late subscriber starts reading the data topic.
+- ``FrontierUpdate{updates}``: Strymon's LowerFrontierUpdate, (time, +1|-1) changes.
+- ``EpochComplete{time, ranges, records}``: the per-time data announcement.  Strymon pushes
+  the data itself; on Kafka the data is already durable in the data topic, so the
+  announcement carries the exact offset ranges that hold every record of ``time``.  This is
+  what makes a firm bound possible for a reader: it reads exactly those ranges.
+- ``WriterHeartbeat``: liveness of the writer, for standby ackers.
+- ``Checkpoint``: the acker's recoverable state (ignored by subscribers).
+
+Every record also carries (writer, seq, prev_digest, digest): a hash chain per writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from substreams.frontier import Antichain, Time, UpperAntichain, time_from_wire, time_to_wire
+
+NS = "substreams."
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class OffsetRange:
+    """Offsets [start, end) of one data partition."""
+
+    stream: str
+    partition: int
+    start: int
+    end: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"stream": self.stream, "partition": self.partition, "start": self.start, "end": self.end}
+
+    @staticmethod
+    def from_wire(d: Mapping[str, Any]) -> OffsetRange:
+        return OffsetRange(d["stream"], int(d["partition"]), int(d["start"]), int(d["end"]))
+
+
+def merge_ranges(ranges: Sequence[OffsetRange]) -> tuple[OffsetRange, ...]:
+    """One range per (stream, partition): the hull of the given ones."""
+    hull: dict[tuple[str, int], tuple[int, int]] = {}
+    for r in ranges:
+        key = (r.stream, r.partition)
+        lo, hi = hull.get(key, (r.start, r.end))
+        hull[key] = (min(lo, r.start), max(hi, r.end))
+    return tuple(OffsetRange(s, p, lo, hi) for (s, p), (lo, hi) in sorted(hull.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class FrontierSnapshot:
+    substream: str
+    lower: Antichain
+    upper: UpperAntichain
+    data_from: tuple[OffsetRange, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FrontierUpdate:
+    substream: str
+    updates: tuple[tuple[Time, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EpochComplete:
+    substream: str
+    time: Time
+    ranges: tuple[OffsetRange, ...]
+    records: int
+    sealed_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriterHeartbeat:
+    substream: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    acks_offsets: tuple[tuple[int, int], ...]
+    state: bytes
+
+
+ControlBody = FrontierSnapshot | FrontierUpdate | EpochComplete | WriterHeartbeat | Checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRecord:
+    writer: str
+    seq: int
+    prev_digest: bytes
+    digest: bytes
+    written_at_ms: int
+    body: ControlBody
+
+
+# --- wire form (fastavro dicts; unions as (name, value) tuples) ----------------------------
+
+
+def _times(ts: Sequence[Time]) -> list[dict[str, Any]]:
+    return [time_to_wire(t) for t in ts]
+
+
+def body_to_wire(body: ControlBody) -> tuple[str, dict[str, Any]]:
+    if isinstance(body, FrontierSnapshot):
+        return NS + "FrontierSnapshot", {
+            "substream": body.substream,
+            "lower": _times(body.lower.elements()),
+            "upper": _times(body.upper.elements()),
+            "data_from": [r.to_wire() for r in body.data_from],
+        }
+    if isinstance(body, FrontierUpdate):
+        return NS + "FrontierUpdate", {
+            "substream": body.substream,
+            "updates": [{"time": time_to_wire(t), "delta": d} for t, d in body.updates],
+        }
+    if isinstance(body, EpochComplete):
+        return NS + "EpochComplete", {
+            "substream": body.substream,
+            "time": time_to_wire(body.time),
+            "ranges": [r.to_wire() for r in body.ranges],
+            "records": body.records,
+            "sealed_at_ms": body.sealed_at_ms,
+        }
+    if isinstance(body, WriterHeartbeat):
+        return NS + "WriterHeartbeat", {"substream": body.substream}
+    return NS + "Checkpoint", {
+        "acks_offsets": [{"partition": p, "offset": o} for p, o in body.acks_offsets],
+        "state": body.state,
+    }
+
+
+def body_from_wire(name: str, d: Mapping[str, Any]) -> ControlBody:
+    short = name.removeprefix(NS)
+    if short == "FrontierSnapshot":
+        return FrontierSnapshot(
+            d["substream"],
+            Antichain(time_from_wire(t) for t in d["lower"]),
+            UpperAntichain(time_from_wire(t) for t in d["upper"]),
+            tuple(OffsetRange.from_wire(r) for r in d["data_from"]),
+        )
+    if short == "FrontierUpdate":
+        return FrontierUpdate(
+            d["substream"], tuple((time_from_wire(u["time"]), int(u["delta"])) for u in d["updates"])
+        )
+    if short == "EpochComplete":
+        return EpochComplete(
+            d["substream"],
+            time_from_wire(d["time"]),
+            tuple(OffsetRange.from_wire(r) for r in d["ranges"]),
+            int(d["records"]),
+            int(d["sealed_at_ms"]),
+        )
+    if short == "WriterHeartbeat":
+        return WriterHeartbeat(d.get("substream"))
+    if short == "Checkpoint":
+        return Checkpoint(
+            tuple((int(x["partition"]), int(x["offset"])) for x in d["acks_offsets"]), bytes(d["state"])
+        )
+    raise ValueError(f"unknown control body type {name!r}")
+
+
+def record_to_wire(rec: ControlRecord) -> dict[str, Any]:
+    return {
+        "writer": rec.writer,
+        "seq": rec.seq,
+        "prev_digest": rec.prev_digest,
+        "digest": rec.digest,
+        "written_at_ms": rec.written_at_ms,
+        "body": body_to_wire(rec.body),
+    }
+
+
+def record_from_wire(d: Mapping[str, Any]) -> ControlRecord:
+    name, body = d["body"]
+    return ControlRecord(
+        d["writer"], int(d["seq"]), bytes(d["prev_digest"]), bytes(d["digest"]),
+        int(d["written_at_ms"]), body_from_wire(name, body),
+    )

@@ -1,0 +1,92 @@
+"""Kafka client settings in one place, so every producer and consumer agrees on them.
+
+Why explicit ``assign()`` everywhere: the embedded broker's consumer-group join is slow
+(~24 s) and its group offset commits are unreliable, so every reader of ours positions
+itself with offsets it stores itself.  Why ``read_committed``: publishers write in
+transactions (that is how a second publisher gets fenced), and readers must never see an
+aborted write.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+
+from substreams.config import Config
+from substreams.errors import BrokerError
+from substreams.kafka.embedded import read_state
+
+ENV_BOOTSTRAP = "SUBSTREAMS_BOOTSTRAP"
+
+
+def resolve_bootstrap(config: Config | None = None, override: str | None = None) -> str:
+    """The bootstrap servers to use: an explicit override, ``$SUBSTREAMS_BOOTSTRAP``, the
+    config's ``kafka.bootstrap``, and for ``embedded`` the broker recorded by `broker start`."""
+    wanted = override or os.environ.get(ENV_BOOTSTRAP) or (config.kafka.bootstrap if config else "embedded")
+    if wanted != "embedded":
+        return wanted
+    state = read_state()
+    if state is None:
+        raise BrokerError(
+            "kafka.bootstrap is 'embedded' but no embedded broker is running; "
+            "start one with `substreams broker start` (or set SUBSTREAMS_BOOTSTRAP=host:port)"
+        )
+    return state.bootstrap
+
+
+def _extra(config: Config | None) -> dict[str, Any]:
+    return dict(config.kafka.client) if config else {}
+
+
+def producer(
+    bootstrap: str,
+    config: Config | None = None,
+    *,
+    transactional_id: str | None = None,
+    **overrides: Any,
+) -> Producer:
+    settings: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 2,
+        "log_level": 3,
+    }
+    if transactional_id:
+        settings["transactional.id"] = transactional_id
+        settings["transaction.timeout.ms"] = 60000
+    settings.update(_extra(config))
+    settings.update(overrides)
+    return Producer(settings)
+
+
+def consumer(bootstrap: str, config: Config | None = None, **overrides: Any) -> Consumer:
+    settings: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        # A group id is required by librdkafka even with assign(); it is never joined.
+        "group.id": f"substreams-{uuid.uuid4().hex[:12]}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 10,
+        "log_level": 3,
+    }
+    settings.update(_extra(config))
+    settings.update(overrides)
+    return Consumer(settings)
+
+
+def admin(bootstrap: str, config: Config | None = None) -> AdminClient:
+    settings: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 3}
+    settings.update(_extra(config))
+    return AdminClient(settings)
+
+
+def headers_dict(headers: list[tuple[str, bytes]] | None) -> Mapping[str, bytes]:
+    return {k: v for k, v in headers or ()}

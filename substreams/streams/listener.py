@@ -1,0 +1,230 @@
+"""Listeners: scan a stream from an index or an order key, behind or caught up (seed 004).
+
+Why partition EOF and not high watermarks decides "caught up": the embedded broker
+under-reports ListOffsets "latest", so a listener trusting watermarks would claim to be
+caught up while records are still unread.  A listener is *caught up* once every partition
+it reads has reported end-of-partition since its last record, and *behind* otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from substreams.config import Config
+from substreams.errors import SubstreamsError
+from substreams.kafka import client
+from substreams.streams.records import Entry, times_from_wire
+from substreams.streams.schemas import (
+    HEADER_FINGERPRINT,
+    HEADER_TYPE,
+    TYPE_PUNCTUATION,
+    Codec,
+    envelope_schema,
+    protocol_codec,
+)
+
+ListenerState = Literal["behind", "caught_up"]
+
+
+@dataclass(frozen=True, slots=True)
+class PunctuationEntry:
+    """An in-band punctuation read from a data partition."""
+
+    stream: str
+    partition: int
+    index: int
+    fields: Mapping[str, Any]
+
+
+class StreamDecoder:
+    """Turns data-topic messages of one stream into entries (or punctuations)."""
+
+    def __init__(self, config: Config, stream: str) -> None:
+        self.stream = stream
+        sc = config.stream(stream)
+        self.codec = Codec(envelope_schema(sc.schema), label=f"stream '{stream}'")
+        self.punct = protocol_codec("punctuation")
+
+    def decode(self, msg: Message) -> Entry | PunctuationEntry:
+        headers = dict(msg.headers() or ())
+        value = msg.value() or b""
+        if headers.get(HEADER_TYPE) == TYPE_PUNCTUATION:
+            fields = self.punct.decode(value, headers.get(HEADER_FINGERPRINT))
+            return PunctuationEntry(self.stream, msg.partition(), msg.offset(), fields)
+        rec = self.codec.decode(value, headers.get(HEADER_FINGERPRINT, b"<none>"))
+        return Entry(
+            stream=self.stream,
+            partition=msg.partition(),
+            index=msg.offset(),
+            order_key=rec["order_key"],
+            tracking_id=rec["tracking_id"],
+            source=rec["source"],
+            times=times_from_wire(rec["times"]),
+            payload=rec["payload"],
+        )
+
+
+class Listener:
+    """Reads one stream in index order per partition.
+
+    Start: ``from_index`` (one offset for all partitions, or a mapping partition -> offset)
+    or ``from_order_key`` (the first entry whose order key is >= it, found per partition by
+    binary search; exact when order keys are non-decreasing within a partition, i.e. one
+    publisher per partition or publishers advancing together; entries below the key that a
+    search skips over are filtered out as well).  End: after ``max_entries`` entries, or once
+    every partition has passed ``until_order_key`` (entries with a larger order key are not
+    yielded), or never.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        stream: str,
+        *,
+        from_index: int | Mapping[int, int] | None = None,
+        from_order_key: int | None = None,
+        partitions: Sequence[int] | None = None,
+        max_entries: int | None = None,
+        until_order_key: int | None = None,
+        include_punctuations: bool = False,
+        bootstrap: str | None = None,
+    ) -> None:
+        if from_index is not None and from_order_key is not None:
+            raise SubstreamsError("give from_index or from_order_key, not both")
+        self.config = config
+        self.stream = stream
+        self.decoder = StreamDecoder(config, stream)
+        self.bootstrap = client.resolve_bootstrap(config, bootstrap)
+        self.partitions = list(partitions or range(config.stream(stream).partitions))
+        self.max_entries = max_entries
+        self.until_order_key = until_order_key
+        self.min_order_key = from_order_key
+        self.include_punctuations = include_punctuations
+        self.count = 0
+        self._consumer: Consumer = client.consumer(
+            self.bootstrap, config, **{"enable.partition.eof": True}
+        )
+        if from_order_key is not None:
+            starts = {p: self._search(p, from_order_key) for p in self.partitions}
+        elif isinstance(from_index, Mapping):
+            starts = {p: int(from_index.get(p, 0)) for p in self.partitions}
+        else:
+            starts = {p: int(from_index or 0) for p in self.partitions}
+        self.positions = dict(starts)
+        self._at_eof: set[int] = set()
+        self._done: set[int] = set()
+        self._consumer.assign([TopicPartition(stream, p, o) for p, o in starts.items()])
+
+    # -- order-key search ----------------------------------------------------------------
+
+    def _probe(self, probe: Consumer, partition: int, offset: int) -> tuple[int, int] | None:
+        """(offset, order key) of the first data entry at or after ``offset``, or None."""
+        probe.assign([TopicPartition(self.stream, partition, offset)])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            msg = probe.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return None
+                continue
+            entry = self.decoder.decode(msg)
+            if isinstance(entry, Entry):
+                return entry.index, entry.order_key
+        return None
+
+    def _search(self, partition: int, key: int) -> int:
+        probe = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
+        try:
+            low, high = probe.get_watermark_offsets(
+                TopicPartition(self.stream, partition), timeout=10
+            )
+            lo, hi = low, high  # invariant: every entry before lo has order key < key
+            while lo < hi:
+                mid = (lo + hi) // 2
+                found = self._probe(probe, partition, mid)
+                if found is None or found[1] >= key:
+                    hi = mid
+                else:
+                    lo = found[0] + 1
+            return lo
+        finally:
+            probe.close()
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def state(self) -> ListenerState:
+        return "caught_up" if self._at_eof >= set(self.partitions) - self._done else "behind"
+
+    @property
+    def finished(self) -> bool:
+        if self.max_entries is not None and self.count >= self.max_entries:
+            return True
+        return bool(self.partitions) and self._done >= set(self.partitions)
+
+    def poll(self, timeout: float = 1.0) -> Entry | PunctuationEntry | None:
+        """The next entry, or None after ``timeout`` seconds without one."""
+        deadline = time.monotonic() + timeout
+        while not self.finished:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            msg = self._consumer.poll(min(remaining, 0.5))
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    self._at_eof.add(msg.partition())
+                    continue
+                raise SubstreamsError(f"stream '{self.stream}': {msg.error()}")
+            self._at_eof.discard(msg.partition())
+            self.positions[msg.partition()] = msg.offset() + 1
+            entry = self.decoder.decode(msg)
+            if isinstance(entry, PunctuationEntry):
+                if self.include_punctuations:
+                    return entry
+                continue
+            if self.min_order_key is not None and entry.order_key < self.min_order_key:
+                continue
+            if self.until_order_key is not None and entry.order_key > self.until_order_key:
+                self._done.add(entry.partition)
+                self._consumer.pause([TopicPartition(self.stream, entry.partition)])
+                continue
+            self.count += 1
+            return entry
+        return None
+
+    def __iter__(self) -> Iterator[Entry | PunctuationEntry]:
+        while not self.finished:
+            entry = self.poll(1.0)
+            if entry is not None:
+                yield entry
+
+    def entries(self, idle_timeout: float | None = None) -> Iterator[Entry | PunctuationEntry]:
+        """Iterate; with ``idle_timeout`` stop once caught up and idle that long."""
+        idle_since: float | None = None
+        while not self.finished:
+            entry = self.poll(0.2)
+            if entry is not None:
+                idle_since = None
+                yield entry
+            elif idle_timeout is not None and self.state == "caught_up":
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since >= idle_timeout:
+                    return
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> Listener:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

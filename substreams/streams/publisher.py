@@ -1,0 +1,330 @@
+"""The single publisher of a (stream, source id): typed, ordered, transactional.
+
+Why transactions: Kafka fences an older producer with the same ``transactional.id`` the
+moment a newer one initialises, which is exactly Sherlock's "one publisher per stream"
+across processes, and it makes a restarted publisher's half-written batch invisible to
+``read_committed`` readers.  Within one process a second acquisition is refused at once.
+Why order keys are checked before writing: a regression would silently break every
+order-key based reader (listeners from an order key, window assignment); it is a bug in the
+caller and must surface as one.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from substreams.config import Config, StreamConfig
+from substreams.errors import (
+    OrderKeyRegressionError,
+    PublisherAlreadyAcquiredError,
+    PublisherFencedError,
+    SubstreamsError,
+)
+from substreams.frontier import Time
+from substreams.kafka import client
+from substreams.streams.records import SentRecord, times_to_wire
+from substreams.streams.schemas import TYPE_PUNCTUATION, Codec, envelope_schema, protocol_codec
+from substreams.streams.times import TimeAssigner
+
+_ACQUIRED: set[tuple[str, str, str]] = set()
+_ACQUIRED_LOCK = threading.Lock()
+
+
+def transactional_id(stream: str, source_id: str) -> str:
+    return f"substreams.pub.{stream}.{source_id}"
+
+
+class PublishHook(Protocol):
+    """A substream mechanism riding along a publisher (punctuations or acker tracking)."""
+
+    def on_send(self, record: SentRecord) -> None: ...
+
+    def on_delivered(self, record: SentRecord, offset: int) -> None: ...
+
+    def seal(self, publisher: Publisher, substream: str, time: Time) -> None: ...
+
+    def close(self, publisher: Publisher) -> None: ...
+
+
+HookFactory = Callable[["Publisher", list[str]], PublishHook]
+
+# mechanism name -> factory(publisher, substream names); filled by the mechanism packages.
+HOOK_FACTORIES: dict[str, HookFactory] = {}
+
+
+def _load_default_hooks() -> None:
+    """Import the mechanism packages so that they register their hook factories."""
+    for module in ("substreams.punctuation.hook", "substreams.acker.hook"):
+        try:
+            __import__(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+class Publisher:
+    """Appends typed entries to one stream, as one source.
+
+    ``publish`` adds to an open transaction, committed every ``batch_size`` records, on
+    ``flush()``, ``seal()`` and ``close()``.  Use it as a context manager.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        stream: str,
+        source_id: str,
+        *,
+        bootstrap: str | None = None,
+        batch_size: int = 500,
+        hooks: bool = True,
+        producer_overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.stream_config: StreamConfig = config.stream(stream)
+        self.stream = stream
+        self.source_id = source_id
+        self.bootstrap = client.resolve_bootstrap(config, bootstrap)
+        self.batch_size = batch_size
+        self.codec = Codec(envelope_schema(self.stream_config.schema), label=f"stream '{stream}'")
+        self.partitions = self.stream_config.partitions
+        self._key = (self.bootstrap, stream, source_id)
+        with _ACQUIRED_LOCK:
+            if self._key in _ACQUIRED:
+                raise PublisherAlreadyAcquiredError(
+                    f"the publisher of stream '{stream}' for source '{source_id}' is already "
+                    "acquired in this process; close it first"
+                )
+            _ACQUIRED.add(self._key)
+        self._closed = False
+        try:
+            self._producer = client.producer(
+                self.bootstrap,
+                config,
+                transactional_id=transactional_id(stream, source_id),
+                **dict(producer_overrides or {}),
+            )
+            self._producer.init_transactions(30)
+        except BaseException:
+            self._release()
+            raise
+        self._in_txn = False
+        self._pending = 0
+        self._rr = random.randrange(self.partitions)
+        self._last_order_key: int | None = None
+        self._rand = random.Random()
+        subs = config.substreams_of(stream)
+        self.assigners = {s.name: TimeAssigner(s, self.stream_config.order_key) for s in subs}
+        self._hooks: dict[str, PublishHook] = {}
+        self._hook_list: list[PublishHook] = []
+        if hooks:
+            self._install_hooks()
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def _install_hooks(self) -> None:
+        _load_default_hooks()
+        by_mechanism: dict[str, list[str]] = {}
+        for sub in self.config.substreams_of(self.stream):
+            by_mechanism.setdefault(sub.mechanism, []).append(sub.name)
+        for mechanism, names in by_mechanism.items():
+            factory = HOOK_FACTORIES.get(mechanism)
+            if factory is None:
+                continue
+            hook = factory(self, names)
+            self._hook_list.append(hook)
+            for name in names:
+                self._hooks[name] = hook
+
+    def _release(self) -> None:
+        with _ACQUIRED_LOCK:
+            _ACQUIRED.discard(self._key)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        if not self._in_txn:
+            self._guard(self._producer.begin_transaction)
+            self._in_txn = True
+
+    def _guard(self, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() in (
+                KafkaError._FENCED,
+                KafkaError.PRODUCER_FENCED,
+                KafkaError.INVALID_PRODUCER_EPOCH,
+            ):
+                raise PublisherFencedError(
+                    f"the publisher of stream '{self.stream}' for source '{self.source_id}' was "
+                    "fenced: another process acquired it"
+                ) from exc
+            raise
+
+    def partition_for(self, key: str | bytes | None) -> int:
+        if key is None:
+            self._rr = (self._rr + 1) % self.partitions
+            return self._rr
+        raw = key.encode() if isinstance(key, str) else key
+        return zlib.crc32(raw) % self.partitions
+
+    def publish(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        key: str | bytes | None = None,
+        partition: int | None = None,
+    ) -> SentRecord:
+        """Append one entry.  Raises before writing anything on an order-key regression or a
+        payload that does not fit the stream's schema."""
+        if self._closed:
+            raise SubstreamsError("publish() on a closed publisher")
+        field = self.stream_config.order_key
+        try:
+            order_key = int(payload[field])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SubstreamsError(
+                f"stream '{self.stream}': payload has no integer order key '{field}': {payload!r}"
+            ) from exc
+        if self._last_order_key is not None and order_key < self._last_order_key:
+            raise OrderKeyRegressionError(
+                f"stream '{self.stream}', source '{self.source_id}': order key {field}={order_key} "
+                f"is below the previous {self._last_order_key}; order keys must be non-decreasing"
+            )
+        if partition is None:
+            partition = self.partition_for(key)
+        elif not 0 <= partition < self.partitions:
+            raise SubstreamsError(
+                f"stream '{self.stream}' has partitions 0..{self.partitions - 1}, not {partition}"
+            )
+        times = {name: a.time_of(payload) for name, a in self.assigners.items()}
+        tracking_id = self._rand.getrandbits(64) - (1 << 63)
+        try:
+            value = self.codec.encode(
+                {
+                    "order_key": order_key,
+                    "tracking_id": tracking_id,
+                    "source": self.source_id,
+                    "times": times_to_wire(times),
+                    "payload": payload,
+                }
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise SubstreamsError(
+                f"stream '{self.stream}': payload does not match schema "
+                f"{self.stream_config.schema.get('name')}: {exc}"
+            ) from exc
+        self._last_order_key = order_key
+        record = SentRecord(self.stream, partition, order_key, tracking_id, times)
+        self._begin()
+        for hook in self._hook_list:
+            hook.on_send(record)
+        self._produce(value, partition, key, self.codec.headers(), record)
+        self._pending += 1
+        if self._pending >= self.batch_size:
+            self.flush()
+        return record
+
+    def _produce(
+        self,
+        value: bytes,
+        partition: int,
+        key: str | bytes | None,
+        headers: list[tuple[str, bytes]],
+        record: SentRecord | None,
+    ) -> None:
+        hooks = self._hook_list
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is None and record is not None:
+                offset = msg.offset()
+                for hook in hooks:
+                    hook.on_delivered(record, offset)
+
+        while True:
+            try:
+                self._producer.produce(
+                    self.stream,
+                    value=value,
+                    key=key,
+                    partition=partition,
+                    headers=headers,
+                    on_delivery=delivered,
+                )
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
+    def produce_service(self, value: bytes, partition: int, headers: list[tuple[str, bytes]]) -> None:
+        """Write a service record (a punctuation) into the open transaction."""
+        self._begin()
+        self._produce(value, partition, None, headers, None)
+        self._pending += 1
+
+    def punctuation_headers(self) -> list[tuple[str, bytes]]:
+        return protocol_codec("punctuation").headers(TYPE_PUNCTUATION)
+
+    def flush(self) -> None:
+        """Commit the open transaction: its records become visible to readers at once."""
+        if self._in_txn:
+            self._guard(self._producer.commit_transaction, 30)
+            self._in_txn = False
+            self._pending = 0
+
+    def seal(self, substream: str, time: Time) -> None:
+        """Promise that this source writes no more records at times <= ``time`` of
+        ``substream``; the substream's mechanism makes that known downstream."""
+        hook = self._hooks.get(substream)
+        if hook is None:
+            known = ", ".join(self.assigners) or "none"
+            raise SubstreamsError(
+                f"stream '{self.stream}' has no tracked substream '{substream}' (known: {known})"
+            )
+        self.flush()
+        hook.seal(self, substream, time)
+
+    def expired_sessions(self, now_ms: int) -> dict[str, list[Time]]:
+        """Sessions that the event time ``now_ms`` closes, by substream (to be sealed)."""
+        return {n: list(a.expired_sessions(now_ms)) for n, a in self.assigners.items()
+                if a.substream.kind == "session"}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.flush()
+            for hook in self._hook_list:
+                hook.close(self)
+            self._producer.flush(10)
+        finally:
+            self._closed = True
+            self._release()
+
+    def abort(self) -> None:
+        """Drop the open transaction and release the publisher (used after errors)."""
+        try:
+            if self._in_txn:
+                self._producer.abort_transaction(10)
+        except KafkaException:
+            pass
+        finally:
+            self._in_txn = False
+            self._closed = True
+            self._release()
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

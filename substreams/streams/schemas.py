@@ -1,0 +1,114 @@
+"""Avro schemas of `avro/` and a codec that refuses records written with another schema.
+
+Why a fingerprint on every record (Sherlock's "signature of the storage schema"): a reader
+that decodes bytes written with a different schema gets garbage, not an error.  Each record
+carries the 8-byte CRC-64-AVRO (Rabin) fingerprint of its writer schema's parsing canonical
+form in the ``ss.fp`` header; a codec decodes only records whose fingerprint it knows.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import fastavro
+from fastavro.schema import fingerprint as _fingerprint
+from fastavro.schema import parse_schema, to_parsing_canonical_form
+
+from substreams.errors import SchemaMismatchError
+
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+HEADER_FINGERPRINT = "ss.fp"
+HEADER_TYPE = "ss.type"
+TYPE_DATA = b"data"
+TYPE_PUNCTUATION = b"punct"
+
+# Shared named types, parsed first so that other schemas can refer to them by name.
+_SHARED = ("time", "range")
+
+
+def raw_schema(name: str) -> dict[str, Any]:
+    """The JSON of `avro/<name>.avsc`."""
+    with (SCHEMA_DIR / f"{name}.avsc").open() as fh:
+        data: dict[str, Any] = json.load(fh)
+    return data
+
+
+@cache
+def _named_types() -> dict[str, Any]:
+    named: dict[str, Any] = {}
+    for name in _SHARED:
+        parse_schema(raw_schema(name), named_schemas=named)
+    return named
+
+
+def expanded(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema with every reference to a shared named type inlined (self-contained)."""
+    named = dict(_named_types())
+    parsed = parse_schema(copy.deepcopy(dict(schema)), named_schemas=named)
+    result: dict[str, Any] = fastavro.schema.expand_schema(parsed)
+    return result
+
+
+def fingerprint(schema: Mapping[str, Any]) -> bytes:
+    """CRC-64-AVRO fingerprint of the schema's parsing canonical form."""
+    canonical = to_parsing_canonical_form(expanded(schema))
+    return bytes.fromhex(_fingerprint(canonical, "CRC-64-AVRO"))
+
+
+def envelope_schema(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The data-record schema of a stream: the envelope with the stream's record as payload."""
+    env = raw_schema("envelope")
+    for f in env["fields"]:
+        if f["name"] == "payload":
+            f["type"] = copy.deepcopy(dict(payload))
+    return env
+
+
+class Codec:
+    """Schemaless Avro encoding with the writer fingerprint checked on the way back."""
+
+    def __init__(
+        self, schema: Mapping[str, Any], label: str | None = None, *, union_names: bool = False
+    ) -> None:
+        self.schema = expanded(schema)
+        self.union_names = union_names
+        self.label = label or str(self.schema.get("name", "record"))
+        self._parsed = parse_schema(self.schema)
+        self.fingerprint = fingerprint(self.schema)
+        self.fingerprint_hex = self.fingerprint.hex().encode()
+
+    def encode(self, record: Mapping[str, Any]) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, self._parsed, record)
+        return buf.getvalue()
+
+    def decode(self, data: bytes, fingerprint_hex: bytes | None = None) -> dict[str, Any]:
+        """Decode ``data``; ``fingerprint_hex`` is the record's ``ss.fp`` header value."""
+        if fingerprint_hex is not None and fingerprint_hex != self.fingerprint_hex:
+            raise SchemaMismatchError(
+                f"{self.label}: record written with schema fingerprint "
+                f"{fingerprint_hex.decode(errors='replace')}, this reader knows "
+                f"{self.fingerprint_hex.decode()}; refusing to decode it"
+            )
+        try:
+            out: dict[str, Any] = fastavro.schemaless_reader(
+                io.BytesIO(data), self._parsed, None, return_record_name=self.union_names
+            )
+        except Exception as exc:  # fastavro raises many types on truncated/garbled input
+            raise SchemaMismatchError(f"{self.label}: cannot decode record: {exc}") from exc
+        return out
+
+    def headers(self, kind: bytes = TYPE_DATA) -> list[tuple[str, bytes]]:
+        return [(HEADER_FINGERPRINT, self.fingerprint_hex), (HEADER_TYPE, kind)]
+
+
+@cache
+def protocol_codec(name: str) -> Codec:
+    """Codec of one of the project's own protocol schemas (control, ack, punctuation...)."""
+    return Codec(raw_schema(name), label=f"{name} record", union_names=True)

@@ -1,0 +1,135 @@
+"""Shared fixtures: one Kafka-protocol broker per test session, per-test unique topics.
+
+Broker choice, in order: ``$SUBSTREAMS_BOOTSTRAP`` (any external cluster), Apache Kafka in a
+testcontainer when a Docker engine answers, else the embedded Tansu broker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from substreams.config import Config, load_config
+from substreams.kafka import client
+from substreams.kafka.embedded import EmbeddedBroker
+from substreams.kafka.topics import ensure_topics
+
+CLICK_SCHEMA = {
+    "type": "record",
+    "name": "Click",
+    "namespace": "substreams.test",
+    "fields": [
+        {"name": "user", "type": "string"},
+        {"name": "url", "type": "string"},
+        {"name": "ts", "type": "long"},
+    ],
+}
+
+
+def docker_available() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_kind() -> str:
+    if os.environ.get(client.ENV_BOOTSTRAP):
+        return "external"
+    return "docker" if docker_available() else "embedded"
+
+
+@pytest.fixture(scope="session")
+def bootstrap(kafka_kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if kafka_kind == "external":
+        yield os.environ[client.ENV_BOOTSTRAP]
+        return
+    if kafka_kind == "docker":  # pragma: no cover - no Docker engine on our machines
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer().with_kraft() as kafka:
+            yield kafka.get_bootstrap_server()
+        return
+    log = tmp_path_factory.mktemp("broker") / "broker.log"
+    with EmbeddedBroker(log_path=log) as broker:
+        yield broker.bootstrap
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may find (or clobber) a developer's recorded broker."""
+    monkeypatch.setenv("SUBSTREAMS_HOME", str(tmp_path / "home"))
+
+
+ConfigFactory = Callable[..., Config]
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, bootstrap: str) -> ConfigFactory:
+    """Write a config with uniquely named streams (a topic per test) and create its topics.
+
+    ``streams`` / ``substreams`` / ``stages`` are lists of dicts as in the YAML; every
+    name is given a unique suffix, references are rewritten to match.  Returns the
+    loaded Config; ``config.kafka.bootstrap`` points at the session's broker.
+    """
+
+    def factory(
+        streams: list[dict[str, Any]],
+        substreams: list[dict[str, Any]] | None = None,
+        stages: list[dict[str, Any]] | None = None,
+        acker: dict[str, Any] | None = None,
+        create: bool = True,
+    ) -> Config:
+        suffix = uuid.uuid4().hex[:8]
+        ren = {s["name"]: f"{s['name']}-{suffix}" for s in streams}
+        schema_path = tmp_path / "click.avsc"
+        schema_path.write_text(json.dumps(CLICK_SCHEMA))
+        doc: dict[str, Any] = {
+            "kafka": {"bootstrap": bootstrap},
+            "streams": [
+                {"schema": "click.avsc", "order_key": "ts", **s, "name": ren[s["name"]]}
+                for s in streams
+            ],
+            "substreams": [
+                {**s, "name": f"{s['name']}-{suffix}", "stream": ren[s["stream"]]}
+                for s in substreams or []
+            ],
+            "stages": [
+                {**s, "name": f"{s['name']}-{suffix}", "input": ren[s["input"]], "output": ren[s["output"]]}
+                for s in stages or []
+            ],
+            "acker": {
+                "name": f"acker-{suffix}",
+                "acks_topic": f"_acks-{suffix}",
+                "control_topic_prefix": f"_control-{suffix}.",
+                "command_topic": f"_commands-{suffix}",
+                "response_topic": f"_responses-{suffix}",
+                "dead_letter_topic": f"_dlq-{suffix}",
+                **(acker or {}),
+            },
+        }
+        path = tmp_path / f"substreams-{suffix}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        config = load_config(path)
+        if create:
+            ensure_topics(client.admin(bootstrap), config.topics())
+        return config
+
+    return factory
+
+
+def short(name: str) -> str:
+    """A test's logical name from a suffixed one ("clicks-1a2b3c4d" -> "clicks")."""
+    return name.rsplit("-", 1)[0]
