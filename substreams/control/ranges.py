@@ -1,0 +1,74 @@
+"""Reading exactly the records of one time from the offset ranges an EpochComplete names.
+
+Why ranges and not "read until the notification": records of later times interleave with
+the epoch's records, and a reader that replays (a restarted Spark batch) must get the same
+records again.  Offsets make the read deterministic.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from substreams.config import Config
+from substreams.control.messages import OffsetRange
+from substreams.errors import SubstreamsError
+from substreams.frontier import Time
+from substreams.kafka import client
+from substreams.streams.listener import StreamDecoder
+from substreams.streams.records import Entry
+
+
+def read_ranges(
+    bootstrap: str,
+    config: Config,
+    ranges: Iterable[OffsetRange],
+    substream: str | None = None,
+    time: Time | None = None,
+    timeout: float = 30.0,
+) -> list[Entry]:
+    """Every data entry inside ``ranges`` (per partition in offset order), keeping only those
+    whose time in ``substream`` is ``time`` when both are given."""
+    wanted = [r for r in ranges if r.end > r.start]
+    if not wanted:
+        return []
+    decoders: dict[str, StreamDecoder] = {}
+    out: list[Entry] = []
+    consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
+    try:
+        remaining = {(r.stream, r.partition): r for r in wanted}
+        consumer.assign([TopicPartition(r.stream, r.partition, r.start) for r in wanted])
+        deadline = _time.monotonic() + timeout
+        while remaining:
+            if _time.monotonic() > deadline:
+                missing = ", ".join(f"{s}[{p}]<{r.end}" for (s, p), r in remaining.items())
+                raise SubstreamsError(f"ranges not readable within {timeout} s: {missing}")
+            for msg in consumer.consume(1000, 0.2):
+                key = (msg.topic(), msg.partition())
+                rng = remaining.get(key)
+                if rng is None:
+                    continue
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= rng.end:
+                        del remaining[key]
+                    continue
+                if msg.offset() >= rng.end:
+                    del remaining[key]
+                    consumer.pause([TopicPartition(msg.topic(), msg.partition())])
+                    continue
+                decoder = decoders.get(rng.stream) or decoders.setdefault(
+                    rng.stream, StreamDecoder(config, rng.stream)
+                )
+                entry = decoder.decode(msg)
+                if isinstance(entry, Entry) and (
+                    substream is None or time is None or entry.times.get(substream) == time
+                ):
+                    out.append(entry)
+                if msg.offset() >= rng.end - 1:
+                    del remaining[key]
+                    consumer.pause([TopicPartition(msg.topic(), msg.partition())])
+    finally:
+        consumer.close()
+    return out

@@ -1,0 +1,783 @@
+"""Tests of the ``substreams.yaml`` loader: the shipped example and every error class.
+
+Error tests assert the file, line, dotted key and the salient part of the message,
+since pointing the user at the exact spot is the loader's whole purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from substreams import errors
+from substreams.config import (
+    AckerConfig,
+    Config,
+    KafkaConfig,
+    StageConfig,
+    StreamConfig,
+    SubstreamConfig,
+    load_config,
+)
+from substreams.config.loader import load_config_text
+from substreams.errors import ConfigError, SubstreamsError
+
+REPO = Path(__file__).resolve().parents[2]
+
+EVENT_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "Event",
+    "namespace": "test",
+    "fields": [
+        {"name": "user", "type": "string"},
+        {"name": "url", "type": "string"},
+        {"name": "ts", "type": "long"},
+        {"name": "epoch", "type": "int"},
+        {"name": "score", "type": "double"},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "maybe", "type": ["null", "long"]},
+    ],
+}
+
+STREAM = """\
+streams:
+  - name: events
+    schema: avro/event.avsc
+    order_key: ts
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A directory holding ``avro/event.avsc``; configs are written next to it."""
+    (tmp_path / "avro").mkdir()
+    (tmp_path / "avro" / "event.avsc").write_text(json.dumps(EVENT_SCHEMA))
+    return tmp_path
+
+
+def load(project: Path, text: str) -> Config:
+    path = project / "substreams.yaml"
+    path.write_text(textwrap.dedent(text))
+    return load_config(path)
+
+
+def fail(project: Path, text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load(project, text)
+    err = info.value
+    assert err.file == str(project / "substreams.yaml")
+    location = err.file
+    if err.line is not None:
+        location += f":{err.line}" + (f":{err.column}" if err.column is not None else "")
+    assert str(err).startswith(f"{location}: ")
+    return err
+
+
+def substream(*lines: str, stream: str = "events") -> str:
+    """STREAM plus one substream ``w`` (lines 6-7) followed by ``lines`` (line 8 on)."""
+    body = "".join(f"    {line}\n" for line in lines)
+    return STREAM + f"substreams:\n  - name: w\n    stream: {stream}\n" + body
+
+
+def line_of(text: str, needle: str) -> int:
+    """1-based line of the only line of ``text`` containing ``needle``."""
+    hits = [i for i, line in enumerate(textwrap.dedent(text).splitlines(), 1) if needle in line]
+    assert len(hits) == 1, hits
+    return hits[0]
+
+
+# --------------------------------------------------------------------- shipped example
+
+
+def test_shipped_example_loads_to_the_expected_model() -> None:
+    config = load_config(REPO / "substreams.yaml")
+    schema = json.loads((REPO / "avro" / "click.avsc").read_text())
+    tumbling = SubstreamConfig(
+        name="clicks_1s",
+        stream="clicks",
+        kind="tumbling",
+        field="ts",
+        size_ms=1000,
+        mechanism="acker",
+        bound="firm",
+        ordered=True,
+    )
+    expected = Config(
+        path=REPO / "substreams.yaml",
+        kafka=KafkaConfig(bootstrap="embedded", replication_factor=1, client={}),
+        streams=(
+            StreamConfig(
+                name="clicks",
+                schema_path=REPO / "avro" / "click.avsc",
+                schema=schema,
+                partitions=4,
+                order_key="ts",
+            ),
+        ),
+        substreams=(
+            tumbling,
+            SubstreamConfig(
+                name="clicks_1s_punct",
+                stream="clicks",
+                kind="tumbling",
+                field="ts",
+                size_ms=1000,
+                mechanism="punctuations",
+            ),
+            SubstreamConfig(
+                name="sessions",
+                stream="clicks",
+                kind="session",
+                field="ts",
+                key="user",
+                gap_ms=2000,
+            ),
+        ),
+        stages=(),
+        acker=AckerConfig(),
+    )
+    assert config == expected
+    assert config.kafka.embedded
+    assert schema["name"] == "Click"
+    assert schema["namespace"] == "substreams.demo"
+    assert [(f["name"], f["type"]) for f in schema["fields"]] == [
+        ("user", "string"),
+        ("url", "string"),
+        ("ts", "long"),
+    ]
+    assert config.streams[0].field_names() == ("user", "url", "ts")
+    assert config.streams[0].parsed_schema()["name"] == "substreams.demo.Click"
+
+
+def test_shipped_example_helpers_and_topics() -> None:
+    config = load_config(REPO / "substreams.yaml")
+    assert config.stream("clicks").partitions == 4
+    assert config.substream("sessions").gap_ms == 2000
+    assert [s.name for s in config.substreams_of("clicks")] == [
+        "clicks_1s",
+        "clicks_1s_punct",
+        "sessions",
+    ]
+    assert config.substreams_of("nope") == ()
+    assert config.acker.control_topic("clicks_1s") == "_substreams.control.clicks_1s"
+    assert config.topics() == [
+        ("clicks", 4),
+        ("_substreams.control.clicks_1s", 1),
+        ("_substreams.control.clicks_1s_punct", 1),
+        ("_substreams.control.sessions", 1),
+        ("_substreams.acks", 1),
+        ("_substreams.commands", 1),
+        ("_substreams.responses", 1),
+        ("_substreams.dead_letter", 1),
+    ]
+
+
+def test_unknown_stream_and_substream_lookups_name_the_known_ones() -> None:
+    config = load_config(REPO / "substreams.yaml")
+    with pytest.raises(ConfigError) as info:
+        config.stream("klicks")
+    assert "no stream named 'klicks'; known: clicks" in str(info.value)
+    assert info.value.key == "streams"
+    assert info.value.line is None
+    with pytest.raises(SubstreamsError, match="no substream named 'x'; known: clicks_1s, "):
+        config.substream("x")
+
+
+# --------------------------------------------------------------------- valid variants
+
+
+def test_defaults_are_filled_in(project: Path) -> None:
+    config = load(
+        project,
+        STREAM
+        + """\
+substreams:
+  - {name: w, stream: events, kind: tumbling, size_ms: 10}
+  - {name: s, stream: events, kind: session, key: user, gap_ms: 5, field: epoch}
+  - {name: e, stream: events, kind: epoch, field: epoch, mechanism: punctuations}
+  - {name: k, stream: events, kind: per_key, key: epoch, bound: soft, ordered: false}
+""",
+    )
+    assert config.kafka == KafkaConfig()
+    assert config.streams[0].partitions == 1
+    assert config.streams[0].schema_path == project / "avro" / "event.avsc"
+    assert config.path == project / "substreams.yaml"
+    assert config.substreams == (
+        SubstreamConfig("w", "events", "tumbling", field="ts", size_ms=10),
+        SubstreamConfig("s", "events", "session", field="epoch", key="user", gap_ms=5),
+        SubstreamConfig("e", "events", "epoch", field="epoch", mechanism="punctuations"),
+        SubstreamConfig("k", "events", "per_key", key="epoch", bound="soft", ordered=False),
+    )
+    assert config.stages == ()
+    assert config.acker == AckerConfig()
+
+
+def test_stages_client_bootstrap_and_acker_overrides(project: Path) -> None:
+    config = load(
+        project,
+        """\
+kafka:
+  bootstrap: "k1:9092,[::1]:9093"
+  replication_factor: 3
+  client: {compression.type: lz4, linger.ms: 5, enable.idempotence: true, x: 0.5}
+streams:
+  - {name: events, schema: avro/event.avsc, order_key: ts, partitions: 8}
+  - {name: enriched, schema: avro/event.avsc, order_key: epoch}
+stages:
+  - {name: enrich, input: events, output: enriched}
+  - {name: loop, input: enriched, output: enriched}
+acker:
+  name: acker-2
+  acks_partitions: 4
+  control_topic_prefix: ctl.
+  heartbeat_ms: 100
+  standby_timeout_ms: 101
+""",
+    )
+    assert config.kafka.bootstrap == "k1:9092,[::1]:9093"
+    assert not config.kafka.embedded
+    assert config.kafka.replication_factor == 3
+    assert dict(config.kafka.client) == {
+        "compression.type": "lz4",
+        "linger.ms": 5,
+        "enable.idempotence": True,
+        "x": 0.5,
+    }
+    assert config.stages == (
+        StageConfig("enrich", "events", "enriched"),
+        StageConfig("loop", "enriched", "enriched"),
+    )
+    assert config.acker.name == "acker-2"
+    assert config.acker.control_topic("w") == "ctl.w"
+    assert config.acker.standby_timeout_ms == 101
+    assert ("_substreams.acks", 4) in config.topics()
+    assert config.topics()[:2] == [("events", 8), ("enriched", 1)]
+
+
+def test_empty_sections_mean_defaults(project: Path) -> None:
+    config = load(project, "kafka:\nacker:\nsubstreams:\nstages:\n" + STREAM)
+    assert config.kafka == KafkaConfig()
+    assert config.acker == AckerConfig()
+    assert config.substreams == ()
+
+
+def test_yaml_merge_keys_share_settings(project: Path) -> None:
+    config = load(
+        project,
+        STREAM
+        + """\
+substreams:
+  - &base {name: a, stream: events, kind: tumbling, size_ms: 100, bound: soft}
+  - <<: *base
+    name: b
+""",
+    )
+    assert config.substreams[1] == SubstreamConfig(
+        "b", "events", "tumbling", field="ts", size_ms=100, bound="soft"
+    )
+
+
+def test_load_config_text_resolves_schemas_against_the_given_path(project: Path) -> None:
+    config = load_config_text(STREAM, project / "any.yaml")
+    assert config.stream("events").schema == EVENT_SCHEMA
+    assert config.path == project / "any.yaml"
+
+
+# --------------------------------------------------------------------- file and syntax
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.file == str(path)
+    assert info.value.line is None
+    assert str(info.value) == f"{path}: file not found"
+
+
+def test_yaml_syntax_error_has_line_and_column(project: Path) -> None:
+    err = fail(project, "streams:\n  - name: a\n    schema: [oops\n")
+    assert err.line == 4
+    assert err.column == 1
+    assert err.key == ""
+    assert "invalid YAML: " in str(err)
+    assert str(err).startswith(f"{err.file}:4:1: invalid YAML: ")
+
+
+def test_yaml_syntax_error_bad_indentation(project: Path) -> None:
+    err = fail(project, "kafka:\n  bootstrap: x\n bad: 1\n")
+    assert (err.line, err.column) == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "got"),
+    [
+        ("- a\n- b\n", 1, "got a list"),
+        ("just text\n", 1, "got 'just text'"),
+    ],
+)
+def test_top_level_must_be_a_mapping(project: Path, text: str, line: int, got: str) -> None:
+    err = fail(project, text)
+    assert err.line == line
+    assert err.key == ""
+    assert "the top level must be a mapping" in str(err)
+    assert got in str(err)
+
+
+def test_empty_file(project: Path) -> None:
+    err = fail(project, "# only a comment\n")
+    assert err.line is None
+    assert "the file is empty" in str(err)
+
+
+# --------------------------------------------------------------------- keys
+
+
+def test_unknown_top_level_key(project: Path) -> None:
+    text = STREAM + "substream: []\n"
+    err = fail(project, text)
+    assert err.line == line_of(text, "substream:") == 5
+    assert err.key == "substream"
+    assert err.allowed == "kafka, streams, substreams, stages, acker"
+    assert (
+        "unknown key 'substream'; allowed: kafka, streams, substreams, stages, acker;"
+        " did you mean 'substreams'?"
+    ) in str(err)
+
+
+def test_unknown_nested_key(project: Path) -> None:
+    text = substream("kind: tumbling", "sise_ms: 1")
+    err = fail(project, text)
+    assert err.line == 9
+    assert err.key == "substreams[0].sise_ms"
+    assert "unknown key 'sise_ms'" in str(err)
+    assert "did you mean 'size_ms'?" in str(err)
+
+
+def test_duplicate_key(project: Path) -> None:
+    text = "streams:\n  - name: a\n    name: b\n"
+    err = fail(project, text)
+    assert err.line == 3
+    assert err.key == "streams[0].name"
+    assert "duplicate key 'name' (first at line 2)" in str(err)
+
+
+def test_missing_required_key_is_reported_at_the_mapping(project: Path) -> None:
+    text = "streams:\n  - schema: avro/event.avsc\n    order_key: ts\n"
+    err = fail(project, text)
+    assert err.line == 2
+    assert err.key == "streams[0].name"
+    assert str(err) == f"{err.file}:2: streams[0].name: missing required key 'name'"
+
+
+def test_missing_streams(project: Path) -> None:
+    err = fail(project, "\n\nkafka: {}\n")
+    assert err.line == 3
+    assert err.key == "streams"
+    assert "missing required key 'streams'" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("streams: []\n", "at least one stream is required"),
+        ("streams: events\n", "expected a list, got 'events'"),
+        ("streams:\n- events\n", "expected a mapping, got 'events'"),
+    ],
+)
+def test_streams_shape(project: Path, text: str, problem: str) -> None:
+    err = fail(project, text)
+    assert err.key in ("streams", "streams[0]")
+    assert problem in str(err)
+
+
+# --------------------------------------------------------------------- values
+
+RF = "kafka.replication_factor"
+
+
+@pytest.mark.parametrize(
+    ("snippet", "key", "problem"),
+    [
+        ("kafka: {replication_factor: true}", RF, "expected an integer, got true"),
+        ("kafka: {replication_factor: '2'}", RF, "expected an integer, got '2'"),
+        ("kafka: {replication_factor: 1.5}", RF, "expected an integer, got 1.5"),
+        ("kafka: {bootstrap: 9092}", "kafka.bootstrap", "expected a string, got 9092 (quote it"),
+        (
+            "kafka: {client: {linger.ms: [1]}}",
+            "kafka.client.linger.ms",
+            "a string, number or boolean, got a list",
+        ),
+        ("kafka: {client: [a]}", "kafka.client", "expected a mapping, got a list"),
+        ("acker: {flush_ms: null}", "acker.flush_ms", "expected an integer, got null"),
+        ("acker: {name: 7}", "acker.name", "expected a string, got 7"),
+    ],
+)
+def test_wrong_type(project: Path, snippet: str, key: str, problem: str) -> None:
+    text = STREAM + snippet + "\n"
+    err = fail(project, text)
+    assert err.line == 5
+    assert err.key == key
+    assert problem in str(err)
+
+
+def test_wrong_type_in_substream(project: Path) -> None:
+    text = STREAM + "substreams:\n  - {name: w, stream: events, kind: tumbling, size_ms: 5,\n"
+    text += "     ordered: 'yes'}\n"
+    err = fail(project, text)
+    assert err.line == 7
+    assert err.key == "substreams[0].ordered"
+    assert err.value == "yes"
+    assert "expected a boolean (true/false), got 'yes'" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("snippet", "key", "value", "minimum"),
+    [
+        ("kafka: {replication_factor: 0}", "kafka.replication_factor", 0, 1),
+        ("acker: {acks_partitions: -1}", "acker.acks_partitions", -1, 1),
+        ("acker: {snapshot_every: 0}", "acker.snapshot_every", 0, 1),
+    ],
+)
+def test_out_of_range(project: Path, snippet: str, key: str, value: int, minimum: int) -> None:
+    err = fail(project, STREAM + snippet + "\n")
+    assert (err.line, err.key, err.value) == (5, key, value)
+    assert f"{value} is out of range; must be >= {minimum}" in str(err)
+
+
+def test_out_of_range_partitions_and_sizes(project: Path) -> None:
+    err = fail(project, STREAM + "    partitions: 0\n")
+    assert (err.line, err.key) == (5, "streams[0].partitions")
+    text = substream("kind: tumbling", "size_ms: 0")
+    err = fail(project, text)
+    assert (err.line, err.key) == (9, "substreams[0].size_ms")
+    assert "0 is out of range; must be >= 1" in str(err)
+
+
+@pytest.mark.parametrize("bad", ["my stream", "_hidden", "-x", "a/b", "'é'"])
+def test_bad_name(project: Path, bad: str) -> None:
+    text = f"streams:\n  - name: {bad}\n    schema: avro/event.avsc\n    order_key: ts\n"
+    err = fail(project, text)
+    assert (err.line, err.key) == (2, "streams[0].name")
+    assert "is not a valid name; names must match ^[A-Za-z0-9][A-Za-z0-9._-]*$" in str(err)
+
+
+def test_bad_topic_name(project: Path) -> None:
+    err = fail(project, STREAM + "acker:\n  acks_topic: 'a b'\n")
+    assert (err.line, err.key) == (6, "acker.acks_topic")
+    assert "'a b' is not a valid Kafka topic name" in str(err)
+
+
+@pytest.mark.parametrize("bad", ["localhost", "host:", "host:99999", "a:1,,b:2", "a:1 ,b:2"])
+def test_bad_bootstrap(project: Path, bad: str) -> None:
+    err = fail(project, f"kafka:\n  bootstrap: '{bad}'\n" + STREAM)
+    assert (err.line, err.key) == (2, "kafka.bootstrap")
+    assert "is not a valid bootstrap; expected 'embedded' or host:port[,host:port...]" in str(err)
+
+
+# --------------------------------------------------------------------- names and references
+
+
+def test_duplicate_stream_names(project: Path) -> None:
+    text = STREAM + "  - {name: events, schema: avro/event.avsc, order_key: ts}\n"
+    err = fail(project, text)
+    assert (err.line, err.key, err.value) == (5, "streams[1].name", "events")
+    assert "duplicate stream name 'events' (first defined at line 2)" in str(err)
+
+
+def test_duplicate_substream_names(project: Path) -> None:
+    text = STREAM + (
+        "substreams:\n"
+        "  - {name: w, stream: events, kind: per_key, key: user}\n"
+        "  - {name: w, stream: events, kind: per_key, key: url}\n"
+    )
+    err = fail(project, text)
+    assert (err.line, err.key) == (7, "substreams[1].name")
+    assert "duplicate substream name 'w' (first defined at line 6)" in str(err)
+
+
+def test_duplicate_stage_names(project: Path) -> None:
+    text = STREAM + (
+        "stages:\n"
+        "  - {name: s, input: events, output: events}\n"
+        "  - {name: s, input: events, output: events}\n"
+    )
+    err = fail(project, text)
+    assert (err.line, err.key) == (7, "stages[1].name")
+    assert "duplicate stage name 's'" in str(err)
+
+
+def test_dangling_substream_stream(project: Path) -> None:
+    text = substream("kind: per_key", "key: user", stream="evnts")
+    err = fail(project, text)
+    assert (err.line, err.key, err.value) == (7, "substreams[0].stream", "evnts")
+    assert err.allowed == "events"
+    assert "no stream named 'evnts'; streams: events" in str(err)
+
+
+@pytest.mark.parametrize(("key", "line"), [("input", 7), ("output", 8)])
+def test_dangling_stage_streams(project: Path, key: str, line: int) -> None:
+    ref = {"input": "events", "output": "events", key: "ghost"}
+    text = STREAM + (
+        f"stages:\n  - name: s\n    input: {ref['input']}\n    output: {ref['output']}\n"
+    )
+    err = fail(project, text)
+    assert (err.line, err.key) == (line, f"stages[0].{key}")
+    assert "no stream named 'ghost'; streams: events" in str(err)
+
+
+def test_stage_missing_output(project: Path) -> None:
+    err = fail(project, STREAM + "stages:\n  - {name: s, input: events}\n")
+    assert (err.line, err.key) == (6, "stages[0].output")
+    assert "missing required key 'output'" in str(err)
+
+
+# --------------------------------------------------------------------- substream kinds
+
+
+def test_bad_kind_lists_the_allowed_kinds(project: Path) -> None:
+    text = STREAM + "substreams:\n  - name: w\n    stream: events\n    kind: tumblin\n"
+    err = fail(project, text)
+    assert (err.line, err.key, err.value) == (8, "substreams[0].kind", "tumblin")
+    assert err.allowed == "epoch, tumbling, session, per_key"
+    assert str(err) == (
+        f"{err.file}:8: substreams[0].kind: 'tumblin' is not allowed;"
+        " allowed: epoch, tumbling, session, per_key"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [("mechanism", "ack", "acker, punctuations"), ("bound", "hard", "firm, soft")],
+)
+def test_bad_enumerations(project: Path, key: str, value: str, allowed: str) -> None:
+    text = substream("kind: per_key", "key: user", f"{key}: {value}")
+    err = fail(project, text)
+    assert (err.line, err.key, err.allowed) == (10, f"substreams[0].{key}", allowed)
+    assert f"'{value}' is not allowed; allowed: {allowed}" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "missing"),
+    [
+        ("tumbling", "", "size_ms"),
+        ("session", "    gap_ms: 5\n", "key"),
+        ("session", "    key: user\n", "gap_ms"),
+        ("epoch", "", "field"),
+        ("per_key", "", "key"),
+    ],
+)
+def test_kind_specific_key_missing(project: Path, kind: str, extra: str, missing: str) -> None:
+    text = STREAM + f"substreams:\n  - name: w\n    stream: events\n    kind: {kind}\n" + extra
+    err = fail(project, text)
+    assert (err.line, err.key) == (6, f"substreams[0].{missing}")
+    assert f"missing required key '{missing}' (required for kind '{kind}')" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "bad", "only"),
+    [
+        ("session", "    key: user\n    gap_ms: 5\n    size_ms: 5\n", "size_ms", "tumbling"),
+        ("tumbling", "    size_ms: 5\n    gap_ms: 5\n", "gap_ms", "session"),
+        ("tumbling", "    size_ms: 5\n    key: user\n", "key", "session, per_key"),
+        ("per_key", "    key: user\n    field: ts\n", "field", "epoch, tumbling, session"),
+    ],
+)
+def test_kind_specific_key_not_allowed(
+    project: Path, kind: str, extra: str, bad: str, only: str
+) -> None:
+    text = STREAM + f"substreams:\n  - name: w\n    stream: events\n    kind: {kind}\n" + extra
+    err = fail(project, text)
+    assert err.line == line_of(text, f"    {bad}:")
+    assert err.key == f"substreams[0].{bad}"
+    assert f"'{bad}' is not allowed for kind '{kind}'; only for: {only}" in str(err)
+
+
+# --------------------------------------------------------------------- schemas and fields
+
+
+def _schema_error(project: Path, content: str | None) -> ConfigError:
+    if content is not None:
+        (project / "avro" / "bad.avsc").write_text(content)
+    text = "streams:\n  - name: events\n    schema: avro/bad.avsc\n    order_key: ts\n"
+    err = fail(project, text)
+    assert (err.line, err.key, err.value) == (3, "streams[0].schema", "avro/bad.avsc")
+    return err
+
+
+def test_schema_file_missing(project: Path) -> None:
+    err = _schema_error(project, None)
+    assert "schema file 'avro/bad.avsc' not found (looked for " in str(err)
+    assert str(project / "avro" / "bad.avsc") in str(err)
+
+
+def test_schema_not_json(project: Path) -> None:
+    err = _schema_error(project, '{"type": "record",\n  name: x}')
+    assert "schema file 'avro/bad.avsc' is not valid JSON: " in str(err)
+    assert "at line 2, column 3" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ('"string"', "it is 'string'"),
+        ('["null", "string"]', "it is a union"),
+        ('{"type": "enum", "name": "E", "symbols": ["a"]}', "its type is 'enum', expected"),
+    ],
+)
+def test_schema_not_a_record(project: Path, content: str, why: str) -> None:
+    err = _schema_error(project, content)
+    assert f"schema file 'avro/bad.avsc' is not an Avro record schema: {why}" in str(err)
+
+
+def test_schema_invalid_avro(project: Path) -> None:
+    bad = {"type": "record", "name": "R", "fields": [{"name": "ts", "type": "lon"}]}
+    err = _schema_error(project, json.dumps(bad))
+    assert "schema file 'avro/bad.avsc' is not a valid Avro schema: " in str(err)
+    assert "lon" in str(err)
+
+
+def test_order_key_not_in_schema(project: Path) -> None:
+    text = "streams:\n  - name: events\n    schema: avro/event.avsc\n    order_key: time\n"
+    err = fail(project, text)
+    assert (err.line, err.key, err.value) == (4, "streams[0].order_key", "time")
+    assert (
+        "'time' is not a field of stream 'events'; its fields are: user (string), url (string),"
+        " ts (long), epoch (int), score (double), at (long (timestamp-millis)),"
+        " maybe (null | long)"
+    ) in str(err)
+
+
+@pytest.mark.parametrize(
+    ("field", "label"),
+    [
+        ("user", "string"),
+        ("score", "double"),
+        ("maybe", "null | long"),
+        ("at", "long (timestamp-millis)"),
+    ],
+)
+def test_order_key_of_wrong_type(project: Path, field: str, label: str) -> None:
+    text = f"streams:\n  - name: events\n    schema: avro/event.avsc\n    order_key: {field}\n"
+    err = fail(project, text)
+    assert (err.line, err.key) == (4, "streams[0].order_key")
+    assert (
+        f"field '{field}' of stream 'events' has type {label}; the order key must be a plain"
+        " int or long"
+    ) in str(err)
+    assert "fields of that type: ts, epoch" in str(err)
+    assert err.allowed == "ts, epoch"
+
+
+def test_substream_event_time_field_checked(project: Path) -> None:
+    text = substream("kind: tumbling", "size_ms: 1", "field: url")
+    err = fail(project, text)
+    assert (err.line, err.key) == (10, "substreams[0].field")
+    assert "the event-time field must be a plain int or long" in str(err)
+
+
+def test_epoch_field_not_in_schema(project: Path) -> None:
+    text = substream("kind: epoch", "field: epok")
+    err = fail(project, text)
+    assert (err.line, err.key) == (9, "substreams[0].field")
+    assert "'epok' is not a field of stream 'events'; its fields are: user (string)" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [
+        ("usr", "'usr' is not a field of stream 'events'"),
+        ("score", "the key must be a plain string, bytes, int, long, boolean"),
+    ],
+)
+def test_session_key_checked(project: Path, key: str, problem: str) -> None:
+    text = substream("kind: session", "gap_ms: 1", f"key: {key}")
+    err = fail(project, text)
+    assert (err.line, err.key, err.value) == (10, "substreams[0].key", key)
+    assert problem in str(err)
+
+
+# --------------------------------------------------------------------- acker and topics
+
+
+def test_standby_timeout_must_exceed_heartbeat(project: Path) -> None:
+    text = STREAM + "acker:\n  heartbeat_ms: 500\n  standby_timeout_ms: 500\n"
+    err = fail(project, text)
+    assert (err.line, err.key, err.value) == (7, "acker.standby_timeout_ms", 500)
+    assert "standby_timeout_ms (500) must be greater than heartbeat_ms (500)" in str(err)
+
+
+def test_heartbeat_above_default_standby_timeout_blames_heartbeat(project: Path) -> None:
+    err = fail(project, STREAM + "acker:\n  heartbeat_ms: 5000\n")
+    assert (err.line, err.key) == (6, "acker.heartbeat_ms")
+    assert "standby_timeout_ms (3000) must be greater than heartbeat_ms (5000)" in str(err)
+
+
+def test_topics_must_be_distinct(project: Path) -> None:
+    err = fail(project, STREAM + "acker:\n  command_topic: events\n")
+    assert (err.line, err.key) == (6, "acker.command_topic")
+    assert "topic 'events' is also used by streams[0].name" in str(err)
+
+
+def test_topic_collision_with_a_default_blames_the_written_value(project: Path) -> None:
+    err = fail(project, STREAM + "acker:\n  acks_topic: _substreams.commands\n")
+    assert (err.line, err.key) == (6, "acker.acks_topic")
+    assert "topic '_substreams.commands' is also used by acker.command_topic" in str(err)
+
+
+def test_topic_too_long(project: Path) -> None:
+    name = "x" * 250
+    err = fail(project, f"streams:\n  - {{name: {name}, schema: avro/event.avsc, order_key: ts}}\n")
+    assert (err.line, err.key) == (2, "streams[0].name")
+    assert "is 250 characters long; Kafka allows at most 249" in str(err)
+
+
+# --------------------------------------------------------------------- the error classes
+
+
+def test_config_error_message_format_and_pickling() -> None:
+    err = ConfigError(
+        "substreams.yaml",
+        14,
+        "substreams[1].kind",
+        "'tumblin' is not allowed; allowed: epoch, tumbling, session, per_key",
+        value="tumblin",
+        allowed="epoch, tumbling, session, per_key",
+    )
+    assert str(err) == (
+        "substreams.yaml:14: substreams[1].kind: 'tumblin' is not allowed;"
+        " allowed: epoch, tumbling, session, per_key"
+    )
+    copy = pickle.loads(pickle.dumps(err))
+    assert isinstance(copy, ConfigError)
+    assert (copy.file, copy.line, copy.key, copy.value, copy.allowed, str(copy)) == (
+        err.file,
+        err.line,
+        err.key,
+        err.value,
+        err.allowed,
+        str(err),
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ConfigError",
+        "SchemaMismatchError",
+        "OrderKeyRegressionError",
+        "PublisherFencedError",
+        "PublisherAlreadyAcquiredError",
+        "BrokerError",
+        "ProtocolError",
+    ],
+)
+def test_user_facing_errors_derive_from_substreams_error(name: str) -> None:
+    cls = getattr(errors, name)
+    assert issubclass(cls, SubstreamsError)
+    assert cls.__doc__
