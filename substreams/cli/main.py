@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException
 
 from substreams.errors import SubstreamsError
 
-COMMANDS = ("broker", "topics", "config", "demo", "verify", "acker", "submit", "bench")
+COMMANDS = ("broker", "topics", "config", "demo", "verify", "align", "acker", "submit", "bench")
 
 
 class _Main(click.Group):

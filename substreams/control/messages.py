@@ -76,6 +76,7 @@ class EpochComplete:
     ranges: tuple[OffsetRange, ...]
     records: int
     sealed_at_ms: int
+    lower_updates: tuple[tuple[Time, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +130,7 @@ def body_to_wire(body: ControlBody) -> tuple[str, dict[str, Any]]:
             "ranges": [r.to_wire() for r in body.ranges],
             "records": body.records,
             "sealed_at_ms": body.sealed_at_ms,
+            "lower_updates": [{"time": time_to_wire(t), "delta": d} for t, d in body.lower_updates],
         }
     if isinstance(body, WriterHeartbeat):
         return NS + "WriterHeartbeat", {"substream": body.substream}
@@ -158,6 +160,7 @@ def body_from_wire(name: str, d: Mapping[str, Any]) -> ControlBody:
             tuple(OffsetRange.from_wire(r) for r in d["ranges"]),
             int(d["records"]),
             int(d["sealed_at_ms"]),
+            tuple((time_from_wire(u["time"]), int(u["delta"])) for u in d.get("lower_updates", ())),
         )
     if short == "WriterHeartbeat":
         return WriterHeartbeat(d.get("substream"))

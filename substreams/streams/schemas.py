@@ -40,18 +40,38 @@ def raw_schema(name: str) -> dict[str, Any]:
 
 
 @cache
-def _named_types() -> dict[str, Any]:
-    named: dict[str, Any] = {}
+def _shared_definitions() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
     for name in _SHARED:
-        parse_schema(raw_schema(name), named_schemas=named)
-    return named
+        raw = raw_schema(name)
+        out[f"{raw['namespace']}.{raw['name']}"] = raw
+    return out
 
 
 def expanded(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """The schema with every reference to a shared named type inlined (self-contained)."""
-    named = dict(_named_types())
-    parsed = parse_schema(copy.deepcopy(dict(schema)), named_schemas=named)
-    result: dict[str, Any] = fastavro.schema.expand_schema(parsed)
+    """The schema made self-contained: the first reference to each shared named type (from
+    `avro/time.avsc`, `avro/range.avsc`) is replaced by its definition, later ones stay
+    references, as Avro requires."""
+    shared = _shared_definitions()
+    defined: set[str] = set()
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, str):
+            if node in shared and node not in defined:
+                defined.add(node)
+                return walk(copy.deepcopy(shared[node]))
+            return node
+        if isinstance(node, list):
+            return [walk(n) for n in node]
+        if isinstance(node, dict):
+            if node.get("type") in ("record", "enum", "fixed") and "name" in node:
+                ns = node.get("namespace")
+                full = node["name"] if "." in node["name"] or not ns else f"{ns}.{node['name']}"
+                defined.add(full)
+            return {k: (walk(v) if k in ("type", "fields", "items", "values") else v) for k, v in node.items()}
+        return node
+
+    result: dict[str, Any] = walk(copy.deepcopy(dict(schema)))
     return result
 
 

@@ -1,0 +1,123 @@
+"""Writer-side frontiers of one substream: the bookkeeping behind every control record.
+
+Both progress writers (the acker and the punctuation aligner) use this class, so a
+subscriber sees the same protocol whichever mechanism produced it.  The lower frontier is
+seed 000's "antichain of minimal elements in active" (active = seen, not yet complete); the
+upper frontier holds the maximal times seen.  Lower-frontier changes are not written on
+their own: they ride inside the next ``EpochComplete`` (or a ``FrontierUpdate`` on the
+writer's heartbeat when nothing completes), so a completed time costs one control record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from substreams.control.messages import (
+    ControlBody,
+    EpochComplete,
+    FrontierSnapshot,
+    FrontierUpdate,
+    OffsetRange,
+    merge_ranges,
+)
+from substreams.frontier import (
+    ChangeBatch,
+    MutableAntichain,
+    Time,
+    UpperAntichain,
+    time_from_wire,
+    time_to_wire,
+)
+
+
+class ProgressTracker:
+    """Frontiers of one substream as its writer publishes them."""
+
+    def __init__(self, substream: str, snapshot_every: int = 100) -> None:
+        self.substream = substream
+        self.snapshot_every = snapshot_every
+        self.lower = MutableAntichain()
+        self.upper = UpperAntichain()
+        self.active: set[Time] = set()
+        self.completed = 0
+        self.last_completed: Time | None = None
+        self._pending = ChangeBatch()
+        self.data_end: dict[tuple[str, int], int] = {}
+
+    def activate(self, time: Time) -> None:
+        """``time`` was seen (a record or a seal of it): it is active until completed."""
+        if time in self.active:
+            return
+        self.active.add(time)
+        self._pending.extend(self.lower.update_iter([(time, 1)]))
+        self.upper.insert(time)
+
+    def complete(
+        self, time: Time, ranges: Iterable[OffsetRange], records: int, sealed_at_ms: int
+    ) -> list[ControlBody]:
+        """The control records announcing that ``time`` is complete (plus a snapshot every
+        ``snapshot_every`` completions)."""
+        self.activate(time)
+        self.active.discard(time)
+        self._pending.extend(self.lower.update_iter([(time, -1)]))
+        merged = merge_ranges(list(ranges))
+        for r in merged:
+            key = (r.stream, r.partition)
+            self.data_end[key] = max(self.data_end.get(key, 0), r.end)
+        self.completed += 1
+        self.last_completed = time
+        out: list[ControlBody] = [
+            EpochComplete(self.substream, time, merged, records, sealed_at_ms, tuple(self._pending.drain()))
+        ]
+        if self.completed % self.snapshot_every == 0:
+            out.append(self.snapshot())
+        return out
+
+    def pending_update(self) -> FrontierUpdate | None:
+        """Lower-frontier changes not yet published (for a heartbeat tick), if any."""
+        if self._pending.is_empty():
+            return None
+        return FrontierUpdate(self.substream, tuple(self._pending.drain()))
+
+    def snapshot(self, open_starts: Mapping[tuple[str, int], int] | None = None) -> FrontierSnapshot:
+        """Both frontiers now.  ``data_from`` per data partition: the earliest known start of
+        an active time (``open_starts``), else the end of the completed data."""
+        starts = dict(self.data_end)
+        for key, start in (open_starts or {}).items():
+            starts[key] = min(start, starts.get(key, start))
+        data_from = tuple(OffsetRange(s, p, o, o) for (s, p), o in sorted(starts.items()))
+        return FrontierSnapshot(self.substream, self.lower.frontier(), self.upper.copy(), data_from)
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "active": [time_to_wire(t) for t in self.active],
+            "upper": [time_to_wire(t) for t in self.upper.elements()],
+            "completed": self.completed,
+            "last_completed": None if self.last_completed is None else time_to_wire(self.last_completed),
+            "pending": [[time_to_wire(t), d] for t, d in self._pending.iter()],
+            "data_end": [[s, p, o] for (s, p), o in self.data_end.items()],
+        }
+
+    @classmethod
+    def from_state(cls, substream: str, state: Mapping[str, Any], snapshot_every: int = 100) -> ProgressTracker:
+        tracker = cls(substream, snapshot_every)
+        for wire in state["active"]:
+            t = time_from_wire(wire)
+            tracker.active.add(t)
+            tracker.lower.update_iter([(t, 1)])
+        for wire in state["upper"]:
+            tracker.upper.insert(time_from_wire(wire))
+        tracker.completed = int(state["completed"])
+        lc = state.get("last_completed")
+        tracker.last_completed = None if lc is None else time_from_wire(lc)
+        for wire, delta in state.get("pending", ()):
+            tracker._pending.update(time_from_wire(wire), int(delta))
+        tracker.data_end = {(s, int(p)): int(o) for s, p, o in state.get("data_end", ())}
+        return tracker
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_state(), sort_keys=True)
