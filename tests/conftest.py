@@ -107,7 +107,12 @@ def make_config(tmp_path: Path, bootstrap: str) -> ConfigFactory:
                 for s in substreams or []
             ],
             "stages": [
-                {**s, "name": f"{s['name']}-{suffix}", "input": ren[s["input"]], "output": ren[s["output"]]}
+                {
+                    **s,
+                    "name": f"{s['name']}-{suffix}",
+                    "input": ren[s["input"]],
+                    "output": ren[s["output"]],
+                }
                 for s in stages or []
             ],
             "acker": {

@@ -15,7 +15,9 @@ def command() -> None:
 
 
 @command.command()
-@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default: a free one).")
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=None, help="Port (default: a free one)."
+)
 def start(port: int | None) -> None:
     """Start the broker in the background and record its address."""
     state, started = embedded.start_recorded(port)

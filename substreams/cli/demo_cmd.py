@@ -29,8 +29,12 @@ from substreams.streams.publisher import Publisher
 @click.command("demo")
 @config_option
 @bootstrap_option
-@click.option("--records", default=2000, show_default=True, type=click.IntRange(1), help="Records to publish.")
-@click.option("--users", default=20, show_default=True, type=click.IntRange(1), help="Distinct users.")
+@click.option(
+    "--records", default=2000, show_default=True, type=click.IntRange(1), help="Records to publish."
+)
+@click.option(
+    "--users", default=20, show_default=True, type=click.IntRange(1), help="Distinct users."
+)
 def command(config_path: str, bootstrap: str | None, records: int, users: int) -> None:
     """Run the demo: broker, topics, a generated workload, and what came back."""
     console = Console()
@@ -44,11 +48,18 @@ def command(config_path: str, bootstrap: str | None, records: int, users: int) -
         else:
             server = client.resolve_bootstrap(config, bootstrap)
             console.print(f"[bold]broker[/] {server}")
-        report = ensure_topics(client.admin(server, config), config.topics(), config.kafka.replication_factor)
-        console.print(f"[bold]topics[/] {len(report.created)} created, {len(report.existing)} existed")
+        report = ensure_topics(
+            client.admin(server, config), config.topics(), config.kafka.replication_factor
+        )
+        console.print(
+            f"[bold]topics[/] {len(report.created)} created, {len(report.existing)} existed"
+        )
         rng = random.Random(7)
         t0 = time.perf_counter()
-        with Publisher(config, stream.name, "demo", bootstrap=server) as pub, Progress(console=console) as bar:
+        with (
+            Publisher(config, stream.name, "demo", bootstrap=server) as pub,
+            Progress(console=console) as bar,
+        ):
             task = bar.add_task(f"publishing to {stream.name}", total=records)
             ts = 1_700_000_000_000
             for _ in range(records):

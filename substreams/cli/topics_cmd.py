@@ -22,7 +22,9 @@ def create(config_path: str, bootstrap: str | None) -> None:
     """Create the data, control, acks, command, response and dead-letter topics."""
     config = load_config(config_path)
     server = client.resolve_bootstrap(config, bootstrap)
-    report = ensure_topics(client.admin(server, config), config.topics(), config.kafka.replication_factor)
+    report = ensure_topics(
+        client.admin(server, config), config.topics(), config.kafka.replication_factor
+    )
     for name in report.created:
         click.echo(f"created  {name}")
     for name in report.existing:

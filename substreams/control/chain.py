@@ -60,18 +60,27 @@ class ChainVerifier:
         self.records += 1
         head = self.heads.setdefault(record.writer, ChainHead())
         if record.seq != head.next_seq:
-            return ChainBreak(offset, record.writer,
-                              f"seq {record.seq} where {head.next_seq} was expected "
-                              f"({'a gap' if record.seq > head.next_seq else 'a replay or duplicate'})")
+            return ChainBreak(
+                offset,
+                record.writer,
+                f"seq {record.seq} where {head.next_seq} was expected "
+                f"({'a gap' if record.seq > head.next_seq else 'a replay or duplicate'})",
+            )
         if record.prev_digest != head.digest:
-            return ChainBreak(offset, record.writer,
-                              f"prev_digest {record.prev_digest.hex()[:16]}… does not match the "
-                              f"previous record's digest {head.digest.hex()[:16]}…")
+            return ChainBreak(
+                offset,
+                record.writer,
+                f"prev_digest {record.prev_digest.hex()[:16]}… does not match the "
+                f"previous record's digest {head.digest.hex()[:16]}…",
+            )
         expected = compute_digest(record)
         if record.digest != expected:
-            return ChainBreak(offset, record.writer,
-                              f"digest {record.digest.hex()[:16]}… is not the hash of the record's "
-                              f"content ({expected.hex()[:16]}…): the record was modified")
+            return ChainBreak(
+                offset,
+                record.writer,
+                f"digest {record.digest.hex()[:16]}… is not the hash of the record's "
+                f"content ({expected.hex()[:16]}…): the record was modified",
+            )
         head.next_seq += 1
         head.digest = record.digest
         return None

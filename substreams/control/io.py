@@ -8,6 +8,7 @@ the control topic *is* the writer's durable state; nothing else is trusted.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -43,14 +44,20 @@ def decode_control(msg: Message) -> ControlRecord:
 class ControlTail:
     """Follows one control topic (one partition) from an offset, decoding as it goes."""
 
-    def __init__(self, bootstrap: str, topic: str, from_offset: int = 0, config: Config | None = None) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, from_offset: int = 0, config: Config | None = None
+    ) -> None:
         self.topic = topic
         self.position = from_offset
         self.at_end = False
-        self._consumer: Consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
+        self._consumer: Consumer = client.consumer(
+            bootstrap, config, **{"enable.partition.eof": True}
+        )
         self._consumer.assign([TopicPartition(topic, 0, from_offset)])
 
-    def poll(self, timeout: float = 0.1, max_records: int = 500) -> list[tuple[int, ControlRecord | Corrupt]]:
+    def poll(
+        self, timeout: float = 0.1, max_records: int = 500
+    ) -> list[tuple[int, ControlRecord | Corrupt]]:
         out: list[tuple[int, ControlRecord | Corrupt]] = []
         msgs = self._consumer.consume(max_records, timeout)
         for msg in msgs:
@@ -73,7 +80,9 @@ class ControlTail:
         self.at_end = False
         while not self.at_end:
             if time.monotonic() > deadline:
-                raise SubstreamsError(f"control topic '{self.topic}': no end of partition within {timeout} s")
+                raise SubstreamsError(
+                    f"control topic '{self.topic}': no end of partition within {timeout} s"
+                )
             yield from self.poll(0.2)
 
     def close(self) -> None:
@@ -86,7 +95,9 @@ class ControlTail:
         self.close()
 
 
-def read_control(bootstrap: str, topic: str, config: Config | None = None) -> list[tuple[int, ControlRecord]]:
+def read_control(
+    bootstrap: str, topic: str, config: Config | None = None
+) -> list[tuple[int, ControlRecord]]:
     """All decodable records of a control topic (a corrupt one is a ProtocolError)."""
     with ControlTail(bootstrap, topic, 0, config) as tail:
         out: list[tuple[int, ControlRecord]] = []
@@ -115,7 +126,9 @@ class ControlWriter:
         self.heads: dict[str, ChainHead] = {t: ChainHead() for t in self.topics}
         self.codec = protocol_codec("control")
         self._producer = client.producer(
-            bootstrap, config, transactional_id=transactional_id or f"substreams.control.{writer}",
+            bootstrap,
+            config,
+            transactional_id=transactional_id or f"substreams.control.{writer}",
             **{"linger.ms": 0},
         )
         self._guard(self._producer.init_transactions, 30)
@@ -126,7 +139,9 @@ class ControlWriter:
         except KafkaException as exc:
             err = exc.args[0]
             if isinstance(err, KafkaError) and err.code() in (
-                KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+                KafkaError._FENCED,
+                KafkaError.PRODUCER_FENCED,
+                KafkaError.INVALID_PRODUCER_EPOCH,
             ):
                 raise PublisherFencedError(
                     f"control writer '{self.writer}' was fenced: another instance took over"
@@ -160,15 +175,15 @@ class ControlWriter:
                 rec = heads[topic].append(self.writer, body, stamp)
                 out.append(rec)
                 self._producer.produce(
-                    topic, value=self.codec.encode(record_to_wire(rec)), partition=0,
+                    topic,
+                    value=self.codec.encode(record_to_wire(rec)),
+                    partition=0,
                     headers=self.codec.headers(),
                 )
             self._guard(self._producer.commit_transaction, 30)
         except BaseException:
-            try:
+            with contextlib.suppress(KafkaException):
                 self._producer.abort_transaction(10)
-            except KafkaException:
-                pass
             raise
         self.heads = heads
         return out

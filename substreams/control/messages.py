@@ -38,7 +38,12 @@ class OffsetRange:
     end: int
 
     def to_wire(self) -> dict[str, Any]:
-        return {"stream": self.stream, "partition": self.partition, "start": self.start, "end": self.end}
+        return {
+            "stream": self.stream,
+            "partition": self.partition,
+            "start": self.start,
+            "end": self.end,
+        }
 
     @staticmethod
     def from_wire(d: Mapping[str, Any]) -> OffsetRange:
@@ -106,7 +111,7 @@ class ControlRecord:
 # --- wire form (fastavro dicts; unions as (name, value) tuples) ----------------------------
 
 
-def _times(ts: Sequence[Time]) -> list[dict[str, Any]]:
+def _times(ts: Sequence[Time]) -> list[Any]:
     return [time_to_wire(t) for t in ts]
 
 
@@ -151,7 +156,8 @@ def body_from_wire(name: str, d: Mapping[str, Any]) -> ControlBody:
         )
     if short == "FrontierUpdate":
         return FrontierUpdate(
-            d["substream"], tuple((time_from_wire(u["time"]), int(u["delta"])) for u in d["updates"])
+            d["substream"],
+            tuple((time_from_wire(u["time"]), int(u["delta"])) for u in d["updates"]),
         )
     if short == "EpochComplete":
         return EpochComplete(
@@ -166,7 +172,8 @@ def body_from_wire(name: str, d: Mapping[str, Any]) -> ControlBody:
         return WriterHeartbeat(d.get("substream"))
     if short == "Checkpoint":
         return Checkpoint(
-            tuple((int(x["partition"]), int(x["offset"])) for x in d["acks_offsets"]), bytes(d["state"])
+            tuple((int(x["partition"]), int(x["offset"])) for x in d["acks_offsets"]),
+            bytes(d["state"]),
         )
     raise ValueError(f"unknown control body type {name!r}")
 
@@ -185,6 +192,10 @@ def record_to_wire(rec: ControlRecord) -> dict[str, Any]:
 def record_from_wire(d: Mapping[str, Any]) -> ControlRecord:
     name, body = d["body"]
     return ControlRecord(
-        d["writer"], int(d["seq"]), bytes(d["prev_digest"]), bytes(d["digest"]),
-        int(d["written_at_ms"]), body_from_wire(name, body),
+        d["writer"],
+        int(d["seq"]),
+        bytes(d["prev_digest"]),
+        bytes(d["digest"]),
+        int(d["written_at_ms"]),
+        body_from_wire(name, body),
     )

@@ -69,7 +69,9 @@ class ProgressTracker:
         self.completed += 1
         self.last_completed = time
         out: list[ControlBody] = [
-            EpochComplete(self.substream, time, merged, records, sealed_at_ms, tuple(self._pending.drain()))
+            EpochComplete(
+                self.substream, time, merged, records, sealed_at_ms, tuple(self._pending.drain())
+            )
         ]
         if self.completed % self.snapshot_every == 0:
             out.append(self.snapshot())
@@ -81,7 +83,9 @@ class ProgressTracker:
             return None
         return FrontierUpdate(self.substream, tuple(self._pending.drain()))
 
-    def snapshot(self, open_starts: Mapping[tuple[str, int], int] | None = None) -> FrontierSnapshot:
+    def snapshot(
+        self, open_starts: Mapping[tuple[str, int], int] | None = None
+    ) -> FrontierSnapshot:
         """Both frontiers now.  ``data_from`` per data partition: the earliest known start of
         an active time (``open_starts``), else the end of the completed data."""
         starts = dict(self.data_end)
@@ -97,13 +101,17 @@ class ProgressTracker:
             "active": [time_to_wire(t) for t in self.active],
             "upper": [time_to_wire(t) for t in self.upper.elements()],
             "completed": self.completed,
-            "last_completed": None if self.last_completed is None else time_to_wire(self.last_completed),
+            "last_completed": None
+            if self.last_completed is None
+            else time_to_wire(self.last_completed),
             "pending": [[time_to_wire(t), d] for t, d in self._pending.iter()],
             "data_end": [[s, p, o] for (s, p), o in self.data_end.items()],
         }
 
     @classmethod
-    def from_state(cls, substream: str, state: Mapping[str, Any], snapshot_every: int = 100) -> ProgressTracker:
+    def from_state(
+        cls, substream: str, state: Mapping[str, Any], snapshot_every: int = 100
+    ) -> ProgressTracker:
         tracker = cls(substream, snapshot_every)
         for wire in state["active"]:
             t = time_from_wire(wire)

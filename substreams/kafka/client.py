@@ -27,7 +27,11 @@ ENV_BOOTSTRAP = "SUBSTREAMS_BOOTSTRAP"
 def resolve_bootstrap(config: Config | None = None, override: str | None = None) -> str:
     """The bootstrap servers to use: an explicit override, ``$SUBSTREAMS_BOOTSTRAP``, the
     config's ``kafka.bootstrap``, and for ``embedded`` the broker recorded by `broker start`."""
-    wanted = override or os.environ.get(ENV_BOOTSTRAP) or (config.kafka.bootstrap if config else "embedded")
+    wanted = (
+        override
+        or os.environ.get(ENV_BOOTSTRAP)
+        or (config.kafka.bootstrap if config else "embedded")
+    )
     if wanted != "embedded":
         return wanted
     state = read_state()

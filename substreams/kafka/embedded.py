@@ -108,7 +108,9 @@ class EmbeddedBroker:
 
     def start(self, timeout: float = 20.0, detach: bool = False) -> EmbeddedBroker:
         if broker_answers(self.bootstrap, timeout=0.3):
-            raise BrokerError(f"port {self.port} already answers Kafka requests; choose another --port")
+            raise BrokerError(
+                f"port {self.port} already answers Kafka requests; choose another --port"
+            )
         url = f"tcp://127.0.0.1:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self._proc = subprocess.Popen(
@@ -135,7 +137,9 @@ class EmbeddedBroker:
                         raise ConnectionError(self.bootstrap)
         except RetryError as exc:
             self.stop()
-            raise BrokerError(f"the broker on {self.bootstrap} did not answer within {timeout:.0f} s") from exc
+            raise BrokerError(
+                f"the broker on {self.bootstrap} did not answer within {timeout:.0f} s"
+            ) from exc
         return self
 
     def stop(self, timeout: float = 10.0) -> None:

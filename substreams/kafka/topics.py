@@ -38,7 +38,7 @@ def ensure_topics(
         if name in have:
             if have[name] < parts:
                 raise BrokerError(
-                    f"topic '{name}' exists with {have[name]} partitions but the config wants {parts}"
+                    f"topic '{name}' exists with {have[name]} partitions; the config wants {parts}"
                 )
             report.existing.append(name)
     if missing:

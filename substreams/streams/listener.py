@@ -153,7 +153,7 @@ class Listener:
                     hi = mid
                 else:
                     lo = found[0] + 1
-            return lo
+            return int(lo)
         finally:
             probe.close()
 

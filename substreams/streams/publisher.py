@@ -263,7 +263,9 @@ class Publisher:
             except BufferError:
                 self._producer.poll(0.05)
 
-    def produce_service(self, value: bytes, partition: int, headers: list[tuple[str, bytes]]) -> None:
+    def produce_service(
+        self, value: bytes, partition: int, headers: list[tuple[str, bytes]]
+    ) -> None:
         """Write a service record (a punctuation) into the open transaction."""
         self._begin()
         self._produce(value, partition, None, headers, None)
@@ -293,8 +295,11 @@ class Publisher:
 
     def expired_sessions(self, now_ms: int) -> dict[str, list[Time]]:
         """Sessions that the event time ``now_ms`` closes, by substream (to be sealed)."""
-        return {n: list(a.expired_sessions(now_ms)) for n, a in self.assigners.items()
-                if a.substream.kind == "session"}
+        return {
+            n: list(a.expired_sessions(now_ms))
+            for n, a in self.assigners.items()
+            if a.substream.kind == "session"
+        }
 
     def close(self) -> None:
         if self._closed:

@@ -34,7 +34,7 @@ class Entry:
     payload: Mapping[str, Any]
 
 
-def times_to_wire(times: Mapping[str, Time]) -> dict[str, dict[str, Any]]:
+def times_to_wire(times: Mapping[str, Time]) -> dict[str, Any]:
     return {name: time_to_wire(t) for name, t in times.items()}
 
 

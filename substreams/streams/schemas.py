@@ -68,7 +68,10 @@ def expanded(schema: Mapping[str, Any]) -> dict[str, Any]:
                 ns = node.get("namespace")
                 full = node["name"] if "." in node["name"] or not ns else f"{ns}.{node['name']}"
                 defined.add(full)
-            return {k: (walk(v) if k in ("type", "fields", "items", "values") else v) for k, v in node.items()}
+            return {
+                k: (walk(v) if k in ("type", "fields", "items", "values") else v)
+                for k, v in node.items()
+            }
         return node
 
     result: dict[str, Any] = walk(copy.deepcopy(dict(schema)))
@@ -117,11 +120,13 @@ class Codec:
                 f"{self.fingerprint_hex.decode()}; refusing to decode it"
             )
         try:
-            out: dict[str, Any] = fastavro.schemaless_reader(
+            out = fastavro.schemaless_reader(
                 io.BytesIO(data), self._parsed, None, return_record_name=self.union_names
             )
         except Exception as exc:  # fastavro raises many types on truncated/garbled input
             raise SchemaMismatchError(f"{self.label}: cannot decode record: {exc}") from exc
+        if not isinstance(out, dict):
+            raise SchemaMismatchError(f"{self.label}: not a record: {out!r}")
         return out
 
     def headers(self, kind: bytes = TYPE_DATA) -> list[tuple[str, bytes]]:

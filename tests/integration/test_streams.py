@@ -158,7 +158,8 @@ def test_payload_not_matching_schema_is_a_clear_error(make_config: ConfigFactory
     from substreams.errors import SubstreamsError
 
     config = make_config([{"name": "clicks"}])
-    with Publisher(config, config.streams[0].name, "src") as pub, pytest.raises(
-        SubstreamsError, match="does not match schema"
+    with (
+        Publisher(config, config.streams[0].name, "src") as pub,
+        pytest.raises(SubstreamsError, match="does not match schema"),
     ):
         pub.publish({"user": 5, "url": "/", "ts": 1})

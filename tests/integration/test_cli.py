@@ -1,0 +1,101 @@
+"""The `substreams` command as a user runs it: a real process, real broker, real files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ConfigFactory
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "substreams", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
+
+
+def test_help_lists_commands_and_each_has_its_own_help() -> None:
+    top = run("--help")
+    assert top.returncode == 0
+    for name in ("broker", "topics", "config", "demo"):
+        assert name in top.stdout
+        sub = run(name, "--help")
+        assert sub.returncode == 0 and "Usage:" in sub.stdout
+    for path in (
+        ("broker", "start"),
+        ("broker", "stop"),
+        ("broker", "status"),
+        ("topics", "create"),
+        ("config", "check"),
+    ):
+        assert run(*path, "--help").returncode == 0
+
+
+def test_broker_start_status_stop(tmp_path: Path) -> None:
+    env = {"SUBSTREAMS_HOME": str(tmp_path / "home")}
+    try:
+        started = run("broker", "start", env=env)
+        assert started.returncode == 0, started.stderr
+        assert "broker started on 127.0.0.1:" in started.stdout
+        again = run("broker", "start", env=env)
+        assert "already runs" in again.stdout
+        status = run("broker", "status", env=env)
+        assert status.returncode == 0 and "answering" in status.stdout
+    finally:
+        stopped = run("broker", "stop", env=env)
+    assert "stopped" in stopped.stdout
+    after = run("broker", "status", env=env)
+    assert after.returncode == 1 and "no embedded broker is running" in after.stdout
+    assert "no embedded broker is running" in run("broker", "stop", env=env).stdout
+
+
+def test_topics_create_is_idempotent(make_config: ConfigFactory) -> None:
+    config = make_config([{"name": "clicks", "partitions": 3}], create=False)
+    wanted = len(config.topics())
+    first = run("topics", "create", "-c", str(config.path))
+    assert first.returncode == 0, first.stderr
+    assert f"{wanted} created, 0 already existed" in first.stdout
+    second = run("topics", "create", "-c", str(config.path))
+    assert f"0 created, {wanted} already existed" in second.stdout
+
+
+def test_config_check_ok_and_error_names_file_line_key(tmp_path: Path) -> None:
+    ok = run("config", "check", "-c", str(REPO / "substreams.yaml"))
+    assert ok.returncode == 0 and "ok (" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    text = (REPO / "substreams.yaml").read_text().replace("kind: tumbling", "kind: tumblin", 1)
+    bad.write_text(text)
+    (tmp_path / "avro").mkdir()
+    (tmp_path / "avro" / "click.avsc").write_text((REPO / "avro" / "click.avsc").read_text())
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if "kind: tumblin" in ln)
+    res = run("config", "check", "-c", str(bad))
+    assert res.returncode == 2
+    assert f"bad.yaml:{line}: substreams[0].kind: 'tumblin' is not allowed" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_embedded_without_broker_is_a_clear_error(tmp_path: Path) -> None:
+    env = {"SUBSTREAMS_HOME": str(tmp_path / "empty-home"), "SUBSTREAMS_BOOTSTRAP": ""}
+    res = run("topics", "create", "-c", str(REPO / "substreams.yaml"), env=env)
+    assert res.returncode == 2
+    assert "no embedded broker is running" in res.stderr and "substreams broker start" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("missing", ["nope.yaml"])
+def test_missing_config_file(missing: str, tmp_path: Path) -> None:
+    res = run("config", "check", "-c", str(tmp_path / missing))
+    assert res.returncode == 2 and missing in res.stderr and "Traceback" not in res.stderr
