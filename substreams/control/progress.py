@@ -55,10 +55,15 @@ class ProgressTracker:
         self.upper.insert(time)
 
     def complete(
-        self, time: Time, ranges: Iterable[OffsetRange], records: int, sealed_at_ms: int
+        self,
+        time: Time,
+        ranges: Iterable[OffsetRange],
+        records: int,
+        sealed_at_ms: int,
+        open_starts: Mapping[tuple[str, int], int] | None = None,
     ) -> list[ControlBody]:
         """The control records announcing that ``time`` is complete (plus a snapshot every
-        ``snapshot_every`` completions)."""
+        ``snapshot_every`` completions; ``open_starts`` as for `snapshot`)."""
         self.activate(time)
         self.active.discard(time)
         self._pending.extend(self.lower.update_iter([(time, -1)]))
@@ -74,7 +79,7 @@ class ProgressTracker:
             )
         ]
         if self.completed % self.snapshot_every == 0:
-            out.append(self.snapshot())
+            out.append(self.snapshot(open_starts))
         return out
 
     def pending_update(self) -> FrontierUpdate | None:

@@ -1,0 +1,52 @@
+"""`substreams align`: run the punctuation aligner of one substream until Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+import click
+
+from substreams.cli.options import bootstrap_option, config_option
+from substreams.config import load_config
+from substreams.punctuation.aligner import Terminated
+
+
+@click.command("align")
+@config_option
+@bootstrap_option
+@click.option("--substream", "substream", required=True, metavar="NAME",
+              help="A substream with mechanism: punctuations.")
+@click.option("-v", "--verbose", is_flag=True, help="Print a line per terminated time.")
+def command(config_path: str, bootstrap: str | None, substream: str, verbose: bool) -> None:
+    """Align the punctuations of SUBSTREAM and write its control topic (EpochComplete per
+    terminated time), so subscribers and Spark jobs follow it as they follow the acker.
+    Stops cleanly on Ctrl-C."""
+    from substreams.punctuation.service import PunctuationAligner
+
+    config = load_config(config_path)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    def report(ev: Terminated) -> None:
+        ranges = " ".join(f"{r.partition}:[{r.start},{r.end})" for r in ev.ranges) or "-"
+        click.echo(f"terminated {ev.time!r} records={ev.records} ranges={ranges}")
+
+    aligner = PunctuationAligner(
+        config, substream, bootstrap=bootstrap, on_terminated=report if verbose else None
+    )
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    click.echo(f"aligning '{substream}' -> {aligner.topic} (Ctrl-C to stop)", err=True)
+    try:
+        aligner.run(stop)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        aligner.close()
+    click.echo(
+        f"stopped: {aligner.tracker.completed} times complete, {aligner.late} late records",
+        err=True,
+    )

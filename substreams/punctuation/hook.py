@@ -1,0 +1,101 @@
+"""The producer side of punctuations: REGISTER, SEAL and UNREGISTER into every partition.
+
+Why every partition, every time: a consumer task knows that a time is over in its partitions
+only once every producer has said so *in each of them* (punctuations travel in-band, ordered
+with the data), so a seal costs P x Q messages for P producers and Q partitions -- the
+baseline's price that the acker avoids.  Why inside the publisher's transaction: the
+publisher commits its records first (``Publisher.seal`` flushes), then the punctuations are
+committed, so in every partition a SEAL follows every record the producer wrote before it.
+"""
+
+from __future__ import annotations
+
+import time as _time
+import weakref
+from collections.abc import Iterable
+
+from substreams.control.traffic import PUNCTUATION_WRITTEN, TRAFFIC
+from substreams.errors import SubstreamsError
+from substreams.frontier import Time
+from substreams.punctuation.aligner import Punctuation, PunctuationKind
+from substreams.streams.publisher import HOOK_FACTORIES, Publisher
+from substreams.streams.records import SentRecord
+from substreams.streams.schemas import protocol_codec
+
+_HOOKS: weakref.WeakKeyDictionary[Publisher, PunctuationHook] = weakref.WeakKeyDictionary()
+
+
+class PunctuationHook:
+    """Rides along a publisher for its substreams whose mechanism is ``punctuations``."""
+
+    def __init__(self, publisher: Publisher, substreams: Iterable[str]) -> None:
+        self.substreams = list(substreams)
+        self.codec = protocol_codec("punctuation")
+        _HOOKS[publisher] = self
+        for name in self.substreams:
+            self._write_all(publisher, "REGISTER", name, None)
+        publisher.flush()
+
+    def on_send(self, record: SentRecord) -> None:
+        """Nothing to do per record: punctuations only mark ends."""
+
+    def on_delivered(self, record: SentRecord, offset: int) -> None:
+        """Nothing to do per record: punctuations only mark ends."""
+
+    def register(self, publisher: Publisher, substream: str, start: Time | None) -> None:
+        """Re-register with a start time: this producer writes no time that is not ``>= start``
+        any more (a late joiner then does not hold back times the others already sealed)."""
+        self._check(substream)
+        publisher.flush()
+        self._write_all(publisher, "REGISTER", substream, start)
+        publisher.flush()
+
+    def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
+        """SEAL ``time`` into every partition, committed after the records written so far."""
+        self._check(substream)
+        self._write_all(publisher, "SEAL", substream, time)
+        publisher.flush()
+
+    def close(self, publisher: Publisher) -> None:
+        """UNREGISTER: this producer no longer holds back any time."""
+        for name in self.substreams:
+            self._write_all(publisher, "UNREGISTER", name, None)
+        publisher.flush()
+
+    def _check(self, substream: str) -> None:
+        if substream not in self.substreams:
+            raise SubstreamsError(
+                f"substream '{substream}' is not tracked by punctuations "
+                f"(punctuation substreams here: {', '.join(self.substreams) or 'none'})"
+            )
+
+    def _write_all(
+        self, publisher: Publisher, kind: PunctuationKind, substream: str, time: Time | None
+    ) -> None:
+        headers = publisher.punctuation_headers()
+        value = self.codec.encode(
+            Punctuation(
+                kind, publisher.source_id, substream, time, -1, sent_at_ms=int(_time.time() * 1000)
+            ).to_wire()
+        )
+        for partition in range(publisher.partitions):
+            publisher.produce_service(value, partition, headers)
+        TRAFFIC.add(PUNCTUATION_WRITTEN, substream, publisher.partitions)
+
+
+def hook_of(publisher: Publisher) -> PunctuationHook:
+    """The punctuation hook of ``publisher`` (to re-register it with a start time)."""
+    hook = _HOOKS.get(publisher)
+    if hook is None:
+        raise SubstreamsError(
+            f"the publisher of stream '{publisher.stream}' has no punctuation substream"
+        )
+    return hook
+
+
+def register(publisher: Publisher, substream: str, start: Time | None) -> None:
+    """Announce that ``publisher`` joins ``substream`` at ``start`` (see ``PunctuationHook``)."""
+    hook_of(publisher).register(publisher, substream, start)
+
+
+HOOK_FACTORIES["punctuations"] = PunctuationHook

@@ -1,0 +1,124 @@
+"""A consumer task of a punctuation substream: data partitions in, aligned events out.
+
+Why ``assign()`` and no consumer group: the embedded broker's group join is slow and its
+commits unreliable, and alignment needs to know exactly which partitions a task reads --
+a task knows only what its own partitions told it.  Several tasks may split the partitions
+between them; each aligns on its subset (the cost of punctuations grows with every task,
+which the ``PUNCTUATION_READ`` counter makes visible).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from substreams.config import Config
+from substreams.control.traffic import PUNCTUATION_READ, TRAFFIC
+from substreams.errors import SubstreamsError
+from substreams.kafka import client
+from substreams.punctuation.aligner import Aligner, Bound, Event, Punctuation
+from substreams.streams.listener import PunctuationEntry, StreamDecoder
+
+
+class PunctuatedReader:
+    """Reads the data topic of ``substream`` (all partitions or ``partitions``) and yields
+    :mod:`~substreams.punctuation.aligner` events under the substream's bound and order."""
+
+    def __init__(
+        self,
+        config: Config,
+        substream: str,
+        *,
+        bootstrap: str | None = None,
+        partitions: Sequence[int] | None = None,
+        from_offsets: Mapping[int, int] | None = None,
+        bound: Bound | None = None,
+        ordered: bool | None = None,
+    ) -> None:
+        sub = config.substream(substream)
+        if sub.mechanism != "punctuations":
+            raise SubstreamsError(
+                f"substream '{substream}' is tracked by the {sub.mechanism}, not by punctuations"
+            )
+        self.config = config
+        self.substream = substream
+        self.stream = sub.stream
+        total = config.stream(self.stream).partitions
+        self.partitions = sorted(set(range(total) if partitions is None else partitions))
+        bad = [p for p in self.partitions if not 0 <= p < total]
+        if bad or not self.partitions:
+            raise SubstreamsError(
+                f"stream '{self.stream}' has partitions 0..{total - 1}; cannot read {bad or 'none'}"
+            )
+        self.bootstrap = client.resolve_bootstrap(config, bootstrap)
+        self.decoder = StreamDecoder(config, self.stream)
+        self.aligner = Aligner(
+            substream,
+            self.stream,
+            self.partitions,
+            bound=bound or sub.bound,
+            ordered=sub.ordered if ordered is None else ordered,
+        )
+        self.positions: dict[int, int] = {}
+        self.punctuations_read = 0
+        self._at_eof: set[int] = set()
+        self._consumer: Consumer = client.consumer(
+            self.bootstrap, config, **{"enable.partition.eof": True}
+        )
+        starts = {p: (from_offsets or {}).get(p, OFFSET_BEGINNING) for p in self.partitions}
+        self._consumer.assign([TopicPartition(self.stream, p, o) for p, o in starts.items()])
+
+    @property
+    def caught_up(self) -> bool:
+        """Every partition reported its end since its last message (not high watermarks:
+        the embedded broker under-reports them)."""
+        return self._at_eof >= set(self.partitions)
+
+    def poll(self, timeout: float = 0.2, max_messages: int = 1000) -> list[Event]:
+        """The events that the messages read within ``timeout`` produce (maybe none)."""
+        out: list[Event] = []
+        for msg in self._consumer.consume(max_messages, timeout):
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    self._at_eof.add(msg.partition())
+                    continue
+                raise SubstreamsError(f"stream '{self.stream}': {msg.error()}")
+            self._at_eof.discard(msg.partition())
+            self.positions[msg.partition()] = msg.offset() + 1
+            entry = self.decoder.decode(msg)
+            if isinstance(entry, PunctuationEntry):
+                p = Punctuation.from_wire(entry.fields, entry.partition, entry.index)
+                if p.substream == self.substream:
+                    self.punctuations_read += 1
+                    TRAFFIC.add(PUNCTUATION_READ, self.substream)
+                    out.extend(self.aligner.on_punctuation(p))
+            else:
+                out.extend(self.aligner.on_record(entry))
+        return out
+
+    def events(self, idle_timeout: float | None = None) -> Iterator[Event]:
+        """Iterate events; with ``idle_timeout`` stop once caught up and idle that long."""
+        idle_since: float | None = None
+        while True:
+            batch = self.poll()
+            if batch:
+                idle_since = None
+                yield from batch
+            elif idle_timeout is not None and self.caught_up:
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since >= idle_timeout:
+                    return
+
+    def __iter__(self) -> Iterator[Event]:
+        return self.events()
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> PunctuatedReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,198 @@
+"""The progress writer of punctuation substreams: aligned punctuations -> control topic.
+
+Why a service at all: subscribers (Python or Spark) follow one protocol, the control topic,
+whichever mechanism tracks a substream.  This service is the punctuation baseline's
+counterpart of the acker: it reads every data partition, aligns the punctuations and, for
+each terminated time, writes the ``EpochComplete`` (with the offset ranges holding exactly
+that time's records, and a snapshot every ``snapshot_every`` completions) produced by the
+shared :class:`~substreams.control.progress.ProgressTracker`.
+
+Restart (the simplest correct approach): the service keeps no state of its own.  It
+``recover()``\\ s its control writer (continuing its hash chain, fencing a zombie), replays
+the ``EpochComplete`` records already on the control topic into a fresh tracker, then
+re-reads the data topic *from the start* and skips every time already announced.  Alignment
+is a function of what was read, so the replay re-derives the open times; the cost is a full
+re-read of the data topic on start-up, which retention bounds.  Late records (see
+:mod:`substreams.punctuation.aligner`) go to the dead-letter topic as JSON
+``{"reason", "stream", "partition", "offset", "substream"}``; the ones already there are read
+back on start so that a restart does not report them twice.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from substreams.config import Config
+from substreams.control.io import ControlWriter, now_ms
+from substreams.control.messages import ControlBody, EpochComplete, FrontierSnapshot
+from substreams.control.progress import ProgressTracker
+from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
+from substreams.errors import SubstreamsError
+from substreams.frontier import Time
+from substreams.kafka import client
+from substreams.punctuation.aligner import Event, Late, Terminated
+from substreams.punctuation.reader import PunctuatedReader
+
+DeadKey = tuple[str, int, int]
+
+
+class PunctuationAligner:
+    """Writes the control topic of one punctuation substream."""
+
+    def __init__(
+        self,
+        config: Config,
+        substream: str,
+        *,
+        bootstrap: str | None = None,
+        on_terminated: Callable[[Terminated], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.substream = substream
+        self.bootstrap = client.resolve_bootstrap(config, bootstrap)
+        self.topic = config.acker.control_topic(substream)
+        self.dead_letter_topic = config.acker.dead_letter_topic
+        self.on_terminated = on_terminated
+        self.writer_name = f"aligner.{substream}"
+        self.tracker = ProgressTracker(substream, config.acker.snapshot_every)
+        self.late = 0
+        self._announced: set[Time] = set()
+        self._dead: set[DeadKey] = set()
+        self._last_heartbeat = time.monotonic()
+        # the reader validates the substream (exists, punctuations) before anything is written
+        self.reader = PunctuatedReader(config, substream, bootstrap=self.bootstrap)
+        self.reader.aligner.track_new_times = True
+        self.writer = ControlWriter(self.bootstrap, self.writer_name, [self.topic], config)
+        self._dlq = client.producer(self.bootstrap, config)
+        self._recover()
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        for _, rec in self.writer.recover()[self.topic]:
+            body = rec.body
+            if (
+                isinstance(body, EpochComplete)
+                and body.substream == self.substream
+                and body.time not in self._announced
+            ):
+                self._announced.add(body.time)
+                self.tracker.complete(body.time, body.ranges, body.records, body.sealed_at_ms)
+        self._dead = self._read_dead_letters()
+
+    def _read_dead_letters(self, timeout: float = 10.0) -> set[DeadKey]:
+        seen: set[DeadKey] = set()
+        consumer = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
+        try:
+            consumer.assign([TopicPartition(self.dead_letter_topic, 0, 0)])
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                msg = consumer.poll(0.2)
+                if msg is None:
+                    continue
+                if msg.error():
+                    code = msg.error().code()
+                    if code == KafkaError._PARTITION_EOF:
+                        return seen
+                    if code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise SubstreamsError(
+                            f"dead-letter topic '{self.dead_letter_topic}' does not exist; "
+                            "create the topics first (`substreams topics create`)"
+                        )
+                    continue
+                try:
+                    d = json.loads(msg.value() or b"")
+                    if d.get("substream") == self.substream:
+                        seen.add((str(d["stream"]), int(d["partition"]), int(d["offset"])))
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue  # someone else's dead letter
+            raise SubstreamsError(
+                f"dead-letter topic '{self.dead_letter_topic}': no end of partition within "
+                f"{timeout} s"
+            )
+        finally:
+            consumer.close()
+
+    # -- running -------------------------------------------------------------------------
+
+    def step(self, timeout: float = 0.2) -> list[Terminated]:
+        """Read what is there, write what terminated; returns the newly announced times."""
+        events = self.reader.poll(timeout)
+        for t in self.reader.aligner.take_new_times():
+            if t not in self._announced:
+                self.tracker.activate(t)
+        items: list[tuple[str, ControlBody]] = []
+        done: list[Terminated] = []
+        late = False
+        for i, ev in enumerate(events):
+            if isinstance(ev, Terminated):
+                if ev.time in self._announced:  # announced before a restart
+                    self._announced.discard(ev.time)
+                    continue
+                sealed_at = ev.sealed_at_ms or now_ms()
+                bodies = self.tracker.complete(ev.time, ev.ranges, ev.records, sealed_at)
+                items += [(self.topic, self._with_open_starts(b, events[i + 1 :])) for b in bodies]
+                done.append(ev)
+            elif isinstance(ev, Late):
+                late = self._dead_letter(ev) or late
+        if late:
+            self._dlq.flush(10)
+        if time.monotonic() - self._last_heartbeat >= self.config.acker.heartbeat_ms / 1000:
+            self._last_heartbeat = time.monotonic()
+            update = self.tracker.pending_update()
+            if update is not None:
+                items.append((self.topic, update))
+        if items:
+            self.writer.write(items)
+            TRAFFIC.add(CONTROL_WRITTEN, self.substream, len(items))
+        if self.on_terminated is not None:
+            for ev in done:
+                self.on_terminated(ev)
+        return done
+
+    def _with_open_starts(self, body: ControlBody, later: list[Event]) -> ControlBody:
+        """A snapshot's ``data_from`` must also cover the records of times still open: those
+        the aligner holds, and those terminated later in this batch (the aligner is ahead of
+        the event being written)."""
+        if not isinstance(body, FrontierSnapshot):
+            return body
+        starts = {(self.reader.stream, q): o for q, o in self.reader.aligner.open_starts().items()}
+        for ev in later:
+            if isinstance(ev, Terminated):
+                for r in ev.ranges:
+                    key = (r.stream, r.partition)
+                    starts[key] = min(r.start, starts.get(key, r.start))
+        return self.tracker.snapshot(starts)
+
+    def _dead_letter(self, ev: Late) -> bool:
+        e = ev.entry
+        key = (e.stream, e.partition, e.index)
+        self.late += 1
+        if key in self._dead:
+            return False
+        self._dead.add(key)
+        value = {"reason": ev.reason, "stream": e.stream, "partition": e.partition,
+                 "offset": e.index, "substream": self.substream}
+        self._dlq.produce(self.dead_letter_topic, json.dumps(value).encode(), partition=0)
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        """Align until ``stop`` is set."""
+        while not stop.is_set():
+            self.step()
+
+    def close(self) -> None:
+        self.reader.close()
+        self.writer.close()
+        self._dlq.flush(10)
+
+    def __enter__(self) -> PunctuationAligner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
