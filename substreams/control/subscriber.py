@@ -1,0 +1,497 @@
+"""The subscriber side of the control-topic protocol (seed 000, Strymon, mapped onto Kafka).
+
+A subscriber follows the control topics of one or more substreams and turns them into
+``Data`` and ``FrontierAdvanced`` events.  Why a filter at all: a subscriber may join at any
+offset, and an epoch that was already active when it joined may have records it can no longer
+see (soft mode) or announcements it has missed; seed 000's *upper-frontier filter* drops every
+time at or below the snapshot's upper frontier until the lower frontier has passed it, so a
+subscriber sees each epoch whole or not at all.  Why one filter for all topics: seed 000 merges
+the parts' snapshots (upper by union, lower by meet) so atomicity holds across all of them.
+
+Firm mode builds a ``Data`` event from each ``EpochComplete`` by reading exactly its offset
+ranges, so records always precede the frontier change that completes them.  Soft mode streams
+records from the data topics as they arrive and holds each control record back until the data
+reader has passed the ranges it names (so no record of a time follows its completion).
+"""
+
+from __future__ import annotations
+
+import time as _time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from substreams.config import Config
+from substreams.control.chain import ChainHead, ChainVerifier
+from substreams.control.io import decode_control
+from substreams.control.messages import (
+    ControlRecord,
+    EpochComplete,
+    FrontierSnapshot,
+    FrontierUpdate,
+    OffsetRange,
+    merge_ranges,
+)
+from substreams.control.ranges import read_ranges
+from substreams.control.traffic import CONTROL_READ, TRAFFIC
+from substreams.errors import ProtocolError, SubstreamsError
+from substreams.frontier import Antichain, MutableAntichain, Time, UpperAntichain
+from substreams.kafka import client
+from substreams.streams.listener import StreamDecoder
+from substreams.streams.records import Entry
+
+Start = Literal["latest_snapshot", "beginning"]
+Mode = Literal["firm", "soft"]
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Data:
+    """Records of one time of one substream.  Firm mode: the whole epoch, once (possibly no
+    records: a skipped epoch is still announced).  Soft mode: a batch as it arrived."""
+
+    substream: str
+    time: Time
+    records: list[Entry] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FrontierAdvanced:
+    """The merged lower frontier (minimal active times of all parts) after it changed."""
+
+    frontier: Antichain
+
+
+Event = Data | FrontierAdvanced
+
+
+# --- pure logic: merged frontiers and the atomicity filter -----------------------------------
+
+
+class SubscriptionFrontiers:
+    """Per-part lower frontiers, their meet, and seed 000's upper-frontier filter.
+
+    A *part* is one control topic.  The filter is the union of the parts' starting-snapshot
+    upper frontiers; an element is forgotten once the merged lower frontier has passed it
+    (``retain_not_passed``).  Lower-frontier deltas are frontier *changes* (a time entering
+    or leaving), so they are applied idempotently: a snapshot may already reflect changes
+    that its writer publishes only afterwards.
+    """
+
+    def __init__(self) -> None:
+        self.parts: dict[str, MutableAntichain] = {}
+        self.upper = UpperAntichain()
+        self._lower = Antichain()
+
+    @property
+    def lower(self) -> Antichain:
+        """The merged lower frontier: the meet of every part's."""
+        return self._lower
+
+    def start(self, part: str, lower: Iterable[Time], upper: Iterable[Time]) -> None:
+        """Begin following ``part`` at a snapshot of its two frontiers."""
+        self.parts[part] = MutableAntichain()
+        self._set(part, lower)
+        self.upper = self.upper.union(UpperAntichain(upper))
+        self._merge()
+
+    def admits(self, t: Time) -> bool:
+        """False while ``t`` is at or below an element of the filter: the subscriber may
+        have missed part of it."""
+        return not self.upper.covers(t)
+
+    def apply(self, part: str, updates: Iterable[tuple[Time, int]]) -> Antichain | None:
+        """Apply frontier changes of ``part``; the new merged lower frontier if it moved."""
+        mut = self.parts[part]
+        for t, delta in updates:
+            present = mut.count_for(t) > 0
+            if delta > 0 and not present:
+                mut.update_iter([(t, 1)])
+            elif delta < 0 and present:
+                mut.update_iter([(t, -mut.count_for(t))])
+        return self._merge()
+
+    def complete(self, part: str, t: Time, updates: Iterable[tuple[Time, int]]) -> Antichain | None:
+        """``t`` of ``part`` completed with these frontier changes.  A complete time is no
+        longer active whatever the deltas say (a snapshot taken while ``t``'s activation was
+        still unpublished would otherwise leave ``t`` in the frontier for good)."""
+        return self.apply(part, [*updates, (t, -1)])
+
+    def _set(self, part: str, lower: Iterable[Time]) -> None:
+        mut = self.parts[part]
+        wanted = set(lower)
+        current = set(mut.frontier())
+        changes = [(t, -mut.count_for(t)) for t in current - wanted]
+        changes += [(t, 1) for t in wanted - current]
+        mut.update_iter(changes)
+
+    def _merge(self) -> Antichain | None:
+        merged = Antichain()
+        for mut in self.parts.values():
+            merged = merged.meet(mut.frontier())
+        if self.upper:
+            self.upper = self.upper.retain_not_passed(merged)
+        if merged == self._lower:
+            return None
+        self._lower = merged
+        return merged
+
+
+# --- chain checking from a trusted starting point ----------------------------------------------
+
+
+class TrustingVerifier:
+    """A :class:`ChainVerifier` for one topic that, when started mid-topic (not ``strict``),
+    trusts each writer's chain from the first record it sees of that writer (that record's
+    own digest is still checked); from offset 0 every chain must start at genesis."""
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.verifier = ChainVerifier()
+
+    def check(self, topic: str, offset: int, record: ControlRecord) -> None:
+        heads = self.verifier.heads
+        if not self.strict and record.writer not in heads:
+            heads[record.writer] = ChainHead(record.seq, record.prev_digest)
+        brk = self.verifier.check(offset, record)
+        if brk is not None:
+            raise ProtocolError(
+                f"control topic '{topic}' offset {brk.offset}: broken hash chain of writer "
+                f"'{brk.writer}': {brk.reason}"
+            )
+
+
+# --- finding the starting snapshot ----------------------------------------------------------------
+
+
+def _scan(
+    consumer: Consumer, topic: str, start: int, end: int | None, timeout: float
+) -> tuple[int, ControlRecord] | None:
+    """The last snapshot in [start, end) of ``topic`` (end None: up to end of partition)."""
+    consumer.assign([TopicPartition(topic, 0, start)])
+    found: tuple[int, ControlRecord] | None = None
+    deadline = _time.monotonic() + timeout
+    while True:
+        if _time.monotonic() > deadline:
+            raise SubstreamsError(
+                f"control topic '{topic}': no end of partition within {timeout} s"
+            )
+        for msg in consumer.consume(500, 0.2):
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return found
+                raise SubstreamsError(f"control topic '{topic}': {err}")
+            if end is not None and msg.offset() >= end:
+                return found
+            try:
+                rec = decode_control(msg)
+            except (SubstreamsError, ValueError, KeyError, TypeError):
+                continue  # judged (and reported) by the chain check once read for real
+            if isinstance(rec.body, FrontierSnapshot):
+                found = (msg.offset(), rec)
+            if end is not None and msg.offset() >= end - 1:
+                return found
+
+
+def find_latest_snapshot(
+    bootstrap: str,
+    topic: str,
+    config: Config | None = None,
+    timeout: float = 30.0,
+    window: int = 256,
+) -> tuple[int, ControlRecord] | None:
+    """The latest FrontierSnapshot of ``topic`` and its offset, or None.
+
+    A backwards search in growing windows from the (possibly under-reported) high watermark;
+    each window is read forwards to its end, so an under-reported watermark costs nothing
+    but a longer first window.
+    """
+    consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        end: int | None = None
+        start = max(0, high - window)
+        while True:
+            found = _scan(consumer, topic, start, end, timeout)
+            if found is not None or start == 0:
+                return found
+            end, window = start, window * 4
+            start = max(0, start - window)
+    finally:
+        consumer.close()
+
+
+# --- the subscriber ------------------------------------------------------------------------------
+
+
+class Subscriber:
+    """Follows the control topics of ``substreams`` and yields ``Data``/``FrontierAdvanced``.
+
+    ``stream`` restricts data to one data stream (default: every stream the ranges name in
+    firm mode, each substream's own stream in soft mode).  ``start``: ``latest_snapshot``
+    begins at each topic's latest FrontierSnapshot (offset 0 if it has none), ``beginning``
+    at offset 0 with empty frontiers.  ``mode`` defaults to the substreams' configured bound.
+    Every control record read counts as one CONTROL_READ of its substream.  A corrupt record
+    or a broken hash chain raises :class:`ProtocolError` naming the topic and offset.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        substreams: Sequence[str],
+        *,
+        stream: str | None = None,
+        bootstrap: str | None = None,
+        start: Start = "latest_snapshot",
+        mode: Mode | None = None,
+        idle_timeout: float | None = None,
+    ) -> None:
+        if not substreams:
+            raise SubstreamsError("a subscriber needs at least one substream")
+        if start not in ("latest_snapshot", "beginning"):
+            raise SubstreamsError(f"start must be 'latest_snapshot' or 'beginning', not {start!r}")
+        self.config = config
+        self.substreams = list(dict.fromkeys(substreams))
+        subs = [config.substream(s) for s in self.substreams]
+        if stream is not None:
+            config.stream(stream)
+        if mode is None:
+            bounds = {s.bound for s in subs}
+            if len(bounds) > 1:
+                raise SubstreamsError(
+                    f"substreams {', '.join(self.substreams)} have different bounds "
+                    f"({', '.join(sorted(bounds))}); pass mode='firm' or mode='soft'"
+                )
+            mode = subs[0].bound
+        if mode not in ("firm", "soft"):
+            raise SubstreamsError(f"mode must be 'firm' or 'soft', not {mode!r}")
+        self.mode: Mode = mode
+        self.stream = stream
+        self.start: Start = start
+        self.idle_timeout = idle_timeout
+        self.bootstrap = client.resolve_bootstrap(config, bootstrap)
+        self.topics = {config.acker.control_topic(s): s for s in self.substreams}
+        self.frontiers = SubscriptionFrontiers()
+        self.verifiers: dict[str, TrustingVerifier] = {}  # one per topic: chains are per topic
+        self.positions: dict[str, int] = {}
+        self._pending: deque[tuple[str, int, ControlRecord]] = deque()
+        self._data_from: dict[str, dict[tuple[str, int], int]] = {}
+        self._closed = False
+        self._control: Consumer = client.consumer(
+            self.bootstrap, config, **{"enable.partition.eof": True}
+        )
+        self._data: Consumer | None = None
+        self._decoders: dict[str, StreamDecoder] = {}
+        self._data_pos: dict[tuple[str, int], int] = {}
+        try:
+            self._position()
+            if self.mode == "soft":
+                self._open_data()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- start-up ------------------------------------------------------------------------
+
+    def _position(self) -> None:
+        assignments = []
+        for topic, sub in self.topics.items():
+            found = (
+                find_latest_snapshot(self.bootstrap, topic, self.config)
+                if self.start == "latest_snapshot"
+                else None
+            )
+            self.verifiers[topic] = TrustingVerifier(strict=found is None)
+            if found is None:
+                self.frontiers.start(topic, (), ())
+                self._data_from[topic] = {}
+                self.positions[topic] = 0
+            else:
+                offset, rec = found
+                snap = rec.body
+                assert isinstance(snap, FrontierSnapshot)
+                self.verifiers[topic].check(topic, offset, rec)
+                TRAFFIC.add(CONTROL_READ, sub)
+                self.frontiers.start(topic, snap.lower, snap.upper)
+                self._data_from[topic] = {(r.stream, r.partition): r.start for r in snap.data_from}
+                self.positions[topic] = offset + 1
+            assignments.append(TopicPartition(topic, 0, self.positions[topic]))
+        self._control.assign(assignments)
+
+    def _open_data(self) -> None:
+        streams = [self.stream] if self.stream else list(
+            dict.fromkeys(self.config.substream(s).stream for s in self.substreams)
+        )
+        starts: dict[tuple[str, int], int] = {}
+        for s in streams:
+            for p in range(self.config.stream(s).partitions):
+                froms = [
+                    self._data_from[t].get((s, p), 0)
+                    for t, sub in self.topics.items()
+                    if self.config.substream(sub).stream == s
+                ]
+                starts[(s, p)] = min(froms, default=0)
+            self._decoders[s] = StreamDecoder(self.config, s)
+        self._data_pos = dict(starts)
+        self._data = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
+        self._data.assign([TopicPartition(s, p, o) for (s, p), o in starts.items()])
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def frontier(self) -> Antichain:
+        """The merged lower frontier as the subscriber knows it now."""
+        return self.frontiers.lower
+
+    def poll(self, timeout: float = 1.0) -> list[Event]:
+        """Events that became available within ``timeout`` seconds (possibly none)."""
+        if self._closed:
+            raise SubstreamsError("poll() on a closed subscriber")
+        deadline = _time.monotonic() + timeout
+        while True:
+            remaining = max(0.0, deadline - _time.monotonic())
+            events = self._step(min(remaining, 0.1))
+            if events or _time.monotonic() >= deadline:
+                return events
+
+    def events(self, idle_timeout: float | None = None) -> Iterator[Event]:
+        """Iterate events; with ``idle_timeout`` stop after that long without one."""
+        idle_since = _time.monotonic()
+        while True:
+            batch = self.poll(0.2)
+            if batch:
+                idle_since = _time.monotonic()
+                yield from batch
+            elif idle_timeout is not None and _time.monotonic() - idle_since >= idle_timeout:
+                return
+
+    def __iter__(self) -> Iterator[Event]:
+        return self.events(self.idle_timeout)
+
+    def _step(self, timeout: float) -> list[Event]:
+        events: list[Event] = []
+        if self._data is not None:
+            events.extend(self._read_data(timeout / 2))
+            timeout /= 2
+        for msg in self._control.consume(500, timeout):
+            self._take_control(msg)
+        ready: list[tuple[str, ControlRecord]] = []
+        while self._pending and self._ready(self._pending[0][2]):
+            topic, _, rec = self._pending.popleft()
+            ready.append((topic, rec))
+        epochs = self._read_epochs(ready) if self._data is None else {}
+        for i, (topic, rec) in enumerate(ready):
+            events.extend(self._handle(topic, rec, epochs.get(i, [])))
+        return events
+
+    def _take_control(self, msg: Message) -> None:
+        topic = msg.topic()
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return
+            raise SubstreamsError(f"control topic '{topic}': {err}")
+        offset = msg.offset()
+        try:
+            rec = decode_control(msg)
+        except (SubstreamsError, ValueError, KeyError, TypeError) as exc:
+            raise ProtocolError(
+                f"control topic '{topic}' offset {offset}: undecodable record: {exc}"
+            ) from exc
+        self.verifiers[topic].check(topic, offset, rec)
+        self.positions[topic] = offset + 1
+        TRAFFIC.add(CONTROL_READ, self.topics[topic])
+        self._pending.append((topic, offset, rec))
+
+    def _ready(self, rec: ControlRecord) -> bool:
+        """Soft mode: the data reader has passed every range the record names."""
+        if self._data is None or not isinstance(rec.body, EpochComplete):
+            return True
+        return all(
+            self._data_pos.get((r.stream, r.partition), r.end) >= r.end for r in rec.body.ranges
+        )
+
+    def _handle(self, topic: str, rec: ControlRecord, records: list[Entry]) -> list[Event]:
+        body = rec.body
+        sub = self.topics[topic]
+        out: list[Event] = []
+        moved: Antichain | None = None
+        if isinstance(body, EpochComplete):
+            if self._data is None and self.frontiers.admits(body.time):
+                out.append(Data(sub, body.time, records))
+            moved = self.frontiers.complete(topic, body.time, body.lower_updates)
+        elif isinstance(body, FrontierUpdate):
+            moved = self.frontiers.apply(topic, body.updates)
+        if moved is not None:
+            out.append(FrontierAdvanced(moved))
+        return out
+
+    def _read_epochs(self, ready: Sequence[tuple[str, ControlRecord]]) -> dict[int, list[Entry]]:
+        """Firm mode: the records of every epoch announced in ``ready`` (by position), read
+        in one pass over the hull of their ranges: one consumer per batch, not per epoch."""
+        wanted: dict[int, tuple[OffsetRange, ...]] = {}
+        by_time: dict[tuple[str, Time], list[int]] = {}
+        for i, (topic, rec) in enumerate(ready):
+            if isinstance(rec.body, EpochComplete):
+                wanted[i] = tuple(
+                    r for r in rec.body.ranges if self.stream is None or r.stream == self.stream
+                )
+                by_time.setdefault((self.topics[topic], rec.body.time), []).append(i)
+        out: dict[int, list[Entry]] = {i: [] for i in wanted}
+        hull = merge_ranges([r for rs in wanted.values() for r in rs])
+        for entry in read_ranges(self.bootstrap, self.config, hull) if hull else ():
+            for sub in self.substreams:
+                t = entry.times.get(sub)
+                for i in by_time.get((sub, t), ()) if t is not None else ():
+                    if any(
+                        r.stream == entry.stream and r.partition == entry.partition
+                        and r.start <= entry.index < r.end
+                        for r in wanted[i]
+                    ):
+                        out[i].append(entry)
+        return out
+
+    def _read_data(self, timeout: float) -> list[Event]:
+        assert self._data is not None
+        batches: dict[tuple[str, Time], list[Entry]] = {}
+        for msg in self._data.consume(1000, timeout):
+            key = (msg.topic(), msg.partition())
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    self._data_pos[key] = max(self._data_pos.get(key, 0), msg.offset())
+                    continue
+                raise SubstreamsError(f"stream '{msg.topic()}': {err}")
+            self._data_pos[key] = msg.offset() + 1
+            entry = self._decoders[msg.topic()].decode(msg)
+            if not isinstance(entry, Entry):
+                continue
+            for topic, sub in self.topics.items():
+                t = entry.times.get(sub)
+                if t is None or entry.index < self._data_from[topic].get(key, 0):
+                    continue
+                if self.frontiers.admits(t):
+                    batches.setdefault((sub, t), []).append(entry)
+        return [Data(sub, t, recs) for (sub, t), recs in batches.items()]
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._control.close()
+        if self._data is not None:
+            self._data.close()
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
