@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import dataclass, replace
 
 from substreams.control.messages import ControlBody, ControlRecord, record_to_wire
+from substreams.errors import ProtocolError
 from substreams.streams.schemas import protocol_codec
 
 GENESIS = bytes(32)
@@ -84,3 +85,24 @@ class ChainVerifier:
         head.next_seq += 1
         head.digest = record.digest
         return None
+
+
+class TrustingVerifier:
+    """A :class:`ChainVerifier` for one topic that, when started mid-topic (not ``strict``),
+    trusts each writer's chain from the first record it sees of that writer (that record's
+    own digest is still checked); from offset 0 every chain must start at genesis."""
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.verifier = ChainVerifier()
+
+    def check(self, topic: str, offset: int, record: ControlRecord) -> None:
+        heads = self.verifier.heads
+        if not self.strict and record.writer not in heads:
+            heads[record.writer] = ChainHead(record.seq, record.prev_digest)
+        brk = self.verifier.check(offset, record)
+        if brk is not None:
+            raise ProtocolError(
+                f"control topic '{topic}' offset {brk.offset}: broken hash chain of writer "
+                f"'{brk.writer}': {brk.reason}"
+            )

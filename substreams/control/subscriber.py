@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import time as _time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from substreams.config import Config
-from substreams.control.chain import ChainHead, ChainVerifier
+from substreams.control.chain import TrustingVerifier
 from substreams.control.io import decode_control
 from substreams.control.messages import (
     ControlRecord,
@@ -36,9 +36,10 @@ from substreams.control.messages import (
     merge_ranges,
 )
 from substreams.control.ranges import read_ranges
+from substreams.control.subscription import SubscriptionFrontiers
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
 from substreams.errors import ProtocolError, SubstreamsError
-from substreams.frontier import Antichain, MutableAntichain, Time, UpperAntichain
+from substreams.frontier import Antichain, Time
 from substreams.kafka import client
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
@@ -68,102 +69,6 @@ class FrontierAdvanced:
 
 
 Event = Data | FrontierAdvanced
-
-
-# --- pure logic: merged frontiers and the atomicity filter -----------------------------------
-
-
-class SubscriptionFrontiers:
-    """Per-part lower frontiers, their meet, and seed 000's upper-frontier filter.
-
-    A *part* is one control topic.  The filter is the union of the parts' starting-snapshot
-    upper frontiers; an element is forgotten once the merged lower frontier has passed it
-    (``retain_not_passed``).  Lower-frontier deltas are frontier *changes* (a time entering
-    or leaving), so they are applied idempotently: a snapshot may already reflect changes
-    that its writer publishes only afterwards.
-    """
-
-    def __init__(self) -> None:
-        self.parts: dict[str, MutableAntichain] = {}
-        self.upper = UpperAntichain()
-        self._lower = Antichain()
-
-    @property
-    def lower(self) -> Antichain:
-        """The merged lower frontier: the meet of every part's."""
-        return self._lower
-
-    def start(self, part: str, lower: Iterable[Time], upper: Iterable[Time]) -> None:
-        """Begin following ``part`` at a snapshot of its two frontiers."""
-        self.parts[part] = MutableAntichain()
-        self._set(part, lower)
-        self.upper = self.upper.union(UpperAntichain(upper))
-        self._merge()
-
-    def admits(self, t: Time) -> bool:
-        """False while ``t`` is at or below an element of the filter: the subscriber may
-        have missed part of it."""
-        return not self.upper.covers(t)
-
-    def apply(self, part: str, updates: Iterable[tuple[Time, int]]) -> Antichain | None:
-        """Apply frontier changes of ``part``; the new merged lower frontier if it moved."""
-        mut = self.parts[part]
-        for t, delta in updates:
-            present = mut.count_for(t) > 0
-            if delta > 0 and not present:
-                mut.update_iter([(t, 1)])
-            elif delta < 0 and present:
-                mut.update_iter([(t, -mut.count_for(t))])
-        return self._merge()
-
-    def complete(self, part: str, t: Time, updates: Iterable[tuple[Time, int]]) -> Antichain | None:
-        """``t`` of ``part`` completed with these frontier changes.  A complete time is no
-        longer active whatever the deltas say (a snapshot taken while ``t``'s activation was
-        still unpublished would otherwise leave ``t`` in the frontier for good)."""
-        return self.apply(part, [*updates, (t, -1)])
-
-    def _set(self, part: str, lower: Iterable[Time]) -> None:
-        mut = self.parts[part]
-        wanted = set(lower)
-        current = set(mut.frontier())
-        changes = [(t, -mut.count_for(t)) for t in current - wanted]
-        changes += [(t, 1) for t in wanted - current]
-        mut.update_iter(changes)
-
-    def _merge(self) -> Antichain | None:
-        merged = Antichain()
-        for mut in self.parts.values():
-            merged = merged.meet(mut.frontier())
-        if self.upper:
-            self.upper = self.upper.retain_not_passed(merged)
-        if merged == self._lower:
-            return None
-        self._lower = merged
-        return merged
-
-
-# --- chain checking from a trusted starting point ----------------------------------------------
-
-
-class TrustingVerifier:
-    """A :class:`ChainVerifier` for one topic that, when started mid-topic (not ``strict``),
-    trusts each writer's chain from the first record it sees of that writer (that record's
-    own digest is still checked); from offset 0 every chain must start at genesis."""
-
-    def __init__(self, strict: bool) -> None:
-        self.strict = strict
-        self.verifier = ChainVerifier()
-
-    def check(self, topic: str, offset: int, record: ControlRecord) -> None:
-        heads = self.verifier.heads
-        if not self.strict and record.writer not in heads:
-            heads[record.writer] = ChainHead(record.seq, record.prev_digest)
-        brk = self.verifier.check(offset, record)
-        if brk is not None:
-            raise ProtocolError(
-                f"control topic '{topic}' offset {brk.offset}: broken hash chain of writer "
-                f"'{brk.writer}': {brk.reason}"
-            )
 
 
 # --- finding the starting snapshot ----------------------------------------------------------------

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from substreams.control.messages import EpochComplete, FrontierSnapshot, FrontierUpdate
 from substreams.control.progress import ProgressTracker
-from substreams.control.subscriber import SubscriptionFrontiers
+from substreams.control.subscription import SubscriptionFrontiers
 from substreams.frontier import Antichain, Time, UpperAntichain
 
 
