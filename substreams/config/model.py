@@ -130,6 +130,10 @@ class AckerConfig:
         """The control topic (punctuations, notifications) of substream ``substream``."""
         return self.control_topic_prefix + substream
 
+    def checkpoint_topic(self, acker_name: str | None = None) -> str:
+        """The acker's own control topic: its checkpoints and heartbeats (standbys watch it)."""
+        return f"{self.control_topic_prefix}__acker.{acker_name or self.name}"
+
 
 @dataclass(frozen=True)
 class Config:
@@ -165,6 +169,7 @@ class Config:
         """Every topic this config needs, with its partition count, for ``topics create``."""
         out = [(s.name, s.partitions) for s in self.streams]
         out += [(self.acker.control_topic(s.name), 1) for s in self.substreams]
+        out.append((self.acker.checkpoint_topic(), 1))
         out.append((self.acker.acks_topic, self.acker.acks_partitions))
         out += [
             (self.acker.command_topic, 1),

@@ -142,6 +142,10 @@ class Publisher:
             for name in names:
                 self._hooks[name] = hook
 
+    def add_hook(self, hook: PublishHook) -> None:
+        """Attach a hook that sees every record (sent and delivered), not bound to a substream."""
+        self._hook_list.append(hook)
+
     def _release(self) -> None:
         with _ACQUIRED_LOCK:
             _ACQUIRED.discard(self._key)
@@ -182,9 +186,15 @@ class Publisher:
         *,
         key: str | bytes | None = None,
         partition: int | None = None,
+        times: Mapping[str, Time] | None = None,
+        check_order: bool = True,
     ) -> SentRecord:
         """Append one entry.  Raises before writing anything on an order-key regression or a
-        payload that does not fit the stream's schema."""
+        payload that does not fit the stream's schema.
+
+        ``times`` overrides the record's time in the named substreams (a stage's output keeps
+        the times of its input); ``check_order=False`` is for such derived records, whose order
+        keys follow the input's interleaving rather than one source's clock."""
         if self._closed:
             raise SubstreamsError("publish() on a closed publisher")
         field = self.stream_config.order_key
@@ -194,7 +204,7 @@ class Publisher:
             raise SubstreamsError(
                 f"stream '{self.stream}': payload has no integer order key '{field}': {payload!r}"
             ) from exc
-        if self._last_order_key is not None and order_key < self._last_order_key:
+        if check_order and self._last_order_key is not None and order_key < self._last_order_key:
             raise OrderKeyRegressionError(
                 f"stream '{self.stream}', source '{self.source_id}': order key {field}={order_key} "
                 f"is below the previous {self._last_order_key}; order keys must be non-decreasing"
@@ -205,7 +215,11 @@ class Publisher:
             raise SubstreamsError(
                 f"stream '{self.stream}' has partitions 0..{self.partitions - 1}, not {partition}"
             )
-        times = {name: a.time_of(payload) for name, a in self.assigners.items()}
+        given = times or {}
+        times = dict(given)
+        for name, assigner in self.assigners.items():
+            if name not in given:
+                times[name] = assigner.time_of(payload)
         tracking_id = self._rand.getrandbits(64) - (1 << 63)
         try:
             value = self.codec.encode(
@@ -222,7 +236,8 @@ class Publisher:
                 f"stream '{self.stream}': payload does not match schema "
                 f"{self.stream_config.schema.get('name')}: {exc}"
             ) from exc
-        self._last_order_key = order_key
+        if check_order:
+            self._last_order_key = order_key
         record = SentRecord(self.stream, partition, order_key, tracking_id, times)
         self._begin()
         for hook in self._hook_list:

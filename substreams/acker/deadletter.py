@@ -1,0 +1,119 @@
+"""Dead letters: acks the acker cannot apply, kept for inspection instead of crashing on them.
+
+Why not crash: one malformed or late message (a foreign producer on the acks topic, a
+source that reports after its time terminated) must not stop progress for every other
+substream.  Each dead letter is a JSON value ``{"reason", "topic", "partition", "offset",
+"source", "detail", "raw"}``: the raw message is kept base64-encoded in ``raw``, so each
+dead letter is one self-describing JSON document.
+
+Delivery is at least once: dead letters are written outside the acker's control
+transaction, so a restarted acker that replays acks since its last checkpoint may write one
+twice (same topic/partition/offset: easy to de-duplicate).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, Producer, TopicPartition
+
+from substreams.config import Config
+from substreams.kafka import client
+
+REASON_MALFORMED = "malformed"
+REASON_UNKNOWN_SUBSTREAM = "unknown_substream"
+REASON_UNREGISTERED = "unregistered_source"
+REASON_TERMINATED = "terminated_time"
+
+# Service messages go out at once: latency matters more than batching here.
+_NO_LINGER: dict[str, Any] = {"linger.ms": 0}
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    reason: str
+    topic: str
+    partition: int
+    offset: int
+    source: str | None
+    raw: bytes
+    detail: str = ""
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "reason": self.reason,
+                "detail": self.detail,
+                "topic": self.topic,
+                "partition": self.partition,
+                "offset": self.offset,
+                "source": self.source,
+                "raw": base64.b64encode(self.raw).decode(),
+            }
+        ).encode()
+
+    @staticmethod
+    def from_json(value: bytes) -> DeadLetter:
+        d = json.loads(value)
+        return DeadLetter(
+            d["reason"],
+            d["topic"],
+            int(d["partition"]),
+            int(d["offset"]),
+            d.get("source"),
+            base64.b64decode(d.get("raw", "")),
+            d.get("detail", ""),
+        )
+
+
+class DeadLetterWriter:
+    """Writes dead letters (and any other plain message the service must emit)."""
+
+    def __init__(self, config: Config, bootstrap: str) -> None:
+        self.topic = config.acker.dead_letter_topic
+        self.producer: Producer = client.producer(bootstrap, config, **_NO_LINGER)
+        self.written = 0
+
+    def write(self, letter: DeadLetter) -> None:
+        self.produce(self.topic, letter.to_json())
+        self.written += 1
+
+    def produce(self, topic: str, value: bytes) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value=value)
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+        self.producer.poll(0)
+
+    def close(self) -> None:
+        self.producer.flush(10)
+
+
+def read_dead_letters(
+    config: Config, bootstrap: str | None = None, timeout: float = 10.0
+) -> Iterator[DeadLetter]:
+    """Every dead letter so far (for tests and ``acker status``)."""
+    consumer = client.consumer(
+        client.resolve_bootstrap(config, bootstrap), config, **{"enable.partition.eof": True}
+    )
+    try:
+        consumer.assign([TopicPartition(config.acker.dead_letter_topic, 0, 0)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return
+                continue
+            yield DeadLetter.from_json(msg.value())
+    finally:
+        consumer.close()

@@ -1,0 +1,59 @@
+"""The acker's publisher hook: a publisher becomes a registered SOURCE of its substreams.
+
+Registered as ``HOOK_FACTORIES["acker"]``.  Per record it reports SND at the record's time in
+each acker substream of the stream; when the stream is terminal in that substream's segment
+(no stage reads it: the topic is the sink) the delivery callback adds the record's RCV, its
+count and its offset, held until the transaction committed (the publisher always commits
+before ``seal`` and ``close`` reach the hook).  A seal of ``t`` flushes everything with the
+seal: this source writes no more records at times ``<= t`` (downward closed).
+"""
+
+from __future__ import annotations
+
+from substreams.acker.agent import TrackingAgent
+from substreams.acker.table import SOURCE, Segment
+from substreams.frontier import Time
+from substreams.streams.publisher import HOOK_FACTORIES, Publisher
+from substreams.streams.records import SentRecord
+
+
+class AckerHook:
+    """Tracking for one publisher (one source) over its stream's acker substreams."""
+
+    def __init__(self, publisher: Publisher, substreams: list[str]) -> None:
+        self.substreams = list(substreams)
+        self.stream = publisher.stream
+        self.terminal = [
+            s
+            for s in self.substreams
+            if publisher.stream in Segment.of(publisher.config, s).terminal
+        ]
+        self.agent = TrackingAgent(
+            publisher.config, publisher.source_id, bootstrap=publisher.bootstrap
+        )
+        self.agent.register(self.substreams, SOURCE)
+
+    def on_send(self, record: SentRecord) -> None:
+        times = record.times
+        self.agent.report_many((s, times[s], record.tracking_id) for s in self.substreams)
+
+    def on_delivered(self, record: SentRecord, offset: int) -> None:
+        for s in self.terminal:
+            self.agent.delivered(
+                s, record.times[s], record.tracking_id, record.stream, record.partition, offset
+            )
+
+    def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
+        self.agent.seal(substream, time)
+
+    def close(self, publisher: Publisher) -> None:
+        self.agent.release_held()
+        self.agent.unregister(self.substreams)
+        self.agent.close()
+
+
+def _factory(publisher: Publisher, substreams: list[str]) -> AckerHook:
+    return AckerHook(publisher, substreams)
+
+
+HOOK_FACTORIES["acker"] = _factory

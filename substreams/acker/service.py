@@ -1,0 +1,403 @@
+"""The acker service: applies acks, decides terminations, writes notifications exactly once.
+
+Loop (:meth:`AckerService.step`): take whatever acks are buffered (up to ``max_batch``; wait
+up to ``timeout`` only when none are), apply them to the segment tables, and write every
+resulting control record — ``EpochComplete`` per terminated time (lower-frontier changes
+ride inside), periodic ``FrontierSnapshot``s — in ONE Kafka transaction together with a
+``Checkpoint`` (acks offsets + the serialized :class:`AckerState`).  Steps that terminate
+nothing write nothing, except every ``heartbeat_ms``: a ``WriterHeartbeat``, pending
+``FrontierUpdate``s and a fresh checkpoint (bounding replay after a crash).
+
+Where checkpoints go: a dedicated control topic per acker, ``<control prefix>__acker.<name>``
+(created at start), so subscribers of a substream never read state blobs and recovery finds
+the latest checkpoint in one place.  Heartbeats go there too; a ``--standby`` acker tails it
+and takes over when they stop for ``standby_timeout_ms``.
+
+Exactly once: the transactional id is ``substreams.acker.<name>``.  Start-up initialises it
+(fencing any zombie with the same name: its next write fails and it stops with
+:class:`AckerFencedError`), continues the hash chains (:meth:`ControlWriter.recover`),
+loads the latest checkpoint and seeks the acks topic to its offsets.  Every notification
+was committed atomically with the checkpoint that accounts for it, so nothing is lost,
+duplicated or reordered; acks applied after the last checkpoint are simply replayed.
+
+Acks are read with ``assign()`` from stored offsets (never a consumer group).  Messages the
+acker cannot apply go to the dead-letter topic (:mod:`substreams.acker.deadletter`) and the
+acker keeps running.  ``command_handler`` (set by the command protocol) is called once per
+step with the service; the ``(topic, value)`` pairs it returns are produced as plain
+(non-transactional) messages.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from substreams.acker.agent import AckReport, Register, Unregister, decode_ack
+from substreams.acker.deadletter import (
+    REASON_MALFORMED,
+    REASON_TERMINATED,
+    REASON_UNKNOWN_SUBSTREAM,
+    REASON_UNREGISTERED,
+    DeadLetter,
+    DeadLetterWriter,
+)
+from substreams.acker.state import AckerState, AckerView
+from substreams.acker.table import Segment, SegmentTable, Violation, acker_segments
+from substreams.config import Config
+from substreams.control.io import ControlTail, ControlWriter, Corrupt
+from substreams.control.messages import (
+    Checkpoint,
+    ControlBody,
+    FrontierSnapshot,
+    WriterHeartbeat,
+)
+from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
+from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
+from substreams.kafka import client
+from substreams.kafka.topics import ensure_topics
+
+CommandHandler = Callable[["AckerService"], list[tuple[str, bytes]]]
+
+
+class AckerFencedError(PublisherFencedError):
+    """Another acker with the same name took over; this one must stop."""
+
+
+def checkpoint_topic(config: Config, name: str | None = None) -> str:
+    """The acker's own control topic: checkpoints and heartbeats."""
+    return config.acker.checkpoint_topic(name)
+
+
+def transactional_id(name: str) -> str:
+    return f"substreams.acker.{name}"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class AckerService:
+    """One acker instance (``name`` defaults to ``config.acker.name``)."""
+
+    def __init__(
+        self,
+        config: Config,
+        bootstrap: str | None = None,
+        name: str | None = None,
+        *,
+        standby: bool = False,
+        max_batch: int = 5000,
+    ) -> None:
+        self.config = config
+        self.bootstrap = client.resolve_bootstrap(config, bootstrap)
+        self.name = name or config.acker.name
+        self.standby = standby
+        self.max_batch = max_batch
+        self.segments: dict[str, Segment] = acker_segments(config)
+        self.control_topics = {s: config.acker.control_topic(s) for s in self.segments}
+        self.checkpoint_topic = checkpoint_topic(config, self.name)
+        self.acks_topic = config.acker.acks_topic
+        self.state = AckerState()
+        self.command_handler: CommandHandler | None = None
+        self.dead_letters = 0
+        self.duplicates = 0
+        self.notifications = 0
+        self.started = False
+        self.fenced = False
+        self._writer: ControlWriter | None = None
+        self._consumer: Consumer | None = None
+        self._out: DeadLetterWriter | None = None
+        self._last_write = float("-inf")
+        self._heartbeat_s = config.acker.heartbeat_ms / 1000.0
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take over the transactional id (fencing any zombie), recover and seek."""
+        if self.started:
+            return
+        ensure_topics(
+            client.admin(self.bootstrap, self.config),
+            [(self.checkpoint_topic, 1)],
+            self.config.kafka.replication_factor,
+        )
+        topics = [*self.control_topics.values(), self.checkpoint_topic]
+        try:
+            self._writer = ControlWriter(
+                self.bootstrap,
+                self.name,
+                topics,
+                self.config,
+                transactional_id=transactional_id(self.name),
+            )
+        except PublisherFencedError as exc:
+            raise self._fenced() from exc
+        seen = self._writer.recover()
+        latest: Checkpoint | None = None
+        for _, rec in seen.get(self.checkpoint_topic, ()):
+            if rec.writer == self.name and isinstance(rec.body, Checkpoint):
+                latest = rec.body
+        every = self.config.acker.snapshot_every
+        if latest is not None:
+            self.state = AckerState.loads(latest.state, dict(latest.acks_offsets), every)
+        for sub in self.segments:
+            self.state.ensure(sub, every)
+        self._out = DeadLetterWriter(self.config, self.bootstrap)
+        self._consumer = client.consumer(self.bootstrap, self.config, **{"fetch.wait.max.ms": 1})
+        self._consumer.assign(
+            [
+                TopicPartition(self.acks_topic, p, self.state.acks_offsets.get(p, 0))
+                for p in range(self.config.acker.acks_partitions)
+            ]
+        )
+        self._last_write = float("-inf")
+        self.started = True
+
+    def wait_for_takeover(self, stop: threading.Event) -> bool:
+        """Standby: follow the active acker's heartbeats; True once they stopped for
+        ``standby_timeout_ms`` (False if ``stop`` was set first)."""
+        timeout = self.config.acker.standby_timeout_ms / 1000.0
+        ensure_topics(
+            client.admin(self.bootstrap, self.config),
+            [(self.checkpoint_topic, 1)],
+            self.config.kafka.replication_factor,
+        )
+        with ControlTail(self.bootstrap, self.checkpoint_topic, 0, self.config) as tail:
+            last_seen = time.monotonic()
+            while not stop.is_set():
+                for _, rec in tail.poll(0.1):
+                    if not isinstance(rec, Corrupt) and rec.writer == self.name:
+                        last_seen = time.monotonic()
+                if time.monotonic() - last_seen > timeout:
+                    return True
+        return False
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set (as a standby: first wait to take over)."""
+        if self.standby and not self.started and not self.wait_for_takeover(stop):
+            return
+        self.start()
+        try:
+            while not stop.is_set():
+                self.step(0.05)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+        if self._writer is not None:
+            if not self.fenced:  # a fenced producer has nothing left to flush
+                self._writer.close()
+            self._writer = None
+        self.started = False
+
+    def _fenced(self) -> AckerFencedError:
+        self.fenced = True
+        return AckerFencedError(
+            f"acker '{self.name}' was fenced: another acker with the same name (transactional "
+            f"id '{transactional_id(self.name)}') took over; this one stops"
+        )
+
+    # -- one round -----------------------------------------------------------------------
+
+    def _poll(self, timeout: float) -> list[Message]:
+        assert self._consumer is not None
+        msgs: list[Message] = self._consumer.consume(self.max_batch, 0)
+        if not msgs:
+            first = self._consumer.poll(timeout)
+            if first is None:
+                return []
+            msgs = [first, *self._consumer.consume(self.max_batch - 1, 0)]
+        return msgs
+
+    def step(self, timeout: float = 0.05) -> int:
+        """Poll, apply, and commit one transaction if anything is to be written.  Returns
+        how many ack messages were applied."""
+        if not self.started:
+            self.start()
+        now = _now_ms()
+        applied = 0
+        for msg in self._poll(timeout):
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise SubstreamsError(f"acks topic '{self.acks_topic}': {err}")
+            self.state.acks_offsets[msg.partition()] = msg.offset() + 1
+            self._apply(msg, now)
+            applied += 1
+        items = self._terminations(now)
+        if items or time.monotonic() - self._last_write >= self._heartbeat_s:
+            self._commit(items, now)
+        if self.command_handler is not None:
+            out = self.command_handler(self)
+            assert self._out is not None
+            for topic, value in out:
+                self._out.produce(topic, value)
+        return applied
+
+    def _apply(self, msg: Message, now: int) -> None:
+        raw: bytes = msg.value() or b""
+        try:
+            ack = decode_ack(raw, msg.headers())
+        except ProtocolError as exc:
+            self._dead(msg, None, REASON_MALFORMED, str(exc))
+            return
+        body = ack.body
+        problems: list[tuple[str, str]] = []
+        if isinstance(body, Register):
+            for sub in body.substreams:
+                table = self.state.tables.get(sub)
+                if table is None:
+                    problems.append((REASON_UNKNOWN_SUBSTREAM, f"unknown substream '{sub}'"))
+                else:
+                    table.register(ack.source, body.role)
+            self.state.last_seq[ack.source] = ack.seq
+        else:
+            last = self.state.last_seq.get(ack.source)
+            if last is not None and ack.seq <= last:
+                self.duplicates += 1
+                return
+            self.state.last_seq[ack.source] = ack.seq
+            if isinstance(body, Unregister):
+                for sub in body.substreams:
+                    table = self.state.tables.get(sub)
+                    if table is None:
+                        problems.append((REASON_UNKNOWN_SUBSTREAM, f"unknown substream '{sub}'"))
+                    else:
+                        table.unregister(ack.source)
+            elif isinstance(body, AckReport):
+                self._apply_report(ack.source, body, now, problems)
+        if problems:
+            detail = "; ".join(p[1] for p in problems)
+            self._dead(msg, ack.source, problems[0][0], detail)
+
+    def _table_for(
+        self, source: str, sub: str, problems: list[tuple[str, str]]
+    ) -> SegmentTable | None:
+        table = self.state.tables.get(sub)
+        if table is None:
+            problems.append((REASON_UNKNOWN_SUBSTREAM, f"unknown substream '{sub}'"))
+            return None
+        if not table.is_registered(source):
+            problems.append(
+                (REASON_UNREGISTERED, f"source '{source}' is not registered for substream '{sub}'")
+            )
+            return None
+        return table
+
+    def _apply_report(
+        self, source: str, body: AckReport, now: int, problems: list[tuple[str, str]]
+    ) -> None:
+        trackers = self.state.trackers
+        for e in body.entries:
+            table = self._table_for(source, e.substream, problems)
+            if table is None:
+                continue
+            try:
+                if table.report(e.time, e.xor, e.records, e.reports, e.ranges, now):
+                    trackers[e.substream].activate(e.time)
+            except Violation as v:
+                problems.append((REASON_TERMINATED, v.reason))
+        for s in body.seals:
+            table = self._table_for(source, s.substream, problems)
+            if table is None:
+                continue
+            try:
+                if table.seal(source, s.time, s.sealed_at_ms, now):
+                    trackers[s.substream].activate(s.time)
+            except Violation as v:
+                problems.append((REASON_UNREGISTERED, v.reason))
+
+    def _dead(self, msg: Message, source: str | None, reason: str, detail: str) -> None:
+        assert self._out is not None
+        self._out.write(
+            DeadLetter(
+                reason,
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                source,
+                msg.value() or b"",
+                detail,
+            )
+        )
+        self.dead_letters += 1
+
+    def _terminations(self, now: int) -> list[tuple[str, ControlBody]]:
+        items: list[tuple[str, ControlBody]] = []
+        for sub, table in self.state.tables.items():
+            terms = table.terminations()
+            if not terms:
+                continue
+            tracker = self.state.trackers[sub]
+            topic = self.control_topics[sub]
+            for term in terms:
+                bodies = tracker.complete(
+                    term.time, term.ranges, term.records, term.sealed_at_ms or now
+                )
+                for body in bodies:
+                    if isinstance(body, FrontierSnapshot):  # with the open times' starts
+                        items.append((topic, tracker.snapshot(_open_starts(table))))
+                    else:
+                        items.append((topic, body))
+                self.state.last_notification[sub] = (term.time, now)
+                self.notifications += 1
+        return items
+
+    def _commit(self, items: list[tuple[str, ControlBody]], now: int) -> None:
+        assert self._writer is not None
+        heartbeat = time.monotonic() - self._last_write >= self._heartbeat_s
+        if heartbeat:
+            for sub, tracker in self.state.trackers.items():
+                update = tracker.pending_update()
+                if update is not None:
+                    items.append((self.control_topics[sub], update))
+            items.append((self.checkpoint_topic, WriterHeartbeat(None)))
+        self.state.checkpoints += 1
+        offsets = tuple(sorted(self.state.acks_offsets.items()))
+        items.append((self.checkpoint_topic, Checkpoint(offsets, self.state.dumps())))
+        try:
+            self._writer.write(items)
+        except PublisherFencedError as exc:
+            raise self._fenced() from exc
+        self._last_write = time.monotonic()
+        by_topic = {t: s for s, t in self.control_topics.items()}
+        for topic, _ in items:
+            written = by_topic.get(topic)
+            if written is not None:
+                TRAFFIC.add(CONTROL_WRITTEN, written)
+
+    # -- inspection ----------------------------------------------------------------------
+
+    def view(self) -> AckerView:
+        return self.state.view(self.name)
+
+
+def _open_starts(table: SegmentTable) -> dict[tuple[str, int], int]:
+    """Per data partition, the earliest offset of a record of a still-open time."""
+    starts: dict[tuple[str, int], int] = {}
+    for entry in table.open.values():
+        for key, (lo, _) in entry.ranges.items():
+            if lo < starts.get(key, lo + 1):
+                starts[key] = lo
+    return starts
+
+
+def run_service(
+    config: Config,
+    bootstrap: str | None = None,
+    name: str | None = None,
+    standby: bool = False,
+    stop: threading.Event | None = None,
+) -> None:
+    """Run an acker until ``stop`` (or forever): what ``substreams acker run`` calls."""
+    AckerService(config, bootstrap, name, standby=standby).run(stop or threading.Event())

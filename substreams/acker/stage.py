@@ -1,0 +1,196 @@
+"""A configured Python stage: consume a stream, transform, publish, and report to the acker.
+
+Why the stage reports RCV(input) XOR SND(outputs) as one unit (``report_many``): the acker
+must never see the input received before its outputs were sent, or the XOR of the time
+could reach zero while outputs are still in flight.  Outputs keep the input record's times
+(the substream a record belongs to does not change along the pipeline), so the acker's
+table for that time covers the whole segment.  When the output stream is terminal in a
+segment (no stage reads it) the stage is the sink's writer: its delivery callbacks add
+RCV(output), the record count and the offsets, held until the output transaction commits.
+
+The stage registers with role STAGE: it never seals, and the acker does not wait for it to.
+A cycle (``input == output``) needs nothing special: the transform must stop emitting at
+some point (e.g. a counter in the payload), then the XOR reaches zero.
+
+Input positions are kept in memory only (every partition from ``start_offsets``, default 0):
+a restarted stage re-reads its input, so stage restarts are not exactly-once yet.
+Stage outputs carry the input's order keys as they come; the publisher's per-source
+order-key check is not applied to them (inputs of several partitions interleave).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from substreams.acker.agent import TrackingAgent
+from substreams.acker.table import STAGE, acker_segments
+from substreams.config import Config, StageConfig
+from substreams.errors import SubstreamsError
+from substreams.frontier import Time
+from substreams.kafka import client
+from substreams.streams.listener import StreamDecoder
+from substreams.streams.publisher import Publisher
+from substreams.streams.records import Entry, SentRecord
+
+Transform = Callable[[Entry], Iterable[Mapping[str, Any]]]
+
+
+class _DeliveryHook:
+    """Terminal-stream RCVs of the stage's outputs, from the output's delivery callbacks."""
+
+    def __init__(self, agent: TrackingAgent, substreams: list[str]) -> None:
+        self.agent = agent
+        self.substreams = substreams
+
+    def on_send(self, record: SentRecord) -> None:
+        pass
+
+    def on_delivered(self, record: SentRecord, offset: int) -> None:
+        for s in self.substreams:
+            t = record.times.get(s)
+            if t is not None:
+                self.agent.delivered(
+                    s, t, record.tracking_id, record.stream, record.partition, offset
+                )
+
+    def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
+        pass
+
+    def close(self, publisher: Publisher) -> None:
+        pass
+
+
+def stage_config(config: Config, name: str) -> StageConfig:
+    for st in config.stages:
+        if st.name == name:
+            return st
+    known = ", ".join(s.name for s in config.stages) or "(none)"
+    raise SubstreamsError(f"no stage named '{name}' in {config.path}; known: {known}")
+
+
+class Stage:
+    """Runs the configured stage ``name`` with the user function ``transform``."""
+
+    def __init__(
+        self,
+        config: Config,
+        name: str,
+        transform: Transform,
+        *,
+        bootstrap: str | None = None,
+        start_offsets: Mapping[int, int] | None = None,
+        max_batch: int = 500,
+    ) -> None:
+        self.config = config
+        self.stage = stage_config(config, name)
+        self.transform = transform
+        self.max_batch = max_batch
+        self.bootstrap = client.resolve_bootstrap(config, bootstrap)
+        self.source_id = f"stage.{name}"
+        segments = [s for s in acker_segments(config).values() if self.stage.input in s.streams]
+        self.substreams = [s.substream for s in segments]
+        terminal = [s.substream for s in segments if self.stage.output in s.terminal]
+        self.agent = TrackingAgent(config, self.source_id, bootstrap=self.bootstrap)
+        self.agent.register(self.substreams, STAGE)
+        # batch_size: the stage commits its outputs itself, once per input batch.
+        self.output = Publisher(
+            config,
+            self.stage.output,
+            self.source_id,
+            bootstrap=self.bootstrap,
+            hooks=False,
+            batch_size=1 << 62,
+        )
+        self.output.add_hook(_DeliveryHook(self.agent, terminal))
+        self.out_partitions = self.output.partitions
+        self.decoder = StreamDecoder(config, self.stage.input)
+        self.consumer = client.consumer(self.bootstrap, config, **{"enable.partition.eof": True})
+        parts = config.stream(self.stage.input).partitions
+        starts = start_offsets or {}
+        self.consumer.assign(
+            [TopicPartition(self.stage.input, p, int(starts.get(p, 0))) for p in range(parts)]
+        )
+        self.processed = 0
+        self.emitted = 0
+        self._closed = False
+
+    def step(self, timeout: float = 0.1) -> int:
+        """Process one batch of input records; returns how many were consumed."""
+        msgs = self.consumer.consume(self.max_batch, 0)
+        if not msgs:
+            first = self.consumer.poll(timeout)
+            msgs = [] if first is None else [first, *self.consumer.consume(self.max_batch - 1, 0)]
+        n = 0
+        subs = self.substreams
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise SubstreamsError(
+                    f"stage '{self.stage.name}': input '{self.stage.input}': {err}"
+                )
+            entry = self.decoder.decode(msg)
+            if not isinstance(entry, Entry):
+                continue
+            n += 1
+            tracked = [(s, entry.times[s]) for s in subs if s in entry.times]
+            reports: list[tuple[str, Time, int]] = []
+            partition = entry.partition % self.out_partitions
+            for payload in self.transform(entry):
+                rec = self.output.publish(
+                    payload, partition=partition, times=entry.times, check_order=False
+                )
+                self.emitted += 1
+                reports.extend((s, t, rec.tracking_id) for s, t in tracked)
+            reports.extend((s, t, entry.tracking_id) for s, t in tracked)
+            self.agent.report_many(reports)
+        if n:
+            self.output.flush()
+            self.agent.release_held()
+            self.agent.flush()
+            self.processed += n
+        return n
+
+    def run(self, stop: threading.Event) -> None:
+        """Process until ``stop`` is set, then close."""
+        try:
+            while not stop.is_set():
+                self.step(0.1)
+        finally:
+            self.close()
+
+    def run_until_idle(self, seconds: float = 1.0, timeout: float = 60.0) -> int:
+        """Process until no input arrived for ``seconds``; returns records processed."""
+        start = self.processed
+        idle_since = time.monotonic()
+        deadline = idle_since + timeout
+        while time.monotonic() < deadline:
+            if self.step(0.1):
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= seconds:
+                break
+        return self.processed - start
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.output.close()
+            self.agent.release_held()
+            self.agent.unregister(self.substreams)
+            self.agent.close()
+        finally:
+            self.consumer.close()
+
+    def __enter__(self) -> Stage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

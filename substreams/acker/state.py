@@ -1,0 +1,126 @@
+"""The acker's whole recoverable state, its checkpoint encoding, and read-only views of it.
+
+Why one value: the service writes it (with the acks-topic offsets) in the *same Kafka
+transaction* as the notifications it explains, so a restarted or standby acker that loads
+the latest checkpoint and seeks the acks topic to its offsets continues exactly where the
+notifications stop — nothing lost, duplicated or reordered.  The encoding is versioned,
+zlib-compressed JSON (times in their wire form), opaque to every other reader.
+
+The views (:class:`AckerView` and friends) are frozen snapshots for the command protocol
+and the CLI (``substreams acker status|epochs``); they never alias the live tables.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from substreams.acker.table import SegmentTable
+from substreams.control.progress import ProgressTracker
+from substreams.errors import ProtocolError
+from substreams.frontier import Antichain, Time, UpperAntichain, time_from_wire, time_to_wire
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class OpenTime:
+    """One open time of a substream as the acker sees it."""
+
+    time: Time
+    xor: int
+    records: int
+    unsealed_sources: list[str]
+    first_seen_ms: int
+
+
+@dataclass(frozen=True)
+class SubstreamView:
+    name: str
+    lower: Antichain
+    upper: UpperAntichain
+    open_times: list[OpenTime]
+
+
+@dataclass(frozen=True)
+class AckerView:
+    """What ``substreams acker status`` shows.  ``acks_lag`` is filled by the caller (the
+    acker itself cannot trust the embedded broker's high watermarks)."""
+
+    name: str
+    substreams: dict[str, SubstreamView]
+    acks_offsets: dict[int, int]
+    acks_lag: dict[int, int] | None
+    last_notification: dict[str, tuple[Time, int] | None]
+
+
+@dataclass
+class AckerState:
+    """Tables, frontier trackers, de-duplication counters and acks offsets."""
+
+    tables: dict[str, SegmentTable] = field(default_factory=dict)
+    trackers: dict[str, ProgressTracker] = field(default_factory=dict)
+    acks_offsets: dict[int, int] = field(default_factory=dict)
+    last_seq: dict[str, int] = field(default_factory=dict)
+    last_notification: dict[str, tuple[Time, int] | None] = field(default_factory=dict)
+    checkpoints: int = 0
+
+    def ensure(self, substream: str, snapshot_every: int) -> None:
+        if substream not in self.tables:
+            self.tables[substream] = SegmentTable(substream)
+            self.trackers[substream] = ProgressTracker(substream, snapshot_every)
+            self.last_notification.setdefault(substream, None)
+
+    # -- views ---------------------------------------------------------------------------
+
+    def view(self, name: str) -> AckerView:
+        subs: dict[str, SubstreamView] = {}
+        for sub, table in self.tables.items():
+            tracker = self.trackers[sub]
+            opens = [
+                OpenTime(t, e.xor, e.records, table.unsealed_sources(t), e.first_seen_ms)
+                for t, e in table.open.items()
+            ]
+            subs[sub] = SubstreamView(sub, tracker.lower.frontier(), tracker.upper.copy(), opens)
+        return AckerView(name, subs, dict(self.acks_offsets), None, dict(self.last_notification))
+
+    # -- checkpoint encoding -------------------------------------------------------------
+
+    def dumps(self) -> bytes:
+        doc: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "checkpoints": self.checkpoints,
+            "tables": {s: t.to_state() for s, t in self.tables.items()},
+            "trackers": {s: t.to_state() for s, t in self.trackers.items()},
+            "last_seq": self.last_seq,
+            "last_notification": {
+                s: None if v is None else [time_to_wire(v[0]), v[1]]
+                for s, v in self.last_notification.items()
+            },
+        }
+        return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
+
+    @classmethod
+    def loads(cls, data: bytes, acks_offsets: dict[int, int], snapshot_every: int) -> AckerState:
+        try:
+            doc = json.loads(zlib.decompress(data))
+        except (zlib.error, ValueError) as exc:
+            raise ProtocolError(f"acker checkpoint is not readable: {exc}") from exc
+        if doc.get("version") != STATE_VERSION:
+            raise ProtocolError(
+                f"acker checkpoint has version {doc.get('version')!r}; this acker reads "
+                f"version {STATE_VERSION}"
+            )
+        state = cls(acks_offsets=dict(acks_offsets), checkpoints=int(doc["checkpoints"]))
+        for sub, t in doc["tables"].items():
+            state.tables[sub] = SegmentTable.from_state(sub, t)
+        for sub, t in doc["trackers"].items():
+            state.trackers[sub] = ProgressTracker.from_state(sub, t, snapshot_every)
+        state.last_seq = {k: int(v) for k, v in doc["last_seq"].items()}
+        state.last_notification = {
+            s: None if v is None else (time_from_wire(v[0]), int(v[1]))
+            for s, v in doc["last_notification"].items()
+        }
+        return state

@@ -1,0 +1,354 @@
+"""The trAcker's bookkeeping for one segment: XOR tables per time and the termination rule.
+
+Pure (no Kafka, no clock): the service feeds it decoded acks and asks which times terminate,
+so the rule is unit-testable with hypothesis and the state is a plain JSON-able value that
+goes into the acker's checkpoint.
+
+A *segment* is one substream with mechanism ``acker``: its stream plus, transitively, the
+outputs of the configured stages that read a stream of the segment (a stage may write back
+to its own input: a cycle).  A stream of the segment is *terminal* when no stage of the
+segment reads it: its Kafka topic is the sink, so its writer reports RCV on delivery and
+the notification's offset ranges name exactly the terminal streams' records.
+
+Per open time the table keeps the XOR of every SND/RCV reported, the records delivered to
+terminal streams, the hull of their offsets per partition, when it was first seen and when
+the last seal covering it arrived.  Per registered source it keeps the seal antichain (a
+seal of ``t`` promises no more records at times ``<= t``: seals are downward closed, so an
+:class:`UpperAntichain` summarises them).  Time ``t`` terminates when
+
+1. every registered SOURCE covers ``t`` (stages do not seal; a source that unregistered no
+   longer counts; before the first source registered nothing terminates),
+2. ``xor(t) == 0`` (every record sent at ``t`` was received), and
+3. every open time ``t' < t`` terminated — so the order is consistent by construction.
+
+A time known only from a seal ("a sealed time closes whether or not data arrived") is an
+open time too.  Simultaneous terminations are emitted in :func:`sort_key` order, a linear
+extension of the partial order.  Reports for a time that already terminated (anything at or
+below the maximal terminated times) are protocol violations: the caller dead-letters them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from substreams.config import Config
+from substreams.control.messages import OffsetRange
+from substreams.frontier import (
+    Time,
+    UpperAntichain,
+    less_equal,
+    less_than,
+    sort_key,
+    time_from_wire,
+    time_to_wire,
+)
+
+SOURCE = "SOURCE"
+STAGE = "STAGE"
+
+# -- topology -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The streams one acker substream tracks, and which of them are terminal."""
+
+    substream: str
+    streams: frozenset[str]
+    terminal: frozenset[str]
+
+    @staticmethod
+    def of(config: Config, substream: str) -> Segment:
+        root = config.substream(substream).stream
+        streams = {root}
+        changed = True
+        while changed:
+            changed = False
+            for stage in config.stages:
+                if stage.input in streams and stage.output not in streams:
+                    streams.add(stage.output)
+                    changed = True
+        read = {st.input for st in config.stages if st.input in streams}
+        return Segment(substream, frozenset(streams), frozenset(streams - read))
+
+
+def acker_segments(config: Config) -> dict[str, Segment]:
+    """Every substream tracked by the acker, by name (config order)."""
+    return {s.name: Segment.of(config, s.name) for s in config.substreams if s.mechanism == "acker"}
+
+
+# -- the table ------------------------------------------------------------------------------
+
+
+@dataclass
+class OpenEntry:
+    """What is known about one open (not yet terminated) time."""
+
+    xor: int = 0
+    records: int = 0
+    reports: int = 0
+    ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    first_seen_ms: int = 0
+    sealed_at_ms: int = 0
+
+    def add_ranges(self, ranges: Iterable[OffsetRange]) -> None:
+        for r in ranges:
+            key = (r.stream, r.partition)
+            hull = self.ranges.get(key)
+            if hull is None:
+                self.ranges[key] = [r.start, r.end]
+            else:
+                if r.start < hull[0]:
+                    hull[0] = r.start
+                if r.end > hull[1]:
+                    hull[1] = r.end
+
+    def offset_ranges(self) -> tuple[OffsetRange, ...]:
+        return tuple(OffsetRange(s, p, lo, hi) for (s, p), (lo, hi) in sorted(self.ranges.items()))
+
+
+@dataclass
+class SourceState:
+    """A registered process: its role and (for sources) what it sealed and when."""
+
+    role: str
+    seals: UpperAntichain = field(default_factory=UpperAntichain)
+    seal_ms: dict[Time, int] = field(default_factory=dict)
+    active: bool = True
+
+    def covers(self, t: Time) -> bool:
+        return self.seals.covers(t)
+
+    def covered_at(self, t: Time) -> int:
+        """When this source's seals first covered ``t`` (as far as the antichain remembers)."""
+        times = [ms for s, ms in self.seal_ms.items() if less_equal(t, s)]
+        return min(times) if times else 0
+
+
+@dataclass(frozen=True)
+class Termination:
+    """A time that terminated: what its EpochComplete announces."""
+
+    substream: str
+    time: Time
+    ranges: tuple[OffsetRange, ...]
+    records: int
+    sealed_at_ms: int
+    first_seen_ms: int
+
+
+class Violation(Exception):
+    """A report that breaks the protocol (the service dead-letters the message)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SegmentTable:
+    """XOR tables, sources and seals of one segment."""
+
+    def __init__(self, substream: str) -> None:
+        self.substream = substream
+        self.open: dict[Time, OpenEntry] = {}
+        self.sources: dict[str, SourceState] = {}
+        self.had_source = False
+        self.terminated = UpperAntichain()
+        self.dirty = False
+
+    # -- membership ----------------------------------------------------------------------
+
+    def register(self, source: str, role: str) -> None:
+        """A process joins; a returning source keeps the seals it made before."""
+        state = self.sources.get(source)
+        if state is None:
+            self.sources[source] = SourceState(role)
+        else:
+            state.role = role
+            state.active = True
+        if role == SOURCE:
+            self.had_source = True
+        self.dirty = True
+
+    def unregister(self, source: str) -> None:
+        """A process leaves: as if it sealed everything (it no longer counts)."""
+        state = self.sources.get(source)
+        if state is not None:
+            state.active = False
+        self.dirty = True
+
+    def is_registered(self, source: str) -> bool:
+        state = self.sources.get(source)
+        return state is not None and state.active
+
+    # -- reports -------------------------------------------------------------------------
+
+    def _check_open(self, t: Time) -> None:
+        if t not in self.open and self.terminated.covers(t):
+            raise Violation(
+                f"substream '{self.substream}': report for time {t!r}, which already terminated"
+            )
+
+    def _entry(self, t: Time, now_ms: int) -> tuple[OpenEntry, bool]:
+        entry = self.open.get(t)
+        if entry is not None:
+            return entry, False
+        entry = OpenEntry(first_seen_ms=now_ms)
+        sealed = [
+            s.covered_at(t) for s in self.sources.values() if s.role == SOURCE and s.covers(t)
+        ]
+        entry.sealed_at_ms = max(sealed, default=0)
+        self.open[t] = entry
+        return entry, True
+
+    def report(
+        self,
+        t: Time,
+        xor: int,
+        records: int,
+        reports: int,
+        ranges: Iterable[OffsetRange],
+        now_ms: int,
+    ) -> bool:
+        """Apply one aggregated entry; True iff ``t`` was not known before (newly open).
+        Raises :class:`Violation` for a time that already terminated."""
+        self._check_open(t)
+        entry, new = self._entry(t, now_ms)
+        entry.xor ^= xor
+        entry.records += records
+        entry.reports += reports
+        entry.add_ranges(ranges)
+        self.dirty = True
+        return new
+
+    def seal(self, source: str, t: Time, sealed_at_ms: int, now_ms: int) -> bool:
+        """Source ``source`` writes nothing more at times ``<= t``.  True iff ``t`` became a
+        newly open time (a seal without data still gets its notification)."""
+        state = self.sources.get(source)
+        if state is None:
+            raise Violation(
+                f"substream '{self.substream}': seal from unregistered source '{source}'"
+            )
+        if state.covers(t):
+            return False
+        for open_t, entry in self.open.items():
+            if less_equal(open_t, t) and not state.covers(open_t):
+                entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
+        state.seals.insert(t)
+        state.seal_ms = {s: ms for s, ms in state.seal_ms.items() if s in state.seals}
+        state.seal_ms[t] = sealed_at_ms
+        self.dirty = True
+        if t in self.open or self.terminated.covers(t):
+            return False
+        entry, _ = self._entry(t, now_ms)
+        entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
+        return True
+
+    # -- termination ---------------------------------------------------------------------
+
+    def _sealed(self, t: Time, sources: list[SourceState]) -> bool:
+        return all(s.covers(t) for s in sources)
+
+    def terminations(self) -> list[Termination]:
+        """Remove and return every time that terminates now, in a consistent order."""
+        if not self.dirty or not self.open:
+            self.dirty = False
+            return []
+        self.dirty = False
+        if not self.had_source:
+            return []
+        sources = [s for s in self.sources.values() if s.role == SOURCE and s.active]
+        out: list[Termination] = []
+        # Blocked (still open) times: for totally ordered classes the minimum per class is
+        # enough; partially ordered ones (tuples) keep a list.
+        blocked_min: dict[tuple[int, str, int], int] = {}
+        blocked_other: list[Time] = []
+        for t in sorted(self.open, key=sort_key):
+            key = sort_key(t)
+            cls = key[:3]
+            entry = self.open[t]
+            if cls[2] == -1:
+                is_blocked = cls in blocked_min
+            else:
+                is_blocked = any(less_than(b, t) for b in blocked_other)
+            if not is_blocked and entry.xor == 0 and self._sealed(t, sources):
+                out.append(
+                    Termination(
+                        self.substream,
+                        t,
+                        entry.offset_ranges(),
+                        entry.records,
+                        entry.sealed_at_ms,
+                        entry.first_seen_ms,
+                    )
+                )
+                continue
+            if cls[2] == -1:
+                blocked_min.setdefault(cls, key[3][0])
+            else:
+                blocked_other.append(t)
+        for term in out:
+            del self.open[term.time]
+            self.terminated.insert(term.time)
+        return out
+
+    def unsealed_sources(self, t: Time) -> list[str]:
+        return sorted(
+            name
+            for name, s in self.sources.items()
+            if s.role == SOURCE and s.active and not s.covers(t)
+        )
+
+    # -- checkpoint form -----------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "open": [
+                [
+                    time_to_wire(t),
+                    e.xor,
+                    e.records,
+                    e.reports,
+                    [[s, p, lo, hi] for (s, p), (lo, hi) in e.ranges.items()],
+                    e.first_seen_ms,
+                    e.sealed_at_ms,
+                ]
+                for t, e in self.open.items()
+            ],
+            "sources": {
+                name: {
+                    "role": s.role,
+                    "active": s.active,
+                    "seals": [[time_to_wire(t), s.seal_ms.get(t, 0)] for t in s.seals.elements()],
+                }
+                for name, s in self.sources.items()
+            },
+            "had_source": self.had_source,
+            "terminated": [time_to_wire(t) for t in self.terminated.elements()],
+        }
+
+    @classmethod
+    def from_state(cls, substream: str, state: Mapping[str, Any]) -> SegmentTable:
+        table = cls(substream)
+        for wire, xor, records, reports, ranges, first, sealed in state["open"]:
+            table.open[time_from_wire(wire)] = OpenEntry(
+                int(xor),
+                int(records),
+                int(reports),
+                {(s, int(p)): [int(lo), int(hi)] for s, p, lo, hi in ranges},
+                int(first),
+                int(sealed),
+            )
+        for name, s in state["sources"].items():
+            src = SourceState(str(s["role"]), active=bool(s["active"]))
+            for wire, ms in s["seals"]:
+                t = time_from_wire(wire)
+                src.seals.insert(t)
+                src.seal_ms[t] = int(ms)
+            table.sources[name] = src
+        table.had_source = bool(state["had_source"])
+        table.terminated = UpperAntichain(time_from_wire(w) for w in state["terminated"])
+        table.dirty = True
+        return table
