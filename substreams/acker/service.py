@@ -390,14 +390,3 @@ def _open_starts(table: SegmentTable) -> dict[tuple[str, int], int]:
             if lo < starts.get(key, lo + 1):
                 starts[key] = lo
     return starts
-
-
-def run_service(
-    config: Config,
-    bootstrap: str | None = None,
-    name: str | None = None,
-    standby: bool = False,
-    stop: threading.Event | None = None,
-) -> None:
-    """Run an acker until ``stop`` (or forever): what ``substreams acker run`` calls."""
-    AckerService(config, bootstrap, name, standby=standby).run(stop or threading.Event())

@@ -1,0 +1,327 @@
+"""Acker benchmark: how many acks one acker process applies per second, and how long a seal
+takes to become a notification a subscriber sees.
+
+(a) Throughput.  N AckMessages are produced to the acks topic *before* the acker starts (one
+Register, then AckReports of E entries spread over K substreams; every M messages close a time:
+the last message carries entries that zero each substream's XOR, and the seals), so the
+measurement is the acker's consumption alone: acks-topic reads, XOR tables, terminations and
+the transactional EpochComplete + checkpoint writes, with the command handler attached as in
+``substreams acker run``.
+
+(b) Latency.  An acker runs in a thread; a publisher writes g records of epoch i, commits, and
+calls ``seal()`` at t0; a ``ControlTail`` on the substream's control topic sees the
+``EpochComplete`` of i at t1; latency = t1 - t0.  Baseline in the same run, same broker: raw
+one-message produce->consume latency (``linger.ms=0``, ``acks=all``, assigned consumer).
+Publisher, tail and acker share one Python process (and its GIL).
+
+Run: ``python bench/acker_bench.py [--quick]``; prints a table and writes
+``bench/results/acker.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+from confluent_kafka import TopicPartition
+from rich.console import Console
+
+from substreams.acker.agent import (
+    AckEntry,
+    AckMessage,
+    AckReport,
+    Register,
+    SealEntry,
+    ack_headers,
+    encode_ack,
+)
+from substreams.acker.handler import CommandHandler
+from substreams.acker.service import AckerService
+from substreams.bench.harness import (
+    BenchContext,
+    BenchResult,
+    Column,
+    Target,
+    bench_context,
+    ms,
+    percentile,
+    render_table,
+    render_targets,
+)
+from substreams.control.io import ControlTail
+from substreams.control.messages import EpochComplete
+from substreams.kafka import client
+from substreams.kafka.topics import ensure_topics
+from substreams.streams.publisher import Publisher
+
+NAME = "acker"
+TARGET_P99_MS = 20.0
+"""The notification-latency target shared with ``substreams bench latency``."""
+
+
+def _fast_producer(ctx: BenchContext) -> Any:
+    settings: dict[str, Any] = {"linger.ms": 0}
+    return client.producer(ctx.bootstrap, None, **settings)
+
+
+# -- (a) throughput ---------------------------------------------------------------------------
+
+
+def ack_messages(
+    subs: list[str], messages: int, entries: int, per_time: int, seed: int = 7
+) -> list[AckMessage]:
+    """A Register, then ``messages`` AckReports; every ``per_time`` reports close one time of
+    every substream (zeroing its XOR and sealing it)."""
+    rng = random.Random(seed)
+    source = "bench-source"
+    out = [AckMessage(source, 0, 0, Register(tuple(subs)))]
+    running: dict[str, int] = {}
+    for m in range(messages):
+        t = m // per_time
+        closing = m % per_time == per_time - 1
+        items: list[AckEntry] = []
+        for j in range(entries - (len(subs) if closing else 0)):
+            sub = subs[j % len(subs)]
+            x = rng.getrandbits(64) - (1 << 63)
+            running[sub] = running.get(sub, 0) ^ x
+            items.append(AckEntry(sub, t, x, 1, 1, ()))
+        seals: tuple[SealEntry, ...] = ()
+        if closing:
+            for sub in subs:
+                items.append(AckEntry(sub, t, running.pop(sub, 0), 0, 1, ()))
+            seals = tuple(SealEntry(sub, t, int(time.time() * 1000)) for sub in subs)
+        out.append(AckMessage(source, m + 1, 0, AckReport(tuple(items), seals)))
+    return out
+
+
+def throughput(ctx: BenchContext, messages: int, entries: int, substreams: int) -> dict[str, Any]:
+    per_time = 10
+    config = ctx.config(
+        [("bench", 1)],
+        [
+            {"name": f"s{i}", "stream": "bench", "kind": "epoch", "field": "batch"}
+            for i in range(substreams)
+        ],
+        acker={"heartbeat_ms": 1000},
+    )
+    subs = [s.name for s in config.substreams]
+    batching: dict[str, Any] = {"linger.ms": 20}
+    producer = client.producer(ctx.bootstrap, config, **batching)
+    msgs = ack_messages(subs, messages, entries, per_time)
+    headers = ack_headers()
+    for msg in msgs:
+        while True:
+            try:
+                producer.produce(
+                    config.acker.acks_topic, encode_ack(msg), partition=0, headers=headers
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+    service = AckerService(config, ctx.bootstrap, max_batch=5000)
+    handler = CommandHandler(config, service.bootstrap, service.name)
+    service.command_handler = handler
+    service.start()
+    handler(service)  # the handler's one-off start-up (replaying an empty command topic)
+    applied = 0
+    t0 = time.perf_counter()
+    deadline = t0 + 300
+    while applied < len(msgs) and time.perf_counter() < deadline:
+        applied += service.step(0.05)
+    elapsed = time.perf_counter() - t0
+    notifications = service.notifications
+    service.close()
+    handler.close()
+    expected = substreams * (messages // per_time)
+    return {
+        "measurement": "acks applied (one acker)",
+        "samples": applied,
+        "rate": round(applied / elapsed, 1),
+        "entries_per_s": round(applied * entries / elapsed, 1),
+        "notifications": notifications,
+        "expected_notifications": expected,
+        "entries_per_message": entries,
+        "substreams": substreams,
+        "seconds": round(elapsed, 3),
+    }
+
+
+# -- (b) latency ------------------------------------------------------------------------------
+
+
+def seal_latency(ctx: BenchContext, samples: int, records: int) -> tuple[list[float], int]:
+    config = ctx.config(
+        [("bench", 1)],
+        [{"name": "e", "stream": "bench", "kind": "epoch", "field": "batch"}],
+        acker={"heartbeat_ms": 500, "flush_ms": 2},
+    )
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    service = AckerService(config, ctx.bootstrap)
+    handler = CommandHandler(config, service.bootstrap, service.name)
+    service.command_handler = handler
+    stop = threading.Event()
+    thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
+    thread.start()
+    latencies: list[float] = []
+    missed = 0
+    tail = ControlTail(ctx.bootstrap, config.acker.control_topic(sub), 0, config)
+    try:
+        with Publisher(config, stream, "lat-src", bootstrap=ctx.bootstrap) as pub:
+            ts = 0
+            for i in range(samples + 1):  # epoch 0 warms up (acker start, registration)
+                for _ in range(records):
+                    pub.publish({"ts": ts, "batch": i, "body": "x" * 100})
+                    ts += 1
+                pub.flush()
+                t0 = time.perf_counter()
+                pub.seal(sub, i)
+                seen = _wait_complete(tail, i, 30.0 if i == 0 else 10.0)
+                if seen is None:
+                    missed += 1
+                elif i > 0:
+                    latencies.append(seen - t0)
+    finally:
+        tail.close()
+        stop.set()
+        thread.join(20)
+        handler.close()
+    return latencies, missed
+
+
+def _wait_complete(tail: ControlTail, t: int, timeout: float) -> float | None:
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        for _, rec in tail.poll(0.001, 100):
+            body = getattr(rec, "body", None)
+            if isinstance(body, EpochComplete) and body.time == t:
+                return time.perf_counter()
+    return None
+
+
+def raw_latency(ctx: BenchContext, samples: int) -> list[float]:
+    topic = f"_b.raw.{uuid.uuid4().hex[:8]}"
+    ensure_topics(client.admin(ctx.bootstrap), [(topic, 1)])
+    producer = _fast_producer(ctx)
+    consumer = client.consumer(ctx.bootstrap, None, **{"fetch.wait.max.ms": 1})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    out: list[float] = []
+    try:
+        for i in range(samples + 1):  # the first message warms the connections up
+            t0 = time.perf_counter()
+            producer.produce(topic, b"x" * 100, partition=0)
+            producer.poll(0)
+            seen: float | None = None
+            deadline = t0 + 10
+            while seen is None and time.perf_counter() < deadline:
+                if any(m.error() is None for m in consumer.consume(10, 0.001)):
+                    seen = time.perf_counter()
+            producer.flush(10)
+            if seen is not None and i > 0:
+                out.append(seen - t0)
+    finally:
+        consumer.close()
+    return out
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+COLUMNS = [
+    Column("measurement", "measurement"),
+    Column("samples", "samples"),
+    Column("rate", "per second", "{:,.0f}"),
+    Column("entries_per_s", "entries/s", "{:,.0f}"),
+    Column("p50_ms", "p50 ms", "{:.2f}"),
+    Column("p99_ms", "p99 ms", "{:.2f}"),
+]
+
+
+def _latency_row(name: str, values: list[float], **extra: Any) -> dict[str, Any]:
+    return {
+        "measurement": name,
+        "samples": len(values),
+        "p50_ms": ms(percentile(values, 50)),
+        "p99_ms": ms(percentile(values, 99)),
+        "max_ms": ms(max(values)) if values else None,
+        **extra,
+    }
+
+
+def run(ctx: BenchContext) -> BenchResult:
+    quick = ctx.quick
+    result = BenchResult(
+        NAME,
+        quick,
+        "python bench/acker_bench.py" + (" --quick" if quick else ""),
+        ctx.bootstrap,
+        columns=COLUMNS,
+    )
+    started = time.perf_counter()
+    messages, entries, samples = (2000, 20, 50) if quick else (20000, 50, 300)
+    result.rows.append(throughput(ctx, messages, entries, substreams=4))
+    lat, missed = seal_latency(ctx, samples, records=10)
+    result.rows.append(_latency_row("seal() -> EpochComplete seen", lat, missed=missed))
+    raw = raw_latency(ctx, samples)
+    result.rows.append(_latency_row("raw produce -> consume (baseline)", raw))
+    p99 = percentile(lat, 99) * 1000
+    result.targets.append(
+        Target(
+            "p99 seal -> notification",
+            f"<= {TARGET_P99_MS:g} ms",
+            f"{p99:.2f} ms",
+            None if not lat else p99 <= TARGET_P99_MS,
+        )
+    )
+    tp = result.rows[0]
+    if tp["notifications"] != tp["expected_notifications"]:
+        result.notes.append(
+            f"throughput run wrote {tp['notifications']} notifications, expected "
+            f"{tp['expected_notifications']}"
+        )
+    if missed:
+        result.notes.append(f"{missed} seals produced no EpochComplete within the wait")
+    result.notes.append("publisher, subscriber tail and acker share one Python process")
+    result.duration_s = time.perf_counter() - started
+    return result
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="A CI-sized run (well under a minute).")
+@click.option(
+    "--out",
+    "out_dir",
+    default="bench/results",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for acker.json.",
+)
+@click.option(
+    "--bootstrap",
+    default=None,
+    metavar="HOST:PORT",
+    help="Use this broker instead of starting the embedded one.",
+)
+def main(quick: bool, out_dir: Path, bootstrap: str | None) -> None:
+    """Acks/s of one acker and seal -> notification latency, with a raw Kafka baseline."""
+    console = Console()
+    with bench_context(quick, bootstrap, console) as ctx:
+        result = run(ctx)
+    console.print(render_table(result))
+    console.print(render_targets(result))
+    for note in result.notes:
+        console.print(f"note: {note}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{NAME}.json"
+    path.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
+    console.print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,450 @@
+"""The acker side of the command protocol: reads commands, answers on the response topic.
+
+Installed as ``AckerService.command_handler`` and called once per service step, so commands
+are served by the thread that owns the acker's state (no locking) and cost two non-blocking
+polls when idle.  On its first call it rebuilds the command state by replaying the command
+topic from offset 0 through a :class:`~substreams.acker.history.CommandHistory` , answering
+only what the response topic shows as not yet answered (commands sent while no acker ran, peeks
+a crashed incarnation still owed), then sends the configured substreams' Frontiers.
+
+Completed times are kept for peeks (read from the substreams' control topics: their
+``EpochComplete`` records) until an AllowCompaction lets the acker forget them, as Materialize
+keeps arrangement history until its ``since`` advances (and at most ``keep_completed`` per
+substream, so an acker nobody compacts stays bounded).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from substreams.acker.commands import (
+    AcksPartition,
+    AllowCompaction,
+    CancelPeek,
+    Command,
+    ConfigureSubstreams,
+    Frontiers,
+    Hello,
+    InitializationComplete,
+    Peek,
+    PeekResponse,
+    PeekRow,
+    Rejected,
+    Response,
+    ResponseBody,
+    Stage,
+    StatusRequest,
+    StatusResponse,
+    SubstreamStatus,
+    decode_command,
+    decode_response,
+    encode_response,
+    response_headers,
+)
+from substreams.acker.history import CommandHistory, OutcomeKind
+from substreams.config import Config
+from substreams.control.io import decode_control
+from substreams.control.messages import EpochComplete, OffsetRange
+from substreams.errors import ProtocolError, SubstreamsError
+from substreams.frontier import Time, sort_key
+from substreams.kafka import client
+from substreams.kafka.topics import ensure_topics
+
+if TYPE_CHECKING:
+    from substreams.acker.service import AckerService
+    from substreams.acker.state import AckerView
+
+log = logging.getLogger(__name__)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """What the acker keeps about a completed time, for peeks."""
+
+    records: int
+    sealed_at_ms: int
+    ranges: tuple[OffsetRange, ...]
+
+
+def tracked_substreams(config: Config) -> list[str]:
+    """The substreams an acker of this config tracks (mechanism ``acker``)."""
+    return [s.name for s in config.substreams if s.mechanism == "acker"]
+
+
+class CommandHandler:
+    """Serves the command topic for one acker.  Call it with the service once per step."""
+
+    def __init__(
+        self,
+        config: Config,
+        bootstrap: str | None = None,
+        name: str | None = None,
+        *,
+        frontier_interval_ms: int = 50,
+        reduce_every: int = 1000,
+        keep_idle_sessions: int = 64,
+        keep_completed: int = 10_000,
+    ) -> None:
+        self.config = config
+        self.bootstrap = client.resolve_bootstrap(config, bootstrap)
+        self.name = name or config.acker.name
+        self.substreams = tracked_substreams(config)
+        self.history = CommandHistory(self.substreams, keep_idle_sessions=keep_idle_sessions)
+        self.frontier_interval = frontier_interval_ms / 1000.0
+        self.reduce_every = reduce_every
+        self.keep_completed = keep_completed
+        self.completed: dict[str, dict[Time, Completed]] = {s: {} for s in self.substreams}
+        self.commands_seen = 0
+        self.responses_sent = 0
+        self._started = False
+        self._answered: set[tuple[str, str, int]] | None = None
+        self._since_reduce = 0
+        self._sent_frontiers: dict[str, tuple[tuple[Time, ...], tuple[Time, ...]]] = {}
+        self._last_push = 0.0
+        self._commands: Consumer | None = None
+        self._control: Consumer | None = None
+        self._topic_sub = {config.acker.control_topic(s): s for s in self.substreams}
+        fast: dict[str, Any] = {"linger.ms": 0}
+        self._producer = client.producer(self.bootstrap, config, **fast)
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    def __call__(self, service: AckerService) -> list[tuple[str, bytes]]:
+        view = _LazyView(service.view)
+        if not self._started:
+            self._start(view)
+        assert self._commands is not None
+        self._poll_control()
+        for msg in self._commands.consume(500, 0):
+            cmd = self._decode(msg)
+            if cmd is not None:
+                self._handle(cmd, view)
+        due = time.monotonic() - self._last_push >= self.frontier_interval
+        if due and self.history.state.configured is not None:
+            self._push_frontiers(view, force=False)
+        self._producer.poll(0)
+        return []
+
+    def _start(self, view: _LazyView) -> None:
+        """Replay the command topic as if live, but send only the responses that the response
+        topic does not already hold (so a command sent while no acker ran is answered once,
+        and nothing a previous incarnation answered is answered twice)."""
+        acker = self.config.acker
+        ensure_topics(
+            client.admin(self.bootstrap, self.config),
+            [(acker.command_topic, 1), (acker.response_topic, 1)],
+            self.config.kafka.replication_factor,
+        )
+        answered: set[tuple[str, str, int]] = set()
+        responses = self._tail(acker.response_topic)
+        try:
+            for msg in _read_to_end(responses, acker.response_topic):
+                try:
+                    resp = decode_response(msg.value() or b"", msg.headers())
+                except ProtocolError:
+                    continue
+                answered.add((resp.controller, resp.nonce, resp.seq))
+        finally:
+            responses.close()
+        self._control = client.consumer(self.bootstrap, self.config)
+        self._control.assign([TopicPartition(t, 0, 0) for t in self._topic_sub])
+        self._commands = self._tail(acker.command_topic)
+        self._answered = answered
+        replayed = 0
+        try:
+            for msg in _read_to_end(self._commands, acker.command_topic):
+                cmd = self._decode(msg)
+                if cmd is not None:
+                    self._handle(cmd, view)
+                    replayed += 1
+        finally:
+            self._answered = None
+        self.history.reduce()
+        self._started = True
+        log.info(
+            "acker %s: replayed %d commands, %d kept",
+            self.name,
+            replayed,
+            len(self.history.commands),
+        )
+        controller = self.history.state.configured_by()
+        if controller is not None:
+            self._sent_frontiers.clear()
+            self._push_frontiers(view, force=True)
+
+    def close(self) -> None:
+        for consumer in (self._commands, self._control):
+            if consumer is not None:
+                consumer.close()
+        self._commands = self._control = None
+        self._producer.flush(5)
+        self._producer.close()
+
+    def _tail(self, topic: str) -> Consumer:
+        consumer = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        return consumer
+
+    def _decode(self, msg: Message) -> Command | None:
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return None
+            raise SubstreamsError(f"command topic '{self.config.acker.command_topic}': {err}")
+        try:
+            return decode_command(msg.value() or b"", msg.headers())
+        except ProtocolError as exc:
+            log.warning("command topic offset %d: %s (skipped)", msg.offset(), exc)
+            return None
+
+    # -- commands ------------------------------------------------------------------------
+
+    def _handle(self, cmd: Command, view: _LazyView) -> None:
+        self.commands_seen += 1
+        canceling = None
+        if isinstance(cmd.body, CancelPeek):
+            canceling = self.history.state.peeks.get(cmd.body.uuid)
+        outcome = self.history.push(cmd)
+        self._since_reduce += 1
+        if self._since_reduce >= self.reduce_every:
+            self.history.reduce()
+            self._since_reduce = 0
+        body = cmd.body
+        if outcome.kind in (OutcomeKind.DUPLICATE, OutcomeKind.STALE):
+            log.debug("ignored %s from %s: %s", type(body).__name__, cmd.controller, outcome.reason)
+            return
+        if outcome.kind is OutcomeKind.REJECTED:
+            if isinstance(body, Peek):
+                self._reply(cmd, PeekResponse(body.uuid, body.substream, error=outcome.reason))
+            else:
+                self._reply(cmd, Rejected(outcome.reason))
+            return
+        if outcome.kind is OutcomeKind.IGNORED:
+            return
+        if outcome.canceled is not None and canceling is not None:
+            # the answer to the Peek itself (its seq): the controller waits for that one
+            peek = canceling.command
+            sub = peek.body.substream if isinstance(peek.body, Peek) else ""
+            self._reply(peek, PeekResponse(outcome.canceled, sub, canceled=True))
+            return
+        session = self.history.state.session_of(cmd)
+        assert session is not None
+        computing = session.stage is Stage.COMPUTATION
+        if isinstance(body, Hello | StatusRequest):
+            self._reply(cmd, self._status(view.get(), session.stage))
+        elif isinstance(body, InitializationComplete):
+            self._answer_owed(cmd.controller, view)
+        elif isinstance(body, ConfigureSubstreams) and computing:
+            self._sent_frontiers.clear()
+            self._push_frontiers(view, force=True)
+        elif isinstance(body, AllowCompaction):
+            self._compact(body.substream)
+        elif isinstance(body, Peek) and computing:
+            self._answer_peek(self.history.state.peeks[body.uuid].command, view)
+
+    def _answer_owed(self, controller: str, view: _LazyView) -> None:
+        """Responses deferred during initialization (or owed by a previous incarnation)."""
+        for kept in list(self.history.state.peeks.values()):
+            if kept.command.controller == controller:
+                self._answer_peek(kept.command, view)
+        if self.history.state.configured_by() == controller:
+            self._sent_frontiers.clear()
+            self._push_frontiers(view, force=True)
+
+    def _reply(self, cmd: Command, body: ResponseBody, seq: int | None = None) -> None:
+        self._send(
+            Response(
+                self.name,
+                cmd.controller,
+                cmd.nonce,
+                cmd.seq if seq is None else seq,
+                body,
+                now_ms(),
+            )
+        )
+
+    def _send(self, resp: Response) -> None:
+        done = self._answered  # not None while replaying
+        if done is not None and (resp.seq < 0 or (resp.controller, resp.nonce, resp.seq) in done):
+            return
+        topic = self.config.acker.response_topic
+        value = encode_response(resp)
+        while True:
+            try:
+                self._producer.produce(topic, value=value, partition=0, headers=response_headers())
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self.responses_sent += 1
+
+    # -- status, frontiers ---------------------------------------------------------------
+
+    def _status(self, view: AckerView, stage: Stage) -> StatusResponse:
+        state = self.history.state
+        subs = []
+        for name in sorted(view.substreams):
+            sv = view.substreams[name]
+            since = state.since_of(name)
+            subs.append(
+                SubstreamStatus(
+                    name,
+                    sv.lower.elements(),
+                    sv.upper.elements(),
+                    len(sv.open_times),
+                    None if since is None else since.elements(),
+                    view.last_notification.get(name),
+                )
+            )
+        lag = view.acks_lag or {}
+        acks = tuple(AcksPartition(p, o, lag.get(p)) for p, o in sorted(view.acks_offsets.items()))
+        return StatusResponse(stage, tuple(subs), acks, state.configured_substreams())
+
+    def _push_frontiers(self, view: _LazyView, *, force: bool) -> None:
+        """Frontiers of the configured substreams to the controller that configured them."""
+        self._last_push = time.monotonic()
+        state = self.history.state
+        controller = state.configured_by()
+        session = state.sessions.get(controller or "")
+        if session is None or session.stage is not Stage.COMPUTATION:
+            return
+        v = view.get()
+        for name in state.configured_substreams():
+            sv = v.substreams.get(name)
+            if sv is None:
+                continue
+            now = (sv.lower.elements(), sv.upper.elements())
+            if force or self._sent_frontiers.get(name) != now:
+                self._sent_frontiers[name] = now
+                self._send(
+                    Response(
+                        self.name,
+                        session.controller,
+                        session.nonce,
+                        -1,
+                        Frontiers(name, *now),
+                        now_ms(),
+                    )
+                )
+
+    # -- peeks ---------------------------------------------------------------------------
+
+    def _answer_peek(self, cmd: Command, view: _LazyView) -> None:
+        body = cmd.body
+        assert isinstance(body, Peek)
+        self.history.answered(body.uuid)
+        self._reply(cmd, self._peek(body, view.get()))
+
+    def _peek(self, peek: Peek, view: AckerView) -> PeekResponse:
+        sub = view.substreams.get(peek.substream)
+        if sub is None:
+            return PeekResponse(
+                peek.uuid,
+                peek.substream,
+                error=f"acker '{self.name}' tracks no substream {peek.substream!r}",
+            )
+        open_rows = {
+            o.time: PeekRow(
+                o.time, "OPEN", o.xor, o.records, tuple(sorted(o.unsealed_sources)), o.first_seen_ms
+            )
+            for o in sub.open_times
+        }
+        if peek.time is None:
+            rows = tuple(open_rows[t] for t in sorted(open_rows, key=sort_key))
+            return PeekResponse(peek.uuid, peek.substream, rows=rows)
+        t = peek.time
+        if t in open_rows:
+            return PeekResponse(peek.uuid, peek.substream, rows=(open_rows[t],))
+        if self.history.state.is_compacted(peek.substream, t):
+            since = self.history.state.since_of(peek.substream)
+            shown = " ".join(str(x) for x in since or ())
+            return PeekResponse(
+                peek.uuid,
+                peek.substream,
+                error=(
+                    f"time {t!r} of substream {peek.substream!r} was compacted "
+                    f"(the compaction frontier is {{{shown}}})"
+                ),
+            )
+        done = self.completed.get(peek.substream, {}).get(t)
+        if done is None and (sub.lower.less_equal(t) or not sub.upper.covers(t)):
+            return PeekResponse(peek.uuid, peek.substream, rows=())  # not seen yet
+        row = PeekRow(
+            t,
+            "COMPLETE",
+            0,
+            0 if done is None else done.records,
+            (),
+            0,
+            None if done is None else done.sealed_at_ms,
+            () if done is None else done.ranges,
+        )
+        return PeekResponse(peek.uuid, peek.substream, rows=(row,))
+
+    def _poll_control(self) -> None:
+        """Keep the completed times of the tracked substreams (from their EpochCompletes)."""
+        assert self._control is not None
+        for msg in self._control.consume(1000, 0):
+            if msg.error() is not None:
+                continue
+            try:
+                rec = decode_control(msg)
+            except (SubstreamsError, ValueError, KeyError, TypeError):
+                continue
+            body = rec.body
+            if isinstance(body, EpochComplete):
+                sub = self._topic_sub.get(msg.topic())
+                if sub is None or self.history.state.is_compacted(sub, body.time):
+                    continue
+                kept = self.completed[sub]
+                kept[body.time] = Completed(body.records, body.sealed_at_ms, body.ranges)
+                if len(kept) > self.keep_completed:  # bounded even without AllowCompaction
+                    del kept[next(iter(kept))]
+
+    def _compact(self, substream: str) -> None:
+        kept = self.completed.get(substream, {})
+        for t in [t for t in kept if self.history.state.is_compacted(substream, t)]:
+            del kept[t]
+
+
+class _LazyView:
+    """The service's view, built at most once per step and only when needed."""
+
+    def __init__(self, make: Callable[[], AckerView]) -> None:
+        self._make = make
+        self._view: AckerView | None = None
+
+    def get(self) -> AckerView:
+        if self._view is None:
+            self._view = self._make()
+        return self._view
+
+
+def _read_to_end(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[Message]:
+    """Every message of partition 0 up to its end (partition EOF), in order."""
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        if time.monotonic() > deadline:
+            raise SubstreamsError(f"topic '{topic}': no end of partition within {timeout} s")
+        at_end = False
+        for msg in consumer.consume(1000, 0.2):
+            err = msg.error()
+            if err is None:
+                out.append(msg)
+                at_end = False
+            elif err.code() == KafkaError._PARTITION_EOF:
+                at_end = True
+            else:
+                raise SubstreamsError(f"topic '{topic}': {err}")
+        if at_end:
+            return out

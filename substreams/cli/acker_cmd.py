@@ -1,0 +1,294 @@
+"""`substreams acker run|status|epochs|peek`: run the acker and inspect it over its command
+protocol (the CLI is a controller like any other: it says Hello and reads responses)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from substreams.acker.client import AckerClient
+from substreams.acker.commands import (
+    PeekResponse,
+    PeekRow,
+    StatusResponse,
+    format_time,
+    format_times,
+    parse_time,
+)
+from substreams.cli.options import bootstrap_option, config_option
+from substreams.config import Config, load_config
+from substreams.errors import SubstreamsError
+from substreams.frontier import Time
+
+timeout_option = click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for the acker's answer.",
+)
+
+
+class TimeParam(click.ParamType[Time]):
+    """A logical time: 5, 1,2 (a tuple) or key@5 / key@1,2 (keyed)."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Time:
+        if not isinstance(value, str):
+            return value  # type: ignore[no-any-return]
+        try:
+            return parse_time(value)
+        except SubstreamsError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@click.group("acker")
+def command() -> None:
+    """Run the acker service and inspect it (status, open epochs, peeks)."""
+
+
+def _age(at_ms: int) -> str:
+    if at_ms <= 0:
+        return "-"
+    s = max(0.0, time.time() - at_ms / 1000.0)
+    return f"{s * 1000:.0f} ms ago" if s < 1 else f"{s:.1f} s ago"
+
+
+def _hex(x: int) -> str:
+    return f"{x:016x}"
+
+
+# -- run ---------------------------------------------------------------------------------------
+
+
+@command.command()
+@config_option
+@bootstrap_option
+@click.option("--standby", is_flag=True, help="Wait until the active acker stops, then take over.")
+@click.option("--name", default=None, help="Acker name (default: acker.name of the config).")
+@click.option(
+    "--every",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Print a line every N notifications.",
+)
+def run(
+    config_path: str, bootstrap: str | None, standby: bool, name: str | None, every: int
+) -> None:
+    """Run the acker until Ctrl-C or SIGTERM (a clean stop: the last transaction commits)."""
+    from substreams.acker.handler import CommandHandler
+    from substreams.acker.service import AckerService
+
+    config = load_config(config_path)
+    service = AckerService(config, bootstrap, name, standby=standby)
+    handler = CommandHandler(config, service.bootstrap, service.name)
+    printed = [0]
+
+    def step_hook(svc: AckerService) -> list[tuple[str, bytes]]:
+        if svc.notifications // every > printed[0]:
+            printed[0] = svc.notifications // every
+            last = max(
+                ((s, v) for s, v in svc.state.last_notification.items() if v is not None),
+                key=lambda sv: sv[1][1],
+                default=None,
+            )
+            detail = f"; last {last[0]}@{format_time(last[1][0])}" if last else ""
+            click.echo(f"{svc.notifications} notifications{detail}")
+        return handler(svc)
+
+    service.command_handler = step_hook
+    stop = threading.Event()
+    subs = ", ".join(handler.substreams) or "(none)"
+    mode = "standby (takes over when the active acker stops)" if standby else "active"
+    click.echo(
+        f"acker '{service.name}' {mode} on {service.bootstrap}: tracking {subs}; "
+        f"commands on '{config.acker.command_topic}'"
+    )
+    with _stop_on_signals(stop):
+        try:
+            service.run(stop)
+        finally:
+            handler.close()
+    click.echo(f"acker '{service.name}' stopped after {service.notifications} notifications")
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT/SIGTERM set ``stop`` (so the service finishes its step) instead of raising."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# -- inspection --------------------------------------------------------------------------------
+
+
+def _session(
+    config: Config, bootstrap: str | None, timeout: float
+) -> tuple[AckerClient, StatusResponse]:
+    """A controller session (Hello, CreateInstance, InitializationComplete) and its status."""
+    ctl = AckerClient(config, bootstrap, timeout=timeout)
+    try:
+        status = ctl.connect()
+    except BaseException:
+        ctl.close()
+        raise
+    return ctl, status
+
+
+@command.command()
+@config_option
+@bootstrap_option
+@timeout_option
+def status(config_path: str, bootstrap: str | None, timeout: float) -> None:
+    """Frontiers, open times, acks lag and the last notification of every substream."""
+    ctl, _ = _session(load_config(config_path), bootstrap, timeout)
+    with ctl:
+        t0 = time.monotonic()
+        st = ctl.status()
+        rtt = (time.monotonic() - t0) * 1000
+        lags = ctl.acks_lag(st)
+    console = Console()
+    table = Table(title=f"acker '{ctl.acker}' (answered in {rtt:.0f} ms)")
+    for col in ("substream", "lower", "upper", "open times", "compacted to", "last notification"):
+        table.add_column(col, justify="right" if col == "open times" else "left")
+    for s in st.substreams:
+        last = "-"
+        if s.last_notification is not None:
+            t, at = s.last_notification
+            last = f"{format_time(t)} ({_age(at)})"
+        since = "-" if s.since is None else format_times(s.since)
+        table.add_row(
+            s.substream,
+            format_times(s.lower),
+            format_times(s.upper),
+            str(s.open_times),
+            since,
+            last,
+        )
+    console.print(table)
+    acks = Table(title="acks topic")
+    for col in ("partition", "next offset", "lag"):
+        acks.add_column(col, justify="right")
+    for a in st.acks:
+        acks.add_row(str(a.partition), str(a.offset), str(lags.get(a.partition, "?")))
+    if not st.acks:
+        acks.add_row("-", "nothing read yet", "-")
+    console.print(acks)
+    if st.configured:
+        console.print(f"configured by a controller: {', '.join(st.configured)}")
+
+
+def _rows_table(title: str, rows: list[tuple[str, PeekRow]], show_state: bool) -> Table:
+    table = Table(title=title)
+    cols = [
+        "substream",
+        "time",
+        *(["state"] if show_state else []),
+        "xor",
+        "records",
+        "unsealed sources",
+        "first seen",
+    ]
+    for col in cols:
+        if col == "xor":
+            table.add_column(col, min_width=16, no_wrap=True)
+        else:
+            table.add_column(col, justify="right" if col == "records" else "left")
+    for sub, r in rows:
+        sealed = ", ".join(r.unsealed_sources) or "-"
+        state = [r.state] if show_state else []
+        table.add_row(
+            sub,
+            format_time(r.time),
+            *state,
+            _hex(r.xor),
+            str(r.records),
+            sealed,
+            _age(r.first_seen_ms),
+        )
+    return table
+
+
+def _peek(ctl: AckerClient, substream: str, t: Time | None) -> PeekResponse:
+    resp = ctl.peek(substream, t)
+    if resp.error is not None:
+        raise SubstreamsError(f"acker '{ctl.acker}': {resp.error}")
+    return resp
+
+
+@command.command()
+@config_option
+@bootstrap_option
+@timeout_option
+@click.option("--substream", "-s", default=None, help="Only this substream (default: all).")
+def epochs(config_path: str, bootstrap: str | None, timeout: float, substream: str | None) -> None:
+    """The open times: their XOR state, record counts and the sources that have not sealed."""
+    config = load_config(config_path)
+    if substream is not None:
+        config.substream(substream)  # a ConfigError naming the known ones
+    ctl, st = _session(config, bootstrap, timeout)
+    names = [substream] if substream else [s.substream for s in st.substreams]
+    rows: list[tuple[str, PeekRow]] = []
+    with ctl:
+        for name in names:
+            rows += [(name, r) for r in _peek(ctl, name, None).rows]
+    if not rows:
+        click.echo("no open times: every substream is complete up to its frontier")
+        return
+    Console().print(_rows_table(f"open times ({len(rows)})", rows, show_state=False))
+
+
+@command.command()
+@config_option
+@bootstrap_option
+@timeout_option
+@click.option("--substream", "-s", required=True, help="The substream to peek at.")
+@click.option(
+    "--time",
+    "-t",
+    "at",
+    type=TimeParam(),
+    default=None,
+    help="One time: 5, 1,2 or key@5 (default: every open time).",
+)
+def peek(
+    config_path: str, bootstrap: str | None, timeout: float, substream: str, at: Time | None
+) -> None:
+    """The acker's state of one substream: its open times, or one time (open or complete)."""
+    config = load_config(config_path)
+    config.substream(substream)  # a ConfigError naming the known ones
+    ctl, _ = _session(config, bootstrap, timeout)
+    with ctl:
+        resp = _peek(ctl, substream, at)
+    if not resp.rows:
+        what = f"time {format_time(at)}" if at is not None else "open times"
+        click.echo(f"{substream}: no {what} known to the acker (not seen yet)")
+        return
+    console = Console()
+    console.print(_rows_table(f"peek {substream}", [(substream, r) for r in resp.rows], True))
+    for r in resp.rows:
+        if r.state == "COMPLETE" and r.ranges:
+            spans = ", ".join(f"{x.stream}[{x.partition}] {x.start}..{x.end}" for x in r.ranges)
+            console.print(f"{format_time(r.time)}: {spans}")
