@@ -106,7 +106,7 @@ class EmbeddedBroker:
             raise BrokerError("the embedded broker is not started")
         return self._proc.pid
 
-    def start(self, timeout: float = 20.0, detach: bool = False) -> EmbeddedBroker:
+    def start(self, timeout: float = 20.0) -> EmbeddedBroker:
         if broker_answers(self.bootstrap, timeout=0.3):
             raise BrokerError(
                 f"port {self.port} already answers Kafka requests; choose another --port"
@@ -118,7 +118,9 @@ class EmbeddedBroker:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=detach,
+            # Own session: a terminal's Ctrl-C must reach our process, which then shuts its
+            # clients down before stopping the broker, not the broker first.
+            start_new_session=True,
         )
         try:
             for attempt in Retrying(
@@ -185,7 +187,7 @@ def start_recorded(port: int | None = None, home: Path | None = None) -> tuple[B
         return existing, False
     home.mkdir(parents=True, exist_ok=True)
     log = home / "broker.log"
-    broker = EmbeddedBroker(port, log_path=log).start(detach=True)
+    broker = EmbeddedBroker(port, log_path=log).start()
     state = BrokerState(pid=broker.pid, port=broker.port, started_at=time.time(), log=str(log))
     (home / STATE_FILE).write_text(json.dumps(asdict(state)))
     return state, True

@@ -1,1 +1,30 @@
-"""substreams."""
+"""Spark integration: the ``substreams`` streaming source and the epoch operator API.
+
+``run(operator, config_path, substream, output_stream)`` runs an :class:`EpochOperator`
+over the completed epochs of a substream (firm bound, consistent order, exactly-once output).
+PySpark is imported lazily so that ``import substreams.spark`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from substreams.spark.operator import EpochInfo, EpochOperator, Row
+
+if TYPE_CHECKING:
+    from substreams.spark.runner import run as run
+    from substreams.spark.session import session as session
+
+__all__ = ["EpochInfo", "EpochOperator", "Row", "run", "session"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "run":
+        from substreams.spark.runner import run
+
+        return run
+    if name == "session":
+        from substreams.spark.session import session
+
+        return session
+    raise AttributeError(name)

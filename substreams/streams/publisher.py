@@ -286,6 +286,20 @@ class Publisher:
         self._produce(value, partition, None, headers, None)
         self._pending += 1
 
+    def produce_aside(
+        self, topic: str, value: bytes, *, key: bytes | None = None, partition: int = 0
+    ) -> None:
+        """Write ``value`` to another topic inside the open transaction, so that it becomes
+        visible exactly when (and only if) this publisher's records do — e.g. an exactly-once
+        sink's batch marker."""
+        self._begin()
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, partition=partition)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
     def punctuation_headers(self) -> list[tuple[str, bytes]]:
         return protocol_codec("punctuation").headers(TYPE_PUNCTUATION)
 

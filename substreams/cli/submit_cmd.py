@@ -1,0 +1,99 @@
+"""`substreams submit`: run a Spark job with this package and a substreams config.
+
+It calls the ``spark-submit`` shipped inside the pyspark package (no Spark install needed),
+with ``$SUBSTREAMS_CONFIG`` pointing at the config, executors running this interpreter
+(local masters) and, for cluster masters, the package zipped into ``--py-files`` so workers
+without it installed can import it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from substreams.cli.options import config_option
+from substreams.config import load_config
+from substreams.errors import SubstreamsError
+
+ENV_CONFIG = "SUBSTREAMS_CONFIG"
+
+DEFAULT_CONF = {
+    # Stopping a query mid-batch overflows the default thread stack in Spark's
+    # StreamExecution.isInterruptionException (a recursive regex on the task-kill message).
+    "spark.driver.extraJavaOptions": "-Xss16m",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+
+def spark_submit_path() -> Path:
+    import pyspark
+
+    path = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    if not path.exists():
+        raise SubstreamsError(f"spark-submit not found in the pyspark package ({path})")
+    return path
+
+
+def package_zip(directory: Path) -> Path:
+    """The ``substreams`` package as a zip for ``--py-files``."""
+    root = Path(__file__).resolve().parents[1]
+    return Path(shutil.make_archive(str(directory / "substreams"), "zip", root.parent, root.name))
+
+
+def build_command(
+    job: Path, master: str, conf: Sequence[str], job_args: Sequence[str], py_files: Path | None
+) -> list[str]:
+    cmd = [str(spark_submit_path()), "--master", master, "--name", job.stem]
+    settings = dict(DEFAULT_CONF)
+    for item in conf:
+        if "=" not in item:
+            raise SubstreamsError(f"--conf expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        settings[key] = value
+    for key, value in settings.items():
+        cmd += ["--conf", f"{key}={value}"]
+    if py_files is not None:
+        cmd += ["--py-files", str(py_files)]
+    return [*cmd, str(job), *job_args]
+
+
+@click.command("submit", context_settings={"help_option_names": ["-h", "--help"]})
+@config_option
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark settings.")
+@click.option("--dry-run", is_flag=True, help="Print the spark-submit command, do not run it.")
+@click.argument("job", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
+def command(
+    config_path: str,
+    master: str,
+    conf: tuple[str, ...],
+    dry_run: bool,
+    job: Path,
+    job_args: tuple[str, ...],
+) -> None:
+    """Run JOB.py with spark-submit; arguments after `--` go to the job."""
+    config = load_config(config_path)  # fail here, with file:line, not inside Spark
+    env = dict(os.environ)
+    env[ENV_CONFIG] = str(config.path)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    with tempfile.TemporaryDirectory(prefix="substreams-submit-") as tmp:
+        zipped = None if master.startswith("local") else package_zip(Path(tmp))
+        cmd = build_command(job.resolve(), master, conf, job_args, zipped)
+        if dry_run:
+            click.echo(" ".join(cmd))
+            return
+        try:
+            code = subprocess.call(cmd, env=env)
+        except KeyboardInterrupt:
+            code = 130
+    if code != 0:
+        raise SystemExit(code)

@@ -1,0 +1,311 @@
+"""The end-to-end demo: broker, acker, a click workload, and a Spark job printing each
+window the moment it is complete.
+
+``run_demo(config_path, records)`` starts (or uses) the broker, creates the topics, runs the
+acker in a thread, starts a firm-bound Spark query that prints every epoch notification
+(epoch, record count, latency from the seal to ``on_epoch``), publishes generated clicks in
+event time with a progress bar, sealing each window as the clock leaves it, waits until every
+sealed window has been printed and shuts everything down, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from substreams.config import Config, SubstreamConfig, load_config
+from substreams.errors import SubstreamsError
+from substreams.frontier import Time
+from substreams.kafka import client
+from substreams.kafka.embedded import EmbeddedBroker
+from substreams.kafka.topics import ensure_topics
+from substreams.spark.epochs import format_time
+from substreams.spark.operator import EpochInfo, EpochOperator, Row
+from substreams.streams.publisher import Publisher
+
+
+@dataclass
+class DemoReport:
+    """What the demo saw: per notified window (time, records, latency ms), and totals."""
+
+    published: int = 0
+    sealed: list[int] = field(default_factory=list)
+    notified: list[tuple[Time, int, int]] = field(default_factory=list)
+    tracker: str = "acker"
+    interrupted: bool = False
+
+    @property
+    def counted(self) -> int:
+        return sum(n for _, n, _ in self.notified)
+
+    @property
+    def complete(self) -> bool:
+        """Every sealed window notified once, in order, and every record counted."""
+        return [t for t, _, _ in self.notified] == self.sealed and self.counted == self.published
+
+
+class _Printer(EpochOperator):
+    """Prints each notification as it arrives (runs in the Spark driver's batch thread)."""
+
+    def __init__(self, console: Console, report: DemoReport, size_ms: int) -> None:
+        self.console = console
+        self.report = report
+        self.size_ms = size_ms
+        self.done = threading.Condition()
+
+    def on_epoch(self, epoch: Time, rows: list[Row]) -> list[Row]:
+        return []
+
+    def after_commit(self, info: EpochInfo, results: list[Row]) -> None:
+        latency = max(0, info.notified_at_ms - info.sealed_at_ms)
+        users = len({r["user"] for r in info.rows}) if info.rows and "user" in info.rows[0] else 0
+        start = info.time * self.size_ms if isinstance(info.time, int) else None
+        when = time.strftime("%H:%M:%S", time.gmtime(start / 1000)) if start is not None else "-"
+        self.console.print(
+            f"[bold green]epoch {format_time(info.time)}[/] window {when} "
+            f"[cyan]{len(info.rows)}[/] records, {users} users, "
+            f"notified [yellow]{latency} ms[/] after its seal"
+        )
+        with self.done:
+            self.report.notified.append((info.time, len(info.rows), latency))
+            self.done.notify_all()
+
+
+def _pick_substream(config: Config, name: str | None) -> SubstreamConfig:
+    if name is not None:
+        sub = config.substream(name)
+    else:
+        candidates = [
+            s for s in config.substreams if s.kind == "tumbling" and s.mechanism == "acker"
+        ]
+        candidates = candidates or [s for s in config.substreams if s.kind == "tumbling"]
+        if not candidates:
+            raise SubstreamsError(f"{config.path}: the demo needs a tumbling substream")
+        sub = candidates[0]
+    if sub.kind != "tumbling" or sub.size_ms is None:
+        raise SubstreamsError(f"the demo needs a tumbling substream; '{sub.name}' is {sub.kind}")
+    return sub
+
+
+@contextlib.contextmanager
+def _tracker(
+    config: Config, bootstrap: str, sub: SubstreamConfig, report: DemoReport
+) -> Iterator[None]:
+    """The substream's progress writer in a thread: the acker, or the punctuation aligner."""
+    from substreams.acker.service import AckerService
+    from substreams.punctuation.service import PunctuationAligner
+
+    stop = threading.Event()
+    if sub.mechanism == "acker":
+        service = AckerService(config, bootstrap)
+        thread = threading.Thread(target=service.run, args=(stop,), name="acker", daemon=True)
+    else:
+        aligner = PunctuationAligner(config, sub.name, bootstrap=bootstrap)
+        report.tracker = "punctuation aligner"
+        thread = threading.Thread(target=aligner.run, args=(stop,), name="aligner", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets(event: threading.Event) -> Iterator[None]:
+    """First Ctrl-C: set ``event`` (a clean stop); a second one interrupts at once.  PySpark's
+    own SIGINT handler raises inside py4j calls, which makes a messy exit; this replaces it
+    for the duration of the block (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(_sig: int, _frame: object) -> None:
+        if event.is_set():
+            raise KeyboardInterrupt
+        event.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_demo(
+    config_path: str | Path,
+    records: int = 2000,
+    *,
+    users: int = 20,
+    seconds: float = 8.0,
+    substream: str | None = None,
+    bootstrap: str | None = None,
+    master: str = "local[2]",
+    console: Console | None = None,
+    wait_timeout: float = 60.0,
+) -> DemoReport:
+    """Run the demo (see the module doc); returns what was published and notified.
+
+    ``records`` clicks are spread over ``seconds`` of event time (the wall clock), so the
+    windows close while Spark runs; ``bootstrap`` overrides the config (else an embedded
+    broker is started when the config says ``embedded``)."""
+    from substreams.spark.runner import run, stop
+    from substreams.spark.session import session, warm_up
+
+    console = console or Console()
+    config = load_config(config_path)
+    sub = _pick_substream(config, substream)
+    assert sub.size_ms is not None
+    report = DemoReport()
+    with contextlib.ExitStack() as stack:
+        if bootstrap is None and config.kafka.embedded:
+            broker = stack.enter_context(EmbeddedBroker())
+            server = broker.bootstrap
+            console.print(f"[bold]broker[/] embedded on {server}")
+        else:
+            server = client.resolve_bootstrap(config, bootstrap)
+            console.print(f"[bold]broker[/] {server}")
+        ensure_topics(
+            client.admin(server, config), config.topics(), config.kafka.replication_factor
+        )
+        stack.enter_context(_tracker(config, server, sub, report))
+        console.print(f"[bold]tracking[/] {sub.name} ({sub.mechanism}) by {report.tracker}")
+        console.print("[bold]spark[/] starting a local session...")
+        spark = session("substreams-demo", master=master, shuffle_partitions=2)
+        warm_up(spark)
+        checkpoint = stack.enter_context(tempfile.TemporaryDirectory(prefix="substreams-demo-"))
+        printer = _Printer(console, report, sub.size_ms)
+        query = run(
+            printer,
+            config.path,
+            sub.name,
+            None,
+            checkpoint=checkpoint,
+            spark=spark,
+            bootstrap=server,
+            query_name="demo",
+            block=False,
+        )
+        stack.callback(stop, query)
+        interrupted = threading.Event()
+        stack.enter_context(_ctrl_c_sets(interrupted))
+        # Kafka calls run in a thread: a signal in the main thread would abort a blocking
+        # librdkafka call (commit_transaction) half way.
+        failure: list[BaseException] = []
+
+        def publish() -> None:
+            try:
+                _publish(config, server, sub, records, users, seconds, report, console, interrupted)
+            except BaseException as exc:
+                failure.append(exc)
+
+        publisher = threading.Thread(target=publish, name="demo-publisher", daemon=True)
+        publisher.start()
+        while publisher.is_alive():
+            publisher.join(0.2)
+        if failure:
+            raise failure[0]
+        deadline = time.monotonic() + wait_timeout
+        with printer.done:
+            while len(report.notified) < len(report.sealed) and time.monotonic() < deadline:
+                if interrupted.is_set():
+                    break
+                if query.exception() is not None:
+                    raise SubstreamsError(f"the Spark query failed: {query.exception()}")
+                printer.done.wait(0.5)
+        report.interrupted = interrupted.is_set()
+        if report.interrupted:
+            console.print("[yellow]interrupted: shutting down cleanly[/]")
+        _summary(console, report)
+    return report
+
+
+def _publish(
+    config: Config,
+    server: str,
+    sub: SubstreamConfig,
+    records: int,
+    users: int,
+    seconds: float,
+    report: DemoReport,
+    console: Console,
+    interrupted: threading.Event,
+) -> None:
+    """Clicks in (compressed) real time; each window is sealed when the clock leaves it."""
+    assert sub.size_ms is not None
+    rng = random.Random(7)
+    interval = seconds / max(records, 1)
+    columns = (
+        TextColumn("[bold]publishing[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    per_window: dict[int, int] = {}
+    try:
+        with (
+            Publisher(config, sub.stream, "demo", bootstrap=server, batch_size=50) as pub,
+            Progress(*columns, console=console, transient=True) as bar,
+        ):
+            task = bar.add_task(sub.stream, total=records)
+            window: int | None = None
+            for _ in range(records):
+                if interrupted.is_set():
+                    raise _Stopped  # abort: the open transaction is dropped, not committed
+                ts = int(time.time() * 1000)
+                current = ts // sub.size_ms
+                if window is not None and current > window:
+                    pub.seal(sub.name, window)
+                    report.sealed.append(window)
+                window = current
+                user = f"user{rng.randrange(users)}"
+                pub.publish({"user": user, "url": f"/page/{rng.randrange(50)}", "ts": ts}, key=user)
+                per_window[current] = per_window.get(current, 0) + 1
+                bar.advance(task)
+                time.sleep(interval)
+            if window is not None:
+                pub.seal(sub.name, window)
+                report.sealed.append(window)
+    except _Stopped:
+        pass
+    except KafkaException:
+        if not interrupted.is_set():
+            raise
+        # Ctrl-C in a terminal reaches the embedded broker too: it may be gone already.
+    report.published = sum(per_window.get(w, 0) for w in report.sealed)
+
+
+class _Stopped(Exception):
+    """Ctrl-C: stop publishing now."""
+
+
+def _summary(console: Console, report: DemoReport) -> None:
+    latencies = sorted(lat for _, _, lat in report.notified)
+    table = Table(title="demo summary")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("records published", str(report.published))
+    table.add_row("records in notified epochs", str(report.counted))
+    table.add_row("windows sealed / notified", f"{len(report.sealed)} / {len(report.notified)}")
+    if latencies:
+        table.add_row("latency seal -> on_epoch, median", f"{latencies[len(latencies) // 2]} ms")
+        table.add_row("latency seal -> on_epoch, max", f"{latencies[-1]} ms")
+    console.print(table)
+    if report.complete:
+        console.print("[green]every window notified once, in order, with all its records[/]")
+    elif report.interrupted:
+        console.print("[yellow]interrupted before every sealed window was notified[/]")
+    else:
+        console.print("[red]INCOMPLETE: see the table above[/]")

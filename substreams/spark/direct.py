@@ -1,0 +1,93 @@
+"""Direct progress: a publisher's own seals become EpochComplete records (no acker).
+
+Why this exists: with a single source per stream, the source itself knows when a time is
+complete (it sealed it) and which offsets hold its records (delivery reports), so it can
+write the real control-topic protocol (ProgressTracker + ControlWriter, hash chain included)
+without a tracking service.  Tests and the demo use it where the acker is not running; it is
+not a substitute for the acker with several sources or stages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+from substreams.control.io import ControlWriter, now_ms
+from substreams.control.messages import ControlBody, OffsetRange
+from substreams.control.progress import ProgressTracker
+from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
+from substreams.frontier import Time, less_equal, sort_key
+from substreams.streams import publisher as publisher_module
+from substreams.streams.publisher import HOOK_FACTORIES, HookFactory, Publisher
+from substreams.streams.records import SentRecord
+
+
+class DirectProgress:
+    """A :class:`~substreams.streams.publisher.PublishHook` writing control records itself."""
+
+    def __init__(self, publisher: Publisher, substreams: Sequence[str]) -> None:
+        config = publisher.config
+        self.substreams = list(substreams)
+        self.topics = {s: config.acker.control_topic(s) for s in self.substreams}
+        self.trackers = {
+            s: ProgressTracker(s, config.acker.snapshot_every) for s in self.substreams
+        }
+        self.writer = ControlWriter(
+            publisher.bootstrap,
+            f"direct.{publisher.stream}.{publisher.source_id}",
+            self.topics.values(),
+            config,
+        )
+        self.writer.recover()
+        self.sent: dict[str, dict[Time, int]] = {s: {} for s in self.substreams}
+        self.spans: dict[str, dict[Time, dict[int, tuple[int, int]]]] = {
+            s: {} for s in self.substreams
+        }
+
+    def on_send(self, record: SentRecord) -> None:
+        for s in self.substreams:
+            t = record.times[s]
+            self.sent[s][t] = self.sent[s].get(t, 0) + 1
+
+    def on_delivered(self, record: SentRecord, offset: int) -> None:
+        for s in self.substreams:
+            spans = self.spans[s].setdefault(record.times[s], {})
+            lo, hi = spans.get(record.partition, (offset, offset + 1))
+            spans[record.partition] = (min(lo, offset), max(hi, offset + 1))
+
+    def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
+        """Complete every time <= ``time`` this source wrote, and ``time`` itself."""
+        sent = self.sent[substream]
+        due = sorted({t for t in sent if less_equal(t, time)} | {time}, key=sort_key)
+        tracker = self.trackers[substream]
+        bodies: list[ControlBody] = []
+        for t in due:
+            spans = self.spans[substream].pop(t, {})
+            ranges = [
+                OffsetRange(publisher.stream, p, lo, hi) for p, (lo, hi) in sorted(spans.items())
+            ]
+            bodies += tracker.complete(t, ranges, sent.pop(t, 0), now_ms())
+        self.writer.write([(self.topics[substream], b) for b in bodies])
+        TRAFFIC.add(CONTROL_WRITTEN, substream, len(bodies))
+
+    def close(self, publisher: Publisher) -> None:
+        self.writer.close()
+
+
+@contextlib.contextmanager
+def direct_progress(mechanisms: Sequence[str] = ("acker", "punctuations")) -> Iterator[None]:
+    """Within the block, publishers of this process track ``mechanisms`` with
+    :class:`DirectProgress` instead of the acker / punctuation hooks."""
+    publisher_module._load_default_hooks()
+    saved = {m: HOOK_FACTORIES.get(m) for m in mechanisms}
+    factory: HookFactory = DirectProgress
+    for m in mechanisms:
+        HOOK_FACTORIES[m] = factory
+    try:
+        yield
+    finally:
+        for m, old in saved.items():
+            if old is None:
+                HOOK_FACTORIES.pop(m, None)
+            else:
+                HOOK_FACTORIES[m] = old

@@ -1,0 +1,219 @@
+"""Source offsets and the driver-side scanners that compute them.
+
+Why offsets are explicit JSON (the control-topic position, plus the data-partition positions
+in soft mode): Spark writes them to its checkpoint's offset log before a batch runs, so a
+batch replayed after a crash covers exactly the same control records and data offsets, and
+therefore exactly the same rows.  Positions are "next offset to read": a batch (start, end]
+covers control offsets ``start.control <= o < end.control``.
+
+Why scan by consuming instead of asking for high watermarks: the embedded broker
+under-reports them (ARCHITECTURE.md); a position is only trusted once a record at the offset
+before it was actually read.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from substreams.config import load_config
+from substreams.control.chain import TrustingVerifier
+from substreams.control.io import ControlTail, Corrupt
+from substreams.control.messages import ControlRecord, EpochComplete, OffsetRange
+from substreams.control.traffic import CONTROL_READ, TRAFFIC
+from substreams.errors import ProtocolError, SubstreamsError
+from substreams.frontier import Time
+from substreams.kafka import client
+
+
+@dataclass(frozen=True)
+class SourceOffset:
+    """Where a batch starts or ends; ``data`` (partition -> position) in soft mode only."""
+
+    control: int
+    data: Mapping[int, int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"control": self.control}
+        if self.data is not None:
+            out["data"] = {str(p): o for p, o in sorted(self.data.items())}
+        return out
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> SourceOffset:
+        try:
+            data = d.get("data")
+            return SourceOffset(
+                int(d["control"]),
+                None if data is None else {int(p): int(o) for p, o in data.items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SubstreamsError(f"not a substreams source offset: {d!r}") from exc
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One EpochComplete as plain, picklable data (what a read task needs)."""
+
+    control_offset: int
+    time: Time
+    ranges: tuple[OffsetRange, ...]
+    records: int
+    sealed_at_ms: int
+
+
+def _notification(offset: int, body: EpochComplete) -> Notification:
+    return Notification(offset, body.time, body.ranges, body.records, body.sealed_at_ms)
+
+
+class ControlScanner:
+    """Follows a substream's control topic on the driver and remembers its notifications.
+
+    Every record is checked against its writer's hash chain (seed 002): a gap, a replayed
+    or a modified record stops the query with a :class:`ProtocolError` instead of feeding
+    it a forged timeline.  Reading from the middle of the topic (a restart), the first
+    record of each writer is taken as the chain's anchor.  The Kafka consumer is created
+    lazily and never pickled: Spark may ship the reader.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, substream: str, config_path: str) -> None:
+        self.bootstrap = bootstrap
+        self.config_path = config_path
+        self.topic = topic
+        self.substream = substream
+        self.base = 0
+        self.scanned_to = 0
+        self.notes: dict[int, Notification] = {}
+        self.verifier = TrustingVerifier(strict=True)
+        self._tail: ControlTail | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_tail"] = None
+        return state
+
+    def _reset(self, start: int) -> None:
+        self.close()
+        self.base = self.scanned_to = start
+        self.notes = {}
+        self.verifier = TrustingVerifier(strict=start == 0)
+        self._tail = ControlTail(self.bootstrap, self.topic, start, load_config(self.config_path))
+
+    def _take(self, offset: int, rec: object) -> None:
+        if isinstance(rec, Corrupt):
+            raise ProtocolError(f"control topic '{self.topic}' offset {offset}: {rec.reason}")
+        assert isinstance(rec, ControlRecord)
+        self.verifier.check(self.topic, offset, rec)
+        self.scanned_to = offset + 1
+        body = rec.body
+        if isinstance(body, EpochComplete) and body.substream == self.substream:
+            self.notes[offset] = _notification(offset, body)
+            TRAFFIC.add(CONTROL_READ, self.substream, 1)
+
+    def scan(self, start: int, max_wait: float = 2.0) -> None:
+        """Read what is readable now (bounded by ``max_wait`` seconds) from ``start`` on."""
+        if self._tail is None or not self.base <= start <= self.scanned_to:
+            self._reset(start)
+        assert self._tail is not None
+        # ``at_end`` stays set while nothing new arrives (the tail clears it on a record),
+        # so an idle topic answers at once instead of waiting for ``max_wait``.
+        deadline = _time.monotonic() + max_wait
+        while _time.monotonic() < deadline:
+            batch = self._tail.poll(0.05)
+            for offset, rec in batch:
+                self._take(offset, rec)
+            if self._tail.at_end and not batch:
+                break
+
+    def latest(self, start: int) -> int:
+        """The position after the last EpochComplete readable now (``start`` if none)."""
+        self.scan(start)
+        return max([start] + [o + 1 for o in self.notes if o >= start])
+
+    def between(self, start: int, end: int, timeout: float = 30.0) -> list[Notification]:
+        """The notifications at control offsets [start, end), in order (re-read if needed)."""
+        if end <= start:
+            return []
+        if not (self.base <= start and self.scanned_to >= end):
+            self._reset(start)
+            assert self._tail is not None
+            deadline = _time.monotonic() + timeout
+            while self.scanned_to < end:
+                if _time.monotonic() > deadline:
+                    raise SubstreamsError(
+                        f"control topic '{self.topic}': offsets {start}..{end} not readable "
+                        f"within {timeout} s (was the topic recreated?)"
+                    )
+                for offset, rec in self._tail.poll(0.1):
+                    self._take(offset, rec)
+        return [self.notes[o] for o in sorted(self.notes) if start <= o < end]
+
+    def forget_before(self, position: int) -> None:
+        """Drop notifications Spark has committed (it never asks for them again)."""
+        for o in [o for o in self.notes if o < position]:
+            del self.notes[o]
+        self.base = max(self.base, min(position, self.scanned_to))
+
+    def close(self) -> None:
+        if self._tail is not None:
+            self._tail.close()
+            self._tail = None
+
+
+class DataScanner:
+    """Finds, by reading, the position after the last committed record of each partition."""
+
+    def __init__(self, bootstrap: str, stream: str, partitions: int, config_path: str) -> None:
+        self.bootstrap = bootstrap
+        self.config_path = config_path
+        self.stream = stream
+        self.partitions = partitions
+        self.positions: dict[int, int] = {}
+        self._eof: set[int] = set()
+        self._consumer: Consumer | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_consumer"] = None
+        return state
+
+    def _reset(self, start: Mapping[int, int]) -> Consumer:
+        self.close()
+        self.positions = {p: int(start.get(p, 0)) for p in range(self.partitions)}
+        self._eof = set()
+        consumer = client.consumer(
+            self.bootstrap, load_config(self.config_path), **{"enable.partition.eof": True}
+        )
+        consumer.assign([TopicPartition(self.stream, p, o) for p, o in self.positions.items()])
+        self._consumer = consumer
+        return consumer
+
+    def ends(self, start: Mapping[int, int], max_wait: float = 2.0) -> dict[int, int]:
+        """Per partition: the position after the last record readable now (>= ``start``)."""
+        consumer = self._consumer
+        if consumer is None or any(start.get(p, 0) > o for p, o in self.positions.items()):
+            consumer = self._reset(start)
+        deadline = _time.monotonic() + max_wait
+        while _time.monotonic() < deadline:
+            msgs = consumer.consume(1000, 0.05)
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        self._eof.add(msg.partition())
+                        continue
+                    raise SubstreamsError(f"stream '{self.stream}': {err}")
+                self._eof.discard(msg.partition())
+                self.positions[msg.partition()] = msg.offset() + 1
+            if not msgs and len(self._eof) >= self.partitions:
+                break
+        return {p: max(o, int(start.get(p, 0))) for p, o in self.positions.items()}
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

@@ -1,0 +1,74 @@
+"""A click producer for deployments (docker-compose's ``producer`` service).
+
+Publishes generated clicks in real event time to the stream of a tumbling substream and
+seals each window as the clock leaves it, forever or for ``--records``; the acker turns the
+seals into notifications that a Spark job (e.g. ``jobs/windowed_counts.py``) consumes.
+
+    python -m substreams.spark.producer -c jobs/substreams.cluster.yaml --rate 200
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from types import FrameType
+
+import click
+
+from substreams.config import load_config
+from substreams.spark.demo import _pick_substream
+from substreams.streams.publisher import Publisher
+
+
+@click.command("producer", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-c", "--config", "config_path", default="substreams.yaml", show_default=True)
+@click.option("--substream", default=None, help="Tumbling substream to seal (default: the first).")
+@click.option("--rate", default=100.0, show_default=True, help="Clicks per second.")
+@click.option("--records", default=0, show_default=True, help="Stop after N clicks (0: never).")
+@click.option("--users", default=50, show_default=True)
+@click.option("--source", default="producer", show_default=True, help="Publisher source id.")
+@click.option("--bootstrap", default=None)
+def main(
+    config_path: str,
+    substream: str | None,
+    rate: float,
+    records: int,
+    users: int,
+    source: str,
+    bootstrap: str | None,
+) -> None:
+    """Publish clicks and seal windows until stopped (SIGTERM/Ctrl-C: a clean stop)."""
+    config = load_config(config_path)
+    sub = _pick_substream(config, substream)
+    assert sub.size_ms is not None
+    stopping = False
+
+    def on_term(_sig: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    rng = random.Random()
+    sent = 0
+    window: int | None = None
+    with Publisher(config, sub.stream, source, bootstrap=bootstrap, batch_size=100) as pub:
+        try:
+            while not stopping and (records == 0 or sent < records):
+                ts = int(time.time() * 1000)
+                if window is not None and ts // sub.size_ms > window:
+                    pub.seal(sub.name, window)
+                    click.echo(f"sealed window {window} ({sent} clicks so far)")
+                window = ts // sub.size_ms
+                user = f"user{rng.randrange(users)}"
+                pub.publish({"user": user, "url": f"/page/{rng.randrange(50)}", "ts": ts}, key=user)
+                sent += 1
+                time.sleep(1.0 / rate)
+        except KeyboardInterrupt:
+            pass
+        if window is not None:
+            pub.seal(sub.name, window)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""``run(operator, ...)``: a firm-bound streaming query that calls an :class:`EpochOperator`.
+
+The query reads the ``substreams`` source in firm mode with one notification row per epoch
+(so an epoch without records is still delivered), and ``foreachBatch`` turns each
+micro-batch into ``on_epoch`` calls in notification order; results go to the output stream
+through :class:`~substreams.spark.sink.BatchSink` (exactly once, see there), after which the
+epoch is sealed on the output stream so that a downstream job sees it complete.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from substreams.config import load_config
+from substreams.frontier import Time
+from substreams.kafka import client
+from substreams.spark.operator import EpochInfo, EpochOperator, Row, group_epochs
+from substreams.spark.sink import BatchSink
+
+
+class EpochBatchHandler:
+    """The ``foreachBatch`` function (runs on the driver, keeps its sink across batches)."""
+
+    def __init__(
+        self,
+        operator: EpochOperator,
+        config_path: str,
+        output_stream: str | None,
+        source_id: str,
+        bootstrap: str,
+    ) -> None:
+        self.operator = operator
+        self.config_path = config_path
+        self.output_stream = output_stream
+        self.source_id = source_id
+        self.bootstrap = bootstrap
+        self.sink: BatchSink | None = None
+
+    def _sink(self) -> BatchSink | None:
+        if self.output_stream is not None and self.sink is None:
+            config = load_config(self.config_path)
+            self.sink = BatchSink(config, self.output_stream, self.source_id, self.bootstrap)
+        return self.sink
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        epochs = group_epochs(r.asDict() for r in df.collect())
+        self.handle(batch_id, epochs)
+
+    def handle(self, batch_id: int, epochs: list[EpochInfo]) -> None:
+        op = self.operator
+        sink = self._sink()
+        results: list[tuple[Row, str | None]] = []
+        per_epoch: list[list[Row]] = []
+        seals: list[Mapping[str, Time]] = []
+        for info in epochs:
+            out: list[Row] = []
+            for row in info.rows:
+                out += list(op.on_record(row) or ())
+            info.notified_at_ms = int(time.time() * 1000)
+            out += list(op.on_epoch(info.time, info.rows))
+            per_epoch.append(out)
+            key_field = op.key_field
+            results += [(r, None if key_field is None else str(r[key_field])) for r in out]
+            if sink is not None:
+                seals.append(op.output_times(info.time, sink.output_substreams))
+        if sink is not None:
+            sink.write(batch_id, results, seals)
+        for info, out in zip(epochs, per_epoch, strict=True):
+            op.after_commit(info, out)
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+
+
+def run(
+    operator: EpochOperator,
+    config_path: str | Path,
+    substream: str,
+    output_stream: str | None = None,
+    *,
+    checkpoint: str | Path | None = None,
+    trigger: str = "100 milliseconds",
+    once: bool = False,
+    spark: SparkSession | None = None,
+    bootstrap: str | None = None,
+    query_name: str | None = None,
+    block: bool = True,
+    options: Mapping[str, str] | None = None,
+) -> StreamingQuery:
+    """Run ``operator`` over the completed epochs of ``substream``.
+
+    ``checkpoint`` (default ``<config dir>/.checkpoints/<query name>``) and ``query_name``
+    must stay the same across restarts: they identify the query to Spark and to the output
+    sink.  ``once`` processes what is complete now and stops.  With ``block`` the call
+    waits for the query to end (Ctrl-C stops it); otherwise it returns the running query.
+    """
+    from substreams.spark.session import register, session
+
+    config = load_config(config_path)
+    config.substream(substream)
+    if output_stream is not None:
+        config.stream(output_stream)
+    server = client.resolve_bootstrap(config, bootstrap)
+    name = query_name or f"{type(operator).__name__}.{substream}"
+    location = Path(checkpoint) if checkpoint else config.path.parent / ".checkpoints" / name
+    spark = register(spark) if spark is not None else session(f"substreams:{name}")
+    handler = EpochBatchHandler(operator, str(config.path), output_stream, f"spark.{name}", server)
+    reader = (
+        spark.readStream.format("substreams")
+        .option("config", str(config.path))
+        .option("substream", substream)
+        .option("mode", "firm")
+        .option("markers", "true")
+        .option("bootstrap", server)
+    )
+    for key, value in (options or {}).items():
+        reader = reader.option(key, value)
+    writer = (
+        reader.load()
+        .writeStream.queryName(name.replace(".", "_").replace("-", "_"))
+        .option("checkpointLocation", str(location))
+        .foreachBatch(handler)
+    )
+    writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=trigger)
+    query = writer.start()
+    _HANDLERS[query.id] = handler
+    if block or once:
+        try:
+            query.awaitTermination()
+        except KeyboardInterrupt:
+            query.stop()
+        finally:
+            stop_handler(query)
+    return query
+
+
+_HANDLERS: dict[str, EpochBatchHandler] = {}
+
+
+def stop_handler(query: StreamingQuery) -> None:
+    """Release the output publisher of a stopped query (so a new one can acquire it)."""
+    handler = _HANDLERS.pop(query.id, None)
+    if handler is not None:
+        handler.close()
+
+
+def stop(query: StreamingQuery) -> None:
+    """Stop ``query`` and release its publisher."""
+    query.stop()
+    stop_handler(query)
+
+
+__all__ = ["EpochBatchHandler", "run", "stop"]

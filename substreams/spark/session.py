@@ -1,0 +1,69 @@
+"""A SparkSession with the ``substreams`` source registered.
+
+Why a helper: the same job must run under ``spark-submit`` (master and settings come from the
+command line) and from plain Python or tests (local master, no UI, few shuffle partitions,
+executors running this interpreter so that they can import substreams).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark import SparkConf
+from pyspark.sql import SparkSession
+
+from substreams.spark.source import SubstreamsDataSource
+
+_REGISTERED: set[int] = set()
+
+
+def register(spark: SparkSession) -> SparkSession:
+    """Make ``format("substreams")`` available in ``spark`` (once per session)."""
+    if id(spark) not in _REGISTERED:
+        spark.dataSource.register(SubstreamsDataSource)
+        _REGISTERED.add(id(spark))
+    return spark
+
+
+def session(
+    app_name: str = "substreams",
+    master: str | None = None,
+    shuffle_partitions: int = 4,
+    **conf: str,
+) -> SparkSession:
+    """The active session (or a new one) with the source registered.
+
+    ``master`` defaults to what ``spark-submit`` set, else ``local[*]``."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    elif not SparkConf().contains("spark.master"):
+        builder = builder.master("local[*]")
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.log.level": "WARN",
+        "spark.ui.showConsoleProgress": "false",
+        # Stopping a query mid-batch formats a long task-kill message with a recursive
+        # regex (StreamExecution.isInterruptionException) that overflows the default stack.
+        "spark.driver.extraJavaOptions": "-Xss16m",
+        **conf,
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return register(builder.getOrCreate())
+
+
+def warm_up(spark: SparkSession) -> None:
+    """Start the Python worker daemon and import this package in a worker now, so that the
+    first real batch does not pay for it (seconds on a busy machine)."""
+
+    def touch(_: int) -> int:
+        import substreams.control.ranges  # noqa: F401  (what a read task imports)
+
+        return 0
+
+    spark.sparkContext.parallelize(range(2), 2).map(touch).count()

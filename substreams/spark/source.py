@@ -1,0 +1,250 @@
+"""The ``substreams`` Spark streaming source (PySpark's Python Data Source API).
+
+Firm mode: a micro-batch is a range of the substream's control topic; it holds exactly the
+records of the epochs whose EpochComplete lies in that range, read from the data offsets the
+EpochComplete names, epoch after epoch in notification order.  Records of epochs still open
+stay in Kafka until a later batch completes them: nothing is emitted early and nothing lost.
+Soft mode: records as they arrive (data offsets) plus one notification row per EpochComplete.
+
+Planning (``latestOffset``/``partitions``) runs in one long-lived Python process on the
+driver; ``read`` runs in executor workers on a pickled copy of the reader, so everything a
+task needs travels in its :class:`InputPartition` and Kafka clients are opened inside
+``read`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from substreams.config import load_config
+from substreams.control.messages import OffsetRange, merge_ranges
+from substreams.control.ranges import read_ranges
+from substreams.errors import SubstreamsError
+from substreams.frontier import Time
+from substreams.spark.epochs import epoch_int, epoch_key, format_time
+from substreams.spark.offsets import ControlScanner, DataScanner, Notification, SourceOffset
+from substreams.spark.options import SourceOptions
+from substreams.spark.schema import PayloadLayout, row
+from substreams.streams.records import Entry
+
+SOURCE_NAME = "substreams"
+
+
+class EpochsPartition(InputPartition):  # type: ignore[misc]
+    """Firm mode: consecutive notifications, read together (one consumer per task)."""
+
+    def __init__(self, notes: Sequence[Notification]) -> None:
+        super().__init__(tuple(n.control_offset for n in notes))
+        self.notes = tuple(notes)
+
+
+class DataPartition(InputPartition):  # type: ignore[misc]
+    """Soft mode: data offsets [start, end) of one partition."""
+
+    def __init__(self, partition: int, start: int, end: int) -> None:
+        super().__init__((partition, start, end))
+        self.partition, self.start, self.end = partition, start, end
+
+
+class NotesPartition(InputPartition):  # type: ignore[misc]
+    """Soft mode: the notification rows of the batch."""
+
+    def __init__(self, notes: Sequence[Notification]) -> None:
+        super().__init__(tuple(n.control_offset for n in notes))
+        self.notes = tuple(notes)
+
+
+def _epoch_meta(t: Time) -> tuple[str, int | None, str | None]:
+    return format_time(t), epoch_int(t), epoch_key(t)
+
+
+def _record_meta(t: Time, e: Entry, note: Notification | None) -> tuple[Any, ...]:
+    return (
+        *_epoch_meta(t),
+        e.order_key,
+        e.partition,
+        e.index,
+        None if note is None else note.control_offset,
+        None if note is None else note.sealed_at_ms,
+        None,
+        False,
+    )
+
+
+def _marker_meta(n: Notification) -> tuple[Any, ...]:
+    return (
+        *_epoch_meta(n.time),
+        None,
+        None,
+        None,
+        n.control_offset,
+        n.sealed_at_ms,
+        n.records,
+        True,
+    )
+
+
+def _chunks(notes: list[Notification], tasks: int) -> list[list[Notification]]:
+    """Contiguous groups of about equal record counts (order across tasks is restored by
+    ``control_offset``; contiguity keeps each task's Kafka read compact)."""
+    if not notes:
+        return []
+    tasks = max(1, min(tasks, len(notes)))
+    total = sum(max(n.records, 1) for n in notes)
+    out: list[list[Notification]] = [[]]
+    acc = 0
+    for n in notes:
+        if out[-1] and acc >= total * len(out) / tasks and len(out) < tasks:
+            out.append([])
+        out[-1].append(n)
+        acc += max(n.records, 1)
+    return out
+
+
+class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    """Offsets, planning and reading of one query's source.  Read limits are not honoured:
+    a firm batch is a whole number of epochs, whatever their size."""
+
+    def __init__(self, opts: SourceOptions, layout: PayloadLayout) -> None:
+        self.opts = opts
+        self.layout = layout
+        self.control = ControlScanner(
+            opts.bootstrap, opts.control_topic, opts.substream, opts.config_path
+        )
+        self.data = (
+            DataScanner(opts.bootstrap, opts.stream, opts.partitions, opts.config_path)
+            if opts.mode == "soft"
+            else None
+        )
+        self._freeze = False
+        self._target: SourceOffset | None = None
+
+    # -- planning (driver) ----------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        zero = {p: 0 for p in range(self.opts.partitions)} if self.data is not None else None
+        start = SourceOffset(0, zero)
+        if self.opts.starting == "latest":
+            return self._latest(start).to_json()
+        return start.to_json()
+
+    def _latest(self, start: SourceOffset) -> SourceOffset:
+        control = self.control.latest(start.control)
+        if self.data is None:
+            return SourceOffset(control)
+        ends = self.data.ends(start.data or {})
+        # Every record of a notified epoch belongs in this batch or an earlier one.
+        for n in self.control.between(start.control, control):
+            for r in n.ranges:
+                if r.stream == self.opts.stream:
+                    ends[r.partition] = max(ends.get(r.partition, 0), r.end)
+        return SourceOffset(control, ends)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = SourceOffset.from_json(start)
+        latest = self._latest(begin)
+        if self._freeze:
+            if self._target is None:
+                self._target = latest
+            latest = self._target
+        return latest.to_json()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._freeze = True
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, finish = SourceOffset.from_json(start), SourceOffset.from_json(end)
+        notes = self.control.between(begin.control, finish.control)
+        if self.data is None:
+            return [EpochsPartition(chunk) for chunk in _chunks(notes, self.opts.max_tasks)]
+        parts: list[InputPartition] = []
+        lo, hi = begin.data or {}, finish.data or {}
+        for p in range(self.opts.partitions):
+            if hi.get(p, 0) > lo.get(p, 0):
+                parts.append(DataPartition(p, lo.get(p, 0), hi[p]))
+        if notes:
+            parts.append(NotesPartition(notes))
+        return parts
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self.control.forget_before(SourceOffset.from_json(end).control)
+
+    def stop(self) -> None:
+        self.control.close()
+        if self.data is not None:
+            self.data.close()
+
+    # -- reading (executors) --------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        if isinstance(partition, EpochsPartition):
+            return self._read_epochs(partition.notes)
+        if isinstance(partition, DataPartition):
+            return self._read_data(partition)
+        if isinstance(partition, NotesPartition):
+            return iter([row(self.layout, None, _marker_meta(n)) for n in partition.notes])
+        raise SubstreamsError(f"substreams source: unknown partition {partition!r}")
+
+    def _read_epochs(self, notes: Sequence[Notification]) -> Iterator[tuple[Any, ...]]:
+        opts = self.opts
+        config = load_config(opts.config_path)
+        wanted = {n.time: n for n in notes}
+        hull = merge_ranges([r for n in notes for r in n.ranges if r.stream == opts.stream])
+        by_time: dict[Time, list[Entry]] = {}
+        for e in read_ranges(opts.bootstrap, config, hull):
+            t = e.times.get(opts.substream)
+            if t is not None and t in wanted:
+                by_time.setdefault(t, []).append(e)
+        for n in notes:
+            entries = sorted(
+                by_time.get(n.time, ()), key=lambda e: (e.order_key, e.partition, e.index)
+            )
+            only_ours = all(r.stream == opts.stream for r in n.ranges)
+            if opts.verify and only_ours and len(entries) != n.records:
+                raise SubstreamsError(
+                    f"substream '{opts.substream}' epoch {format_time(n.time)}: the "
+                    f"EpochComplete at control offset {n.control_offset} announces "
+                    f"{n.records} records but its ranges hold {len(entries)}"
+                )
+            for e in entries:
+                yield row(self.layout, e.payload, _record_meta(n.time, e, n))
+            if opts.markers:
+                yield row(self.layout, None, _marker_meta(n))
+
+    def _read_data(self, part: DataPartition) -> Iterator[tuple[Any, ...]]:
+        opts = self.opts
+        config = load_config(opts.config_path)
+        rng = OffsetRange(opts.stream, part.partition, part.start, part.end)
+        for e in read_ranges(opts.bootstrap, config, [rng]):
+            t = e.times.get(opts.substream)
+            if t is None:
+                continue
+            yield row(self.layout, e.payload, _record_meta(t, e, None))
+
+
+class SubstreamsDataSource(DataSource):  # type: ignore[misc]
+    """``spark.readStream.format("substreams").option("config", ...).option("substream", ...)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def _layout(self) -> tuple[SourceOptions, PayloadLayout]:
+        opts = SourceOptions.parse(self.options)
+        return opts, PayloadLayout(load_config(opts.config_path).stream(opts.stream))
+
+    def schema(self) -> StructType:
+        return self._layout()[1].struct()
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        opts, layout = self._layout()
+        return SubstreamsStreamReader(opts, layout)

@@ -1,0 +1,116 @@
+"""One local SparkSession for every Spark test (a session costs ~10 s to start), and a
+publisher harness that writes the real control protocol (DirectProgress) for tests that do
+not run the acker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from substreams.config import Config
+from substreams.control.io import read_control
+from substreams.control.messages import EpochComplete
+from substreams.spark.direct import direct_progress
+from substreams.streams.publisher import Publisher
+
+pyspark = pytest.importorskip("pyspark")
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+from substreams.spark.session import session  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    s = session(
+        "substreams-tests",
+        master="local[2]",
+        shuffle_partitions=2,
+        **{"spark.default.parallelism": "2"},
+    )
+    yield s
+    s.stop()
+
+
+@pytest.fixture(autouse=True)
+def _stop_queries(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "spark" in request.fixturenames:
+        from substreams.spark.runner import stop
+
+        for q in request.getfixturevalue("spark").streams.active:
+            stop(q)
+
+
+Click = dict[str, Any]
+
+
+def window_clicks(window: int, n: int, size_ms: int = 1000, users: int = 3) -> list[Click]:
+    step = max(1, size_ms // max(n, 1))
+    return [
+        {"user": f"u{i % users}", "url": f"/p{i % 4}", "ts": window * size_ms + i * step}
+        for i in range(n)
+    ]
+
+
+def publish_windows(
+    config: Config,
+    substream: str,
+    windows: Sequence[tuple[int, int]],
+    *,
+    open_tail: Sequence[Click] = (),
+    source: str = "src",
+    stream: str | None = None,
+) -> None:
+    """Publish (window, n) clicks window after window and seal each, then ``open_tail``
+    unsealed: the control topic gets one EpochComplete per sealed window."""
+    name = stream or config.substream(substream).stream
+    with direct_progress(), Publisher(config, name, source) as pub:
+        for window, n in windows:
+            for c in window_clicks(window, n):
+                pub.publish(c, key=str(c["user"]))
+            pub.seal(substream, window)
+        for c in open_tail:
+            pub.publish(c, key=str(c["user"]))
+        pub.flush()
+
+
+@contextlib.contextmanager
+def running_acker(config: Config) -> Iterator[None]:
+    """The real acker service in a thread for the duration of the block."""
+    from substreams.acker.service import AckerService
+
+    stop = threading.Event()
+    service = AckerService(config)
+    thread = threading.Thread(target=service.run, args=(stop,), daemon=True, name="acker")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def wait_for_epochs(
+    config: Config, substream: str, count: int, timeout: float = 30.0
+) -> list[EpochComplete]:
+    """Block until the control topic of ``substream`` holds ``count`` EpochComplete records."""
+    deadline = time.monotonic() + timeout
+    while True:
+        notes = [
+            r.body
+            for _, r in read_control(config.kafka.bootstrap, config.acker.control_topic(substream))
+            if isinstance(r.body, EpochComplete)
+        ]
+        if len(notes) >= count or time.monotonic() > deadline:
+            assert len(notes) >= count, f"{substream}: {len(notes)} of {count} epochs completed"
+            return notes
+        time.sleep(0.2)
