@@ -36,6 +36,9 @@ def session(
 
     ``master`` defaults to what ``spark-submit`` set, else ``local[*]``."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Local runs bind to loopback (and Spark stops warning that the hostname does).
+    if master is None or master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
