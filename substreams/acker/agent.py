@@ -252,6 +252,7 @@ class TrackingAgent:
         self._table: dict[tuple[str, Time], _Agg] = {}
         self._held: dict[tuple[str, Time], _Agg] = {}
         self._seals: list[SealEntry] = []
+        self._seals_on_release: list[SealEntry] = []
         self._reports = 0
         self._first_pending = 0.0
         self._seq = 0
@@ -288,17 +289,20 @@ class TrackingAgent:
             agg.reports += 1
             self._touched(1)
 
-    def report_many(self, items: Iterable[tuple[str, Time, int]]) -> None:
+    def report_many(self, items: Iterable[tuple[str, Time, int]], held: bool = False) -> None:
         """Several reports that must travel together (a stage's RCV(input) XOR
-        SND(outputs): flushed in one message, so the XOR cannot reach zero early)."""
+        SND(outputs): flushed in one message, so the XOR cannot reach zero early).  ``held``:
+        keep them with the held reports until :meth:`release_held` (a transactional writer's
+        records are invisible until its commit)."""
         with self._lock:
+            table = self._held if held else self._table
             n = 0
             for substream, t, tracking_id in items:
-                agg = self._agg(self._table, substream, t)
+                agg = self._agg(table, substream, t)
                 agg.xor ^= tracking_id
                 agg.reports += 1
                 n += 1
-            if n:
+            if n and not held:
                 self._touched(n)
 
     def delivered(
@@ -314,10 +318,9 @@ class TrackingAgent:
             agg.add_offsets((stream, partition), offset, offset + 1)
 
     def release_held(self) -> None:
-        """The writer's transaction committed: held reports may go out."""
+        """The writer's transaction committed: held reports may go out, and the seals made
+        before the commit go out with them at once, in one message."""
         with self._lock:
-            if not self._held:
-                return
             n = 0
             for key, held in self._held.items():
                 agg = self._table.get(key)
@@ -327,7 +330,18 @@ class TrackingAgent:
                     agg.merge(held)
                 n += held.reports
             self._held = {}
-            self._touched(n)
+            if self._seals_on_release:
+                self._seals.extend(self._seals_on_release)
+                self._seals_on_release = []
+                self._flush_locked()
+            elif n:
+                self._touched(n)
+
+    def seal_on_release(self, substream: str, t: Time) -> None:
+        """Seal ``t`` with the next :meth:`release_held` (the commit of the records written
+        before the seal)."""
+        with self._lock:
+            self._seals_on_release.append(SealEntry(substream, t, now_ms()))
 
     def seal(self, substream: str, t: Time) -> None:
         """No more records at times <= ``t`` from this source: released held reports and

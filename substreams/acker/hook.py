@@ -3,9 +3,11 @@
 Registered as ``HOOK_FACTORIES["acker"]``.  Per record it reports SND at the record's time in
 each acker substream of the stream; when the stream is terminal in that substream's segment
 (no stage reads it: the topic is the sink) the delivery callback adds the record's RCV, its
-count and its offset, held until the transaction committed (the publisher always commits
-before ``seal`` and ``close`` reach the hook).  A seal of ``t`` flushes everything with the
-seal: this source writes no more records at times ``<= t`` (downward closed).
+count and its offset.  Everything is held until the transaction commits (``on_commit``):
+uncommitted records are invisible, so there is nothing to announce before, and a terminal
+record's SND and RCV then cancel inside the agent — a source's whole contribution to a
+time travels in one message, with its seal.  A seal of ``t`` (this source writes no more
+records at times ``<= t``, downward closed) goes out with the commit that follows it.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ class AckerHook:
             publisher.config, publisher.source_id, bootstrap=publisher.bootstrap
         )
         self.agent.register(self.substreams, SOURCE)
+        self._closed = False
 
     def on_send(self, record: SentRecord) -> None:
         times = record.times
-        self.agent.report_many((s, times[s], record.tracking_id) for s in self.substreams)
+        self.agent.report_many(
+            ((s, times[s], record.tracking_id) for s in self.substreams), held=True
+        )
 
     def on_delivered(self, record: SentRecord, offset: int) -> None:
         for s in self.terminal:
@@ -44,9 +49,14 @@ class AckerHook:
             )
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
-        self.agent.seal(substream, time)
+        self.agent.seal_on_release(substream, time)
+
+    def on_commit(self, publisher: Publisher) -> None:
+        if not self._closed:
+            self.agent.release_held()
 
     def close(self, publisher: Publisher) -> None:
+        self._closed = True
         self.agent.release_held()
         self.agent.unregister(self.substreams)
         self.agent.close()

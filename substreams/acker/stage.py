@@ -61,6 +61,9 @@ class _DeliveryHook:
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
         pass
 
+    def on_commit(self, publisher: Publisher) -> None:
+        pass
+
     def close(self, publisher: Publisher) -> None:
         pass
 

@@ -51,10 +51,13 @@ class PunctuationHook:
         publisher.flush()
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
-        """SEAL ``time`` into every partition, committed after the records written so far."""
+        """SEAL ``time`` into every partition, in the open transaction: after the records
+        written so far, committed with them."""
         self._check(substream)
         self._write_all(publisher, "SEAL", substream, time)
-        publisher.flush()
+
+    def on_commit(self, publisher: Publisher) -> None:
+        """Nothing to announce: punctuations travel in-band."""
 
     def close(self, publisher: Publisher) -> None:
         """UNREGISTER: this producer no longer holds back any time."""

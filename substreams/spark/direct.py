@@ -43,6 +43,7 @@ class DirectProgress:
         self.spans: dict[str, dict[Time, dict[int, tuple[int, int]]]] = {
             s: {} for s in self.substreams
         }
+        self._sealed: list[tuple[str, Time]] = []
 
     def on_send(self, record: SentRecord) -> None:
         for s in self.substreams:
@@ -56,7 +57,16 @@ class DirectProgress:
             spans[record.partition] = (min(lo, offset), max(hi, offset + 1))
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
-        """Complete every time <= ``time`` this source wrote, and ``time`` itself."""
+        """Complete every time <= ``time`` this source wrote, and ``time`` itself, once the
+        records written before the seal are committed (:meth:`on_commit`)."""
+        self._sealed.append((substream, time))
+
+    def on_commit(self, publisher: Publisher) -> None:
+        sealed, self._sealed = self._sealed, []
+        for substream, time in sealed:
+            self._announce(publisher, substream, time)
+
+    def _announce(self, publisher: Publisher, substream: str, time: Time) -> None:
         sent = self.sent[substream]
         due = sorted({t for t in sent if less_equal(t, time)} | {time}, key=sort_key)
         tracker = self.trackers[substream]

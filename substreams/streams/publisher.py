@@ -41,13 +41,21 @@ def transactional_id(stream: str, source_id: str) -> str:
 
 
 class PublishHook(Protocol):
-    """A substream mechanism riding along a publisher (punctuations or acker tracking)."""
+    """A substream mechanism riding along a publisher (punctuations or acker tracking).
+
+    ``on_delivered`` runs from the delivery callback *during* a commit (the record is not
+    visible yet); ``seal`` runs inside the open transaction, before the commit that makes the
+    seal effective (in-band punctuations are written there); ``on_commit`` runs after every
+    commit (out-of-band mechanisms announce what just became visible).
+    """
 
     def on_send(self, record: SentRecord) -> None: ...
 
     def on_delivered(self, record: SentRecord, offset: int) -> None: ...
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None: ...
+
+    def on_commit(self, publisher: Publisher) -> None: ...
 
     def close(self, publisher: Publisher) -> None: ...
 
@@ -309,18 +317,26 @@ class Publisher:
             self._guard(self._producer.commit_transaction, 30)
             self._in_txn = False
             self._pending = 0
+            for hook in self._hook_list:
+                hook.on_commit(self)
 
-    def seal(self, substream: str, time: Time) -> None:
+    def seal(self, substream: str, time: Time, *, commit: bool = True) -> None:
         """Promise that this source writes no more records at times <= ``time`` of
-        ``substream``; the substream's mechanism makes that known downstream."""
+        ``substream``; the substream's mechanism makes that known downstream.
+
+        The seal takes effect with the commit of the records written before it: at once
+        (``commit=True``), or with the next commit (batch boundary, ``flush()``, ``close()``)
+        so that many fine-grained seals share one transaction."""
         hook = self._hooks.get(substream)
         if hook is None:
             known = ", ".join(self.assigners) or "none"
             raise SubstreamsError(
                 f"stream '{self.stream}' has no tracked substream '{substream}' (known: {known})"
             )
-        self.flush()
+        self._begin()
         hook.seal(self, substream, time)
+        if commit:
+            self.flush()
 
     def expired_sessions(self, now_ms: int) -> dict[str, list[Time]]:
         """Sessions that the event time ``now_ms`` closes, by substream (to be sealed)."""

@@ -145,8 +145,9 @@ def test_status_and_epochs_show_an_unsealed_open_time(
         assert result.exit_code == 0, result.output
         line = next(ln for ln in result.output.splitlines() if sub[:8] in ln)
         cells = [c.strip() for c in line.split("│")][1:-1]
-        # time 0, a non-zero XOR (the records' RCVs are held until the seal), src-a unsealed
-        assert cells[1] == "0" and len(cells[2]) == 16 and int(cells[2], 16) != 0
+        # time 0: its 3 committed records are accounted for (XOR zero: each SND met its
+        # RCV on delivery) but the time stays open because src-a has not sealed it
+        assert cells[1] == "0" and cells[2] == "0" * 16 and cells[3] == "3"
         assert cells[4] == "src-a"
 
         # sealing completes window 0; a peek of it then answers from the completed times

@@ -1,0 +1,340 @@
+"""What every benchmark shares: a broker, throw-away configs, percentiles, and the outputs.
+
+Why one harness: each benchmark measures its baselines in the same run on the same broker,
+and reports the same way (a rich table, ``DIR/<name>.json``, ``DIR/<name>.png``), so that
+results from different runs and machines can be compared field by field.  Targets are
+data, not prose: each carries the measured value, the limit and whether it was met, and
+a missed target stays in the table as "no" -- it is never tuned away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from substreams.config import Config, load_config
+from substreams.errors import SubstreamsError
+from substreams.kafka import client
+from substreams.kafka.embedded import EmbeddedBroker
+from substreams.kafka.topics import ensure_topics
+
+# The record every benchmark writes: the epoch number (the substream; called ``batch``
+# because the Spark source reserves the column name ``epoch``), an event time (the
+# stream's order key) and an opaque body that fixes the record size.
+BENCH_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "BenchRecord",
+    "namespace": "substreams.bench",
+    "fields": [
+        {"name": "ts", "type": "long"},
+        {"name": "batch", "type": "long"},
+        {"name": "body", "type": "string"},
+    ],
+}
+BODY_BYTES = 100
+
+T = TypeVar("T")
+
+
+class BenchError(SubstreamsError):
+    """A benchmark that cannot run (missing integration, broker trouble)."""
+
+
+# --- statistics ------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100); NaN for no values.
+
+    Nearest rank on purpose: p99 of 100 samples is the 99th sample, a value that was
+    actually observed, not an interpolation that no run ever produced.
+    """
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), -(-int(q * len(ordered)) // 100)))
+    return ordered[rank - 1]
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+# --- results ---------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """One acceptance target: ``met`` is None when it could not be measured."""
+
+    name: str
+    limit: str
+    value: str
+    met: bool | None
+
+
+@dataclass
+class Column:
+    key: str
+    header: str
+    fmt: str = "{}"
+
+
+@dataclass
+class BenchResult:
+    """Everything one benchmark run produced; ``rows`` are the JSON per configuration."""
+
+    name: str
+    quick: bool
+    command: str
+    broker: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    columns: list[Column] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    duration_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "quick": self.quick,
+            "command": self.command,
+            "broker": self.broker,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
+            "duration_s": round(self.duration_s, 2),
+            "machine": machine_info(),
+            "rows": self.rows,
+            "targets": [asdict(t) for t in self.targets],
+            "all_targets_met": all(t.met for t in self.targets if t.met is not None),
+            "notes": self.notes,
+        }
+
+
+def machine_info() -> dict[str, Any]:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "loadavg_1m": round(load[0], 2),
+    }
+
+
+def render_table(result: BenchResult) -> Table:
+    table = Table(title=f"bench {result.name}" + (" (quick)" if result.quick else ""))
+    for col in result.columns:
+        table.add_column(col.header, justify="right")
+    for row in result.rows:
+        cells = []
+        for col in result.columns:
+            value = row.get(col.key)
+            if isinstance(value, bool):
+                cells.append("yes" if value else "[red]no[/]")
+            else:
+                cells.append("-" if value is None else col.fmt.format(value))
+        table.add_row(*cells)
+    return table
+
+
+def render_targets(result: BenchResult) -> Table:
+    table = Table(title="targets")
+    table.add_column("target", justify="left")
+    table.add_column("limit", justify="left")
+    table.add_column("measured", justify="left")
+    table.add_column("target met", justify="center")
+    for t in result.targets:
+        met = "n/a" if t.met is None else ("[green]yes[/]" if t.met else "[red]no[/]")
+        table.add_row(t.name, t.limit, t.value, met)
+    return table
+
+
+def write_outputs(
+    result: BenchResult, out_dir: Path, plot: Callable[[BenchResult, Path], None]
+) -> tuple[Path, Path]:
+    """Write ``<name>.json`` and ``<name>.png`` into ``out_dir`` (created if missing)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{result.name}.json"
+    png_path = out_dir / f"{result.name}.png"
+    json_path.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    plot(result, png_path)
+    return json_path, png_path
+
+
+# --- the run context ---------------------------------------------------------------------
+
+
+class BenchContext:
+    """The broker, a scratch folder for configs, and the progress display of one run."""
+
+    def __init__(
+        self, bootstrap: str, workdir: Path, quick: bool, console: Console, progress: Progress
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.workdir = workdir
+        self.quick = quick
+        self.console = console
+        self.progress = progress
+        self.label = "bench"
+        self.grid: list[tuple[int, ...]] | None = None
+        """Configurations given on the command line (``--grid``), replacing the defaults."""
+        self._topics: set[str] = set()
+        self._schema = workdir / "bench_record.avsc"
+        self._schema.write_text(json.dumps(BENCH_SCHEMA))
+
+    def config(
+        self,
+        streams: Sequence[tuple[str, int]],
+        substreams: Sequence[dict[str, Any]] = (),
+        stages: Sequence[dict[str, Any]] = (),
+        acker: dict[str, Any] | None = None,
+    ) -> Config:
+        """A fresh config whose every topic name is unique to this call, topics created.
+
+        Fresh topics per configuration keep counts exact: reading a topic back sees only
+        this configuration's messages.
+        """
+        suffix = uuid.uuid4().hex[:8]
+        ren = {name: f"b.{name}.{suffix}" for name, _ in streams}
+        doc: dict[str, Any] = {
+            "kafka": {"bootstrap": self.bootstrap},
+            "streams": [
+                {
+                    "name": ren[name],
+                    "schema": self._schema.name,
+                    "partitions": parts,
+                    "order_key": "ts",
+                }
+                for name, parts in streams
+            ],
+            "substreams": [
+                {**s, "name": f"{s['name']}.{suffix}", "stream": ren[s["stream"]]}
+                for s in substreams
+            ],
+            "stages": [
+                {
+                    **s,
+                    "name": f"{s['name']}.{suffix}",
+                    "input": ren[s["input"]],
+                    "output": ren[s["output"]],
+                }
+                for s in stages
+            ],
+            "acker": {
+                "name": f"bench-acker.{suffix}",
+                "acks_topic": f"_b.acks.{suffix}",
+                "control_topic_prefix": f"_b.control.{suffix}.",
+                "command_topic": f"_b.commands.{suffix}",
+                "response_topic": f"_b.responses.{suffix}",
+                "dead_letter_topic": f"_b.dlq.{suffix}",
+                **(acker or {}),
+            },
+        }
+        path = self.workdir / f"bench-{suffix}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        config = load_config(path)
+        self.topics(config.topics())
+        # the acker creates its own checkpoint topic: <control prefix>__acker.<name>
+        self._topics.add(f"{config.acker.control_topic_prefix}__acker.{config.acker.name}")
+        return config
+
+    def topics(self, topics: Sequence[tuple[str, int]]) -> None:
+        """Create ``topics`` (name, partitions); they are deleted again by :meth:`cleanup`."""
+        ensure_topics(client.admin(self.bootstrap), topics)
+        self._topics.update(name for name, _ in topics)
+
+    def cleanup(self) -> None:
+        """Delete the topics of the finished configuration.
+
+        Why: the embedded broker keeps everything in memory and gets slower as topics and
+        transactions pile up; a configuration must not pay for the ones before it.
+        """
+        wanted, self._topics = self._topics, set()
+        admin = client.admin(self.bootstrap)
+        with contextlib.suppress(Exception):  # best effort: a leftover costs speed only
+            existing = set(admin.list_topics(timeout=10).topics)
+            doomed = sorted(wanted & existing)
+            if doomed:
+                for fut in admin.delete_topics(doomed, operation_timeout=30).values():
+                    with contextlib.suppress(Exception):
+                        fut.result()
+
+    def track(self, items: Sequence[T], describe: Callable[[T], str]) -> Iterator[T]:
+        """Yield ``items`` with a progress bar that names the item being run."""
+        task_id = self.progress.add_task(self.label, total=len(items))
+        try:
+            for item in items:
+                self.progress.update(task_id, description=f"{self.label}: {describe(item)}")
+                yield item
+                self.cleanup()
+                self.progress.advance(task_id)
+        finally:
+            self.progress.remove_task(task_id)
+
+    def log(self, text: str) -> None:
+        self.progress.console.print(text)
+
+
+@contextlib.contextmanager
+def bench_context(
+    quick: bool, bootstrap: str | None = None, console: Console | None = None
+) -> Iterator[BenchContext]:
+    """Start the embedded broker (unless ``bootstrap`` or ``$SUBSTREAMS_BOOTSTRAP`` names
+    one) and a scratch folder; everything is cleaned up on exit."""
+    console = console or Console()
+    wanted = bootstrap or os.environ.get(client.ENV_BOOTSTRAP)
+    with contextlib.ExitStack() as stack:
+        if wanted:
+            server = wanted
+        else:
+            broker = stack.enter_context(EmbeddedBroker())
+            server = broker.bootstrap
+        # Kafka clients left for the garbage collector must go before the broker does.
+        stack.callback(gc.collect)
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ss-bench-")))
+        progress = stack.enter_context(
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+                disable=not console.is_terminal and "PYTEST_CURRENT_TEST" in os.environ,
+            )
+        )
+        yield BenchContext(server, workdir, quick, console, progress)
+
+
+def command_line() -> str:
+    args = sys.argv[1:]
+    return "substreams " + " ".join(args) if args else "substreams bench"
+
+
+def body(size: int = BODY_BYTES) -> str:
+    return "x" * size

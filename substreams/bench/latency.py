@@ -1,0 +1,281 @@
+"""Benchmark 2: notification latency, from seal to the notification a subscriber sees.
+
+Per configuration (mechanism, P producers, Q partitions, granularity g records per
+substream) and per epoch: the P publishers write the epoch's g records (spread over the
+producers, round-robin over partitions) and commit them; then, at ``t0``, all P seal the
+epoch at once (one thread each, like P processes whose epoch timer fires); the latency is
+the moment an observer thread sees the end of the epoch minus ``t0``:
+
+- acker: the ``EpochComplete`` record on the substream's control topic (the acker runs as
+  its own process, ``substreams acker run``, as deployed);
+- punctuations: one consumer of all Q partitions whose ``Aligner`` terminates the epoch
+  (what ``PunctuatedReader`` does for a subscriber of the whole substream).
+
+Baseline in the same run: raw one-message produce->consume latency (confluent-kafka,
+``linger.ms=0``, ``acks=all``) on the same broker.  Publishers and observer share one
+Python process (and its GIL): on this 2-core machine that adds noise to both mechanisms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from substreams.bench.harness import (
+    BenchContext,
+    BenchError,
+    BenchResult,
+    Column,
+    Target,
+    command_line,
+    ms,
+    percentile,
+)
+from substreams.bench.observe import AckerObserver, Observer, PunctuationObserver, RecordCounter
+from substreams.bench.workload import (
+    acker_process,
+    close_all,
+    open_publishers,
+    parallel,
+    record,
+)
+from substreams.errors import SubstreamsError
+from substreams.kafka import client
+
+NAME = "latency"
+MECHANISMS = ("acker", "punctuations")
+TARGET_P99_MS = 20.0
+WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Case:
+    mechanism: str
+    producers: int
+    partitions: int
+    granularity: int
+    epochs: int
+
+
+def cases(quick: bool) -> list[Case]:
+    if quick:
+        grid, grans, epochs = [(1, 1), (8, 8)], [1, 100], 30
+    else:
+        grid, grans, epochs = [(1, 1), (4, 4), (16, 16), (32, 32)], [1, 10, 100, 1000], 60
+    return [Case(m, p, q, g, epochs) for m in MECHANISMS for g in grans for p, q in grid]
+
+
+def measure(ctx: BenchContext, case: Case) -> tuple[list[float], str | None]:
+    """Seal->notification latencies (seconds), one per epoch, and the error that cut the
+    run short (an epoch whose end was never seen), if any."""
+    sub = {
+        "name": "ep",
+        "stream": "s0",
+        "kind": "epoch",
+        "field": "batch",
+        "mechanism": case.mechanism,
+    }
+    config = ctx.config([("s0", case.partitions)], [sub])
+    stream = config.streams[0].name
+    substream = config.substreams[0].name
+    out: list[float] = []
+    error: str | None = None
+    with contextlib.ExitStack() as stack:
+        if case.mechanism == "acker":
+            stack.enter_context(acker_process(config, ctx.bootstrap))
+        observer: Observer = stack.enter_context(
+            AckerObserver(ctx.bootstrap, config, substream)
+            if case.mechanism == "acker"
+            else PunctuationObserver(ctx.bootstrap, config, substream)
+        )
+        pubs = open_publishers(
+            config,
+            stream,
+            [f"src{i}" for i in range(case.producers)],
+            ctx.bootstrap,
+            batch_size=max(500, case.granularity),
+        )
+        stack.callback(close_all, pubs)
+        for epoch in range(case.epochs):
+            for r in range(case.granularity):
+                pubs[r % case.producers].publish(record(epoch, epoch))
+            parallel(pubs, lambda p: p.flush())
+            t0 = time.time()
+            parallel(pubs, lambda p, e=epoch: p.seal(substream, e))  # type: ignore[misc]
+            try:
+                seen = observer.wait_for(epoch, WAIT_S)
+            except BenchError as exc:
+                error = str(exc)
+                log = config.path.with_suffix(".acker.log")
+                if case.mechanism == "acker" and log.exists():
+                    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+                    error += " (acker log: " + " | ".join(tail) + ")"
+                ctx.log(f"[red]{case}: {error}[/]")
+                break
+            out.append(seen - t0)
+        del pubs
+    return out, error
+
+
+def raw_baseline(ctx: BenchContext, samples: int) -> list[float]:
+    """One message at a time: produce (linger 0) -> seen by a polling consumer."""
+    topic = f"b.raw-latency.{uuid.uuid4().hex[:8]}"
+    ctx.topics([(topic, 1)])
+    settings: dict[str, Any] = {"linger.ms": 0}
+    producer = client.producer(ctx.bootstrap, None, **settings)
+    value = b"x" * 140
+    out: list[float] = []
+    with RecordCounter(ctx.bootstrap, None, topic, 1) as counter:
+        # The consumer must be positioned before the first timed message.
+        producer.produce(topic, value=value, partition=0)
+        producer.flush(10)
+        counter.wait_for(1, 30.0)
+        for i in range(samples):
+            t0 = time.time()
+            producer.produce(topic, value=value, partition=0)
+            producer.poll(0)
+            seen = counter.wait_for(i + 2, 30.0)
+            out.append(seen - t0)
+        producer.flush(10)
+    del producer
+    return out
+
+
+def _row(
+    name: str, case: Case | None, samples: Sequence[float], error: str | None = None
+) -> dict[str, Any]:
+    return {
+        "mechanism": name,
+        "producers": case.producers if case else None,
+        "partitions": case.partitions if case else None,
+        "granularity": case.granularity if case else None,
+        "samples": len(samples),
+        "p50_ms": ms(percentile(samples, 50)),
+        "p99_ms": ms(percentile(samples, 99)),
+        "max_ms": ms(max(samples)) if samples else None,
+        "complete": error is None,
+        "error": error,
+    }
+
+
+def run(ctx: BenchContext) -> BenchResult:
+    result = BenchResult(NAME, ctx.quick, command_line(), ctx.bootstrap)
+    result.columns = [
+        Column("mechanism", "mechanism"),
+        Column("producers", "P"),
+        Column("partitions", "Q"),
+        Column("granularity", "records/substream"),
+        Column("samples", "n"),
+        Column("p50_ms", "p50 ms", "{:.1f}"),
+        Column("p99_ms", "p99 ms", "{:.1f}"),
+        Column("complete", "all epochs seen"),
+    ]
+    ctx.label = NAME
+    all_cases = cases(ctx.quick)
+    raw = raw_baseline(ctx, 50 if ctx.quick else 500)
+    result.rows.append(_row("raw produce->consume", None, raw))
+    for case in ctx.track(
+        all_cases,
+        lambda c: f"{c.mechanism} P={c.producers} Q={c.partitions} g={c.granularity}",
+    ):
+        try:
+            samples, error = measure(ctx, case)
+        except (SubstreamsError, KafkaException) as exc:  # kept in the table and JSON
+            samples, error = [], f"{type(exc).__name__}: {exc}"
+            ctx.log(f"[red]{case}: {error}[/]")
+        result.rows.append(_row(case.mechanism, case, samples, error))
+    for row in result.rows:
+        if row.get("error"):
+            result.notes.append(
+                f"{row['mechanism']} P={row['producers']} Q={row['partitions']} "
+                f"g={row['granularity']}: stopped after {row['samples']} epochs: {row['error']}"
+            )
+    result.targets = targets(result.rows)
+    result.notes.append(
+        "latency = seal (all P producers at once, in threads) -> end visible to an observer: "
+        "EpochComplete on the control topic (acker) / Aligner termination over all Q "
+        "partitions (punctuations); the acker is its own process, publishers and observer share "
+        "one."
+    )
+    return result
+
+
+def targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
+    acker = [r for r in rows if r["mechanism"] == "acker"]
+    failed = [r for r in acker if r.get("error")]
+    worst = max((r["p99_ms"] for r in acker), default=None)
+    if failed:  # a notification that never came is an infinite latency
+        worst = float("inf")
+    out = [
+        Target(
+            "acker p99 seal->notification, every configuration",
+            f"<= {TARGET_P99_MS:.0f} ms",
+            "-" if worst is None else f"worst {worst:.1f} ms",
+            None if worst is None else worst <= TARGET_P99_MS,
+        )
+    ]
+    # Flat in P x Q: per granularity, p99 at the largest P x Q vs at the smallest.
+    ratios = []
+    for g in sorted({r["granularity"] for r in acker}):
+        by_size = sorted(
+            (r for r in acker if r["granularity"] == g),
+            key=lambda r: r["producers"] * r["partitions"],
+        )
+        if len(by_size) >= 2:
+            small, large = by_size[0]["p99_ms"], by_size[-1]["p99_ms"]
+            if small > 0 and not math.isnan(small):
+                ratios.append(large / small)
+    flat = max(ratios) if ratios else None
+    out.append(
+        Target(
+            "acker p99 flat in P x Q (largest / smallest, per granularity)",
+            "<= 2.0",
+            "-" if flat is None else f"worst {flat:.2f}x",
+            None if flat is None else flat <= 2.0,
+        )
+    )
+    return out
+
+
+def plot(result: BenchResult, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    mech_rows = [r for r in result.rows if r["granularity"] is not None]
+    grans = sorted({r["granularity"] for r in mech_rows})
+    fig, axes = plt.subplots(
+        1, max(1, len(grans)), figsize=(4.5 * max(1, len(grans)), 4), squeeze=False
+    )
+    raw = next((r for r in result.rows if r["granularity"] is None), None)
+    for ax, g in zip(axes[0], grans, strict=False):
+        for mech, color in (("acker", "tab:green"), ("punctuations", "tab:blue")):
+            rows = sorted(
+                (r for r in mech_rows if r["mechanism"] == mech and r["granularity"] == g),
+                key=lambda r: r["producers"] * r["partitions"],
+            )
+            if not rows:
+                continue
+            x = [r["producers"] * r["partitions"] for r in rows]
+            ax.plot(x, [r["p50_ms"] for r in rows], "o--", color=color, label=f"{mech} p50")
+            ax.plot(x, [r["p99_ms"] for r in rows], "o-", color=color, label=f"{mech} p99")
+        if raw is not None:
+            ax.axhline(raw["p99_ms"], color="gray", linestyle=":", label="raw Kafka p99")
+        ax.axhline(TARGET_P99_MS, color="red", linestyle="-.", linewidth=0.8, label="target")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("P x Q")
+        ax.set_ylabel("seal → notification (ms)")
+        ax.set_title(f"{g} record{'s' if g > 1 else ''} per substream")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("notification latency" + (" (quick)" if result.quick else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,305 @@
+"""Benchmark 3: end-to-end throughput with tracking, against raw Kafka on the same broker.
+
+Every line writes N records of the same value bytes to a 4-partition topic from one
+producer and is timed from the first write until a reader has seen everything it needs:
+
+- ``raw``: confluent-kafka produce (idempotent, not transactional) and a consumer that
+  counts messages -- the ceiling, with the same value bytes as our Avro envelopes;
+- ``untracked publisher``: our Publisher with ``hooks=False`` (Avro encoding per record,
+  transactions) and a consumer that decodes every record: the cost of our publisher
+  without any substream mechanism;
+- ``acker``: the Publisher with acker tracking, sealing every g records, the acker (its own
+  process, ``substreams acker run``), a decoding data consumer, and the end = the last epoch's
+  ``EpochComplete`` seen and every record read;
+- ``punctuations``: the Publisher sealing every g records with punctuations, and one
+  aligning consumer of all partitions; the end = the last epoch terminated.
+
+Records per run scale with g (a seal per g records is the cost being measured), capped;
+each line runs ``repeats`` times and reports the median rate (all runs are in the JSON).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from substreams.bench.harness import (
+    BenchContext,
+    BenchResult,
+    Column,
+    Target,
+    command_line,
+)
+from substreams.bench.observe import AckerObserver, PunctuationObserver, RecordCounter
+from substreams.bench.workload import acker_process, close_all, open_publishers, record
+from substreams.config import Config
+from substreams.errors import SubstreamsError
+from substreams.kafka import client
+from substreams.streams.listener import StreamDecoder
+from substreams.streams.schemas import Codec, envelope_schema
+
+NAME = "throughput"
+PARTITIONS = 4
+WAIT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    granularities: tuple[int, ...]
+    max_records: int
+    max_epochs: int
+    repeats: int
+
+    def records(self, granularity: int | None) -> int:
+        if granularity is None:
+            return self.max_records
+        return min(self.max_records, granularity * self.max_epochs)
+
+
+def plan(quick: bool) -> Plan:
+    if quick:
+        return Plan((1, 100), 10000, 200, 3)
+    return Plan((1, 10, 100, 1000), 40000, 500, 3)
+
+
+def _config(ctx: BenchContext, mechanism: str | None) -> Config:
+    subs = []
+    if mechanism is not None:
+        subs = [
+            {
+                "name": "ep",
+                "stream": "s0",
+                "kind": "epoch",
+                "field": "batch",
+                "mechanism": mechanism,
+            }
+        ]
+    return ctx.config([("s0", PARTITIONS)], subs)
+
+
+def _value_bytes(config: Config) -> bytes:
+    """An envelope exactly like the publisher's, for the raw line's value."""
+    sc = config.streams[0]
+    codec = Codec(envelope_schema(sc.schema), label="bench")
+    return codec.encode(
+        {
+            "order_key": 0,
+            "tracking_id": 0,
+            "source": "src0",
+            "times": {},
+            "payload": record(0, 0),
+        }
+    )
+
+
+def run_raw(ctx: BenchContext, n: int, value: bytes) -> float:
+    topic = f"b.raw-throughput.{uuid.uuid4().hex[:8]}"
+    ctx.topics([(topic, PARTITIONS)])
+    producer = client.producer(ctx.bootstrap, None)
+    with RecordCounter(ctx.bootstrap, None, topic, PARTITIONS) as counter:
+        producer.produce(topic, value=value, partition=0)  # warm the connection, like the
+        producer.flush(10)  # publishers' init_transactions does for the other lines
+        counter.wait_for(1, WAIT_S)
+        t0 = time.time()
+        for i in range(n):
+            while True:
+                try:
+                    producer.produce(topic, value=value, partition=i % PARTITIONS)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+        producer.flush(60)
+        end = counter.wait_for(n + 1, WAIT_S)
+    del producer
+    return end - t0
+
+
+def run_untracked(ctx: BenchContext, n: int) -> float:
+    config = _config(ctx, None)
+    stream = config.streams[0].name
+    decoder = StreamDecoder(config, stream)
+    (pub,) = open_publishers(config, stream, ["src0"], ctx.bootstrap, hooks=False)
+    try:
+        with RecordCounter(ctx.bootstrap, config, stream, PARTITIONS, decoder.decode) as counter:
+            t0 = time.time()
+            for i in range(n):
+                pub.publish(record(i, 0))
+            pub.flush()
+            end = counter.wait_for(n, WAIT_S)
+    finally:
+        close_all([pub])
+        del pub
+    return end - t0
+
+
+def run_tracked(ctx: BenchContext, mechanism: str, n: int, granularity: int) -> float:
+    config = _config(ctx, mechanism)
+    stream = config.streams[0].name
+    substream = config.substreams[0].name
+    last_epoch = (n - 1) // granularity
+    with contextlib.ExitStack() as stack:
+        if mechanism == "acker":
+            stack.enter_context(acker_process(config, ctx.bootstrap))
+        (pub,) = open_publishers(config, stream, ["src0"], ctx.bootstrap)
+        stack.callback(close_all, [pub])
+        if mechanism == "acker":
+            decoder = StreamDecoder(config, stream)
+            notes = stack.enter_context(AckerObserver(ctx.bootstrap, config, substream))
+            data = stack.enter_context(
+                RecordCounter(ctx.bootstrap, config, stream, PARTITIONS, decoder.decode)
+            )
+            t0 = time.time()
+            _publish(pub, substream, n, granularity)
+            end = max(notes.wait_for(last_epoch, WAIT_S), data.wait_for(n, WAIT_S))
+        else:
+            aligned = stack.enter_context(PunctuationObserver(ctx.bootstrap, config, substream))
+            t0 = time.time()
+            _publish(pub, substream, n, granularity)
+            end = aligned.wait_for(last_epoch, WAIT_S)
+        del pub
+    return end - t0
+
+
+def _publish(pub: Any, substream: str, n: int, granularity: int) -> None:
+    for i in range(n):
+        epoch = i // granularity
+        pub.publish(record(i, epoch))
+        if (i + 1) % granularity == 0 or i == n - 1:
+            pub.seal(substream, epoch)
+
+
+def _row(
+    line: str, granularity: int | None, n: int, runs: Sequence[float], error: str | None
+) -> dict[str, Any]:
+    """The median of the repeated runs: one hiccup of the shared machine moves it less
+    than it moves a mean, and every line (baselines included) is treated alike.  A line
+    with a run that did not finish has no rate: it is reported with its error."""
+    seconds = statistics.median(runs) if runs and error is None else None
+    return {
+        "line": line,
+        "granularity": granularity,
+        "records": n,
+        "seconds": None if seconds is None else round(seconds, 3),
+        "records_per_s": None if seconds is None else round(n / seconds, 1),
+        "runs_records_per_s": [round(n / r, 1) for r in runs],
+        "complete": error is None,
+        "error": error,
+    }
+
+
+def run(ctx: BenchContext) -> BenchResult:
+    result = BenchResult(NAME, ctx.quick, command_line(), ctx.bootstrap)
+    result.columns = [
+        Column("line", "line"),
+        Column("granularity", "records/substream"),
+        Column("records", "records"),
+        Column("records_per_s", "records/s", "{:,.0f}"),
+        Column("vs_raw", "% of raw", "{:.1%}"),
+        Column("vs_untracked", "% of untracked", "{:.1%}"),
+        Column("complete", "finished"),
+    ]
+    ctx.label = NAME
+    p = plan(ctx.quick)
+    probe = _config(ctx, None)
+    value = _value_bytes(probe)
+    steps: list[tuple[str, int | None]] = [("raw", None), ("untracked publisher", None)]
+    steps += [(m, g) for g in p.granularities for m in ("acker", "punctuations")]
+    for line, g in ctx.track(steps, lambda s: f"{s[0]}" + (f" g={s[1]}" if s[1] else "")):
+        n = p.records(g)
+        runs: list[float] = []
+        error: str | None = None
+        for _ in range(p.repeats):
+            try:
+                if line == "raw":
+                    runs.append(run_raw(ctx, n, value))
+                elif line == "untracked publisher":
+                    runs.append(run_untracked(ctx, n))
+                else:
+                    runs.append(run_tracked(ctx, line, n, g or 1))
+            except (SubstreamsError, KafkaException) as exc:  # kept in the results
+                error = str(exc)
+                ctx.log(f"[red]{line} g={g}: {error}[/]")
+                result.notes.append(f"{line} g={g}: a run did not finish: {error}")
+                break
+        result.rows.append(_row(line, g, n, runs, error))
+    raw = result.rows[0]["records_per_s"]
+    untracked = result.rows[1]["records_per_s"]
+    for row in result.rows:
+        rate = row["records_per_s"]
+        row["vs_raw"] = round(rate / raw, 4) if rate and raw else None
+        row["vs_untracked"] = round(rate / untracked, 4) if rate and untracked else None
+    result.rows[0]["value_bytes"] = len(value)
+    result.targets = targets(result.rows)
+    result.notes.append(
+        f"value size {len(value)} bytes (our Avro envelope; raw writes the same bytes); "
+        f"{PARTITIONS} partitions, one producer; the acker is its own process, readers are "
+        "threads of the producer's process."
+    )
+    return result
+
+
+def _pct(x: float | None) -> str:
+    return "did not finish" if x is None else f"{x:.1%}"
+
+
+def targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
+    out = []
+    for g, limit in ((100, 0.8), (1, 0.5)):
+        row = next((r for r in rows if r["line"] == "acker" and r["granularity"] == g), None)
+        out.append(
+            Target(
+                f"acker throughput at granularity {g} vs raw",
+                f">= {limit:.0%}",
+                "-" if row is None else _pct(row["vs_raw"]),
+                None if row is None else (row["vs_raw"] or 0.0) >= limit,
+            )
+        )
+    return out
+
+
+def plot(result: BenchResult, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    grans = sorted({r["granularity"] for r in result.rows if r["granularity"] is not None})
+    for line, style in (("acker", "^-"), ("punctuations", "o-")):
+        rows = sorted(
+            (r for r in result.rows if r["line"] == line and r["records_per_s"]),
+            key=lambda r: r["granularity"],
+        )
+        if rows:
+            ax.plot(
+                [r["granularity"] for r in rows],
+                [r["records_per_s"] for r in rows],
+                style,
+                label=line,
+            )
+    for line, style in (("raw", "k--"), ("untracked publisher", "k:")):
+        row = next((r for r in result.rows if r["line"] == line), None)
+        if row is not None and row["records_per_s"]:
+            ax.axhline(
+                row["records_per_s"],
+                linestyle=style[1:],
+                color="black",
+                label=f"{line} ({row['records_per_s']:,.0f}/s)",
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    if grans:
+        ax.set_xticks(grans, [str(g) for g in grans])
+    ax.set_xlabel("records per substream (granularity)")
+    ax.set_ylabel("records / s, end to end")
+    ax.set_title("throughput" + (" (quick)" if result.quick else ""))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

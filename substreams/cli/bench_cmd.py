@@ -1,0 +1,90 @@
+"""`substreams bench <traffic|latency|throughput|spark> [--quick] [--out DIR]`.
+
+Each benchmark runs its baselines in the same run on the same broker (an embedded one
+unless ``--bootstrap``/``$SUBSTREAMS_BOOTSTRAP`` names another), prints a table with a
+"target met" column, and writes ``DIR/<name>.json`` and ``DIR/<name>.png``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from substreams.bench.harness import (
+    BenchError,
+    bench_context,
+    render_table,
+    render_targets,
+    write_outputs,
+)
+from substreams.cli.options import bootstrap_option
+
+BENCHES = ("traffic", "latency", "throughput", "spark")
+
+
+@click.command("bench")
+@click.argument("name", type=click.Choice(BENCHES))
+@click.option(
+    "--quick", is_flag=True, help="CI-sized run (under two minutes); still runs 32x32 traffic."
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="bench/results",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for <name>.json and <name>.png.",
+)
+@click.option(
+    "--grid",
+    "grid",
+    multiple=True,
+    metavar="PxQxSxK",
+    help="traffic only: run these configurations (producers x partitions x stages x "
+    "substreams) instead of the built-in grid; repeatable.",
+)
+@bootstrap_option
+def command(
+    name: str, quick: bool, out_dir: Path, grid: tuple[str, ...], bootstrap: str | None
+) -> None:
+    """Run one benchmark and write its JSON result and PNG plot."""
+    # A wide table also when piped (CI logs, README), where rich would assume 80 columns.
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    dims = [_parse_grid(g) for g in grid]
+    if dims and name != "traffic":
+        raise BenchError(f"--grid applies to 'bench traffic' only, not to 'bench {name}'")
+    module = importlib.import_module(f"substreams.bench.{name}")
+    # SIGTERM unwinds like Ctrl-C, so the embedded broker and the acker process stop too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    t0 = time.perf_counter()
+    with bench_context(quick, bootstrap, console) as ctx:
+        ctx.grid = dims or None
+        console.print(f"[bold]bench {name}[/]{' (quick)' if quick else ''} on {ctx.bootstrap}")
+        result = module.run(ctx)
+    result.duration_s = time.perf_counter() - t0
+    console.print(render_table(result))
+    if result.targets:
+        console.print(render_targets(result))
+    for note in result.notes:
+        console.print(f"[dim]note:[/] {note}")
+    json_path, png_path = write_outputs(result, out_dir, module.plot)
+    console.print(f"wrote {json_path} and {png_path} ({result.duration_s:.1f} s)")
+
+
+def _parse_grid(text: str) -> tuple[int, ...]:
+    parts = text.lower().replace("\u00d7", "x").split("x")
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        dims = ()
+    if len(dims) != 4 or min(dims) < 1:
+        raise BenchError(
+            f"--grid {text!r}: expected PxQxSxK with four positive integers, e.g. 2x2x1x3"
+        )
+    return dims
