@@ -1,0 +1,89 @@
+"""`substreams bench` as a user runs it: a smoke test of the outputs, not a timed test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+TRAFFIC_FIELDS = (
+    "producers",
+    "partitions",
+    "stages",
+    "substreams",
+    "messages_punctuation",
+    "messages_acker",
+    "messages_acker_unaggregated",
+    "lower_bound",
+)
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "substreams", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+    )
+
+
+def test_bench_traffic_quick_writes_json_and_png(bootstrap: str, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = bench(
+        "traffic", "--quick", "--grid", "2x2x1x2", "--out", str(out), "--bootstrap", bootstrap
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "target met" in done.stdout
+
+    data = json.loads((out / "traffic.json").read_text())
+    assert data["name"] == "traffic" and data["quick"] is True
+    assert len(data["rows"]) == 1
+    row = data["rows"][0]
+    for field in TRAFFIC_FIELDS:
+        assert isinstance(row[field], int), (field, row)
+    assert (row["producers"], row["partitions"], row["stages"], row["substreams"]) == (2, 2, 1, 2)
+    # |Π| = 2 producers + 1 stage x 2 tasks + 2 consumer tasks; K = 2 substreams
+    assert row["lower_bound"] == 2 * 6
+    # punctuations: per substream P·Q SEALs into s0 and Q·Q into s1, one delivery each
+    assert row["messages_punctuation"] == 2 * (2 * 2 + 2 * 2)
+    # every producer and stage task acks each substream, each consumer task reads its end
+    assert row["messages_acker"] >= row["lower_bound"]
+    assert row["messages_acker_unaggregated"] >= row["messages_acker"]
+    assert {t["name"] for t in data["targets"]} and all("met" in t for t in data["targets"])
+
+    png = out / "traffic.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_rejects_a_malformed_grid(tmp_path: Path) -> None:
+    done = bench("traffic", "--grid", "2x2", "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert "--grid '2x2'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_percentile_is_nearest_rank() -> None:
+    from substreams.bench.harness import percentile
+
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values[:30], 99) == 30.0  # with 30 samples p99 is the maximum
+    assert percentile([], 50) != percentile([], 50)  # NaN for no samples
+
+
+def test_traffic_targets_report_a_miss_as_not_met() -> None:
+    from substreams.bench.traffic import targets
+
+    rows = [
+        {"producers": 2, "partitions": 2, "acker_over_bound": 1.2, "punct_over_acker": 1.5},
+        {"producers": 32, "partitions": 32, "acker_over_bound": 1.8, "punct_over_acker": 12.0},
+    ]
+    bound, ratio = targets(rows)
+    assert bound.met is False and "1.80" in bound.value
+    assert ratio.met is True and "12.0" in ratio.value
+    unmeasured = targets([{"producers": 32, "partitions": 32, "acker_over_bound": None}])
+    assert [t.met for t in unmeasured] == [None, None]
