@@ -2,7 +2,8 @@
 
 Why the stage reports RCV(input) XOR SND(outputs) as one unit (``report_many``): the acker
 must never see the input received before its outputs were sent, or the XOR of the time
-could reach zero while outputs are still in flight.  Outputs keep the input record's times
+could reach zero while outputs are still in flight.  The unit is held until the outputs'
+transaction commits, so it reaches the acker in one message per step.  Outputs keep the input record's times
 (the substream a record belongs to does not change along the pipeline), so the acker's
 table for that time covers the whole segment.  When the output stream is terminal in a
 segment (no stage reads it) the stage is the sink's writer: its delivery callbacks add
@@ -152,7 +153,9 @@ class Stage:
                 self.emitted += 1
                 reports.extend((s, t, rec.tracking_id) for s, t in tracked)
             reports.extend((s, t, entry.tracking_id) for s, t in tracked)
-            self.agent.report_many(reports)
+            # Held until the outputs commit: RCV(input) then means "done with, outputs
+            # durable", and a terminal output's SND meets its RCV inside the agent.
+            self.agent.report_many(reports, held=True)
         if n:
             self.output.flush()
             self.agent.release_held()
