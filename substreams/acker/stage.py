@@ -3,8 +3,9 @@
 Why the stage reports RCV(input) XOR SND(outputs) as one unit (``report_many``): the acker
 must never see the input received before its outputs were sent, or the XOR of the time
 could reach zero while outputs are still in flight.  The unit is held until the outputs'
-transaction commits, so it reaches the acker in one message per step.  Outputs keep the input record's times
-(the substream a record belongs to does not change along the pipeline), so the acker's
+transaction commits, so it reaches the acker in one message per step.  Outputs keep the
+input record's times (the substream a record belongs to does not change along the
+pipeline), so the acker's
 table for that time covers the whole segment.  When the output stream is terminal in a
 segment (no stage reads it) the stage is the sink's writer: its delivery callbacks add
 RCV(output), the record count and the offsets, held until the output transaction commits.
