@@ -105,6 +105,7 @@ class AckerService:
         self.dead_letters = 0
         self.duplicates = 0
         self.notifications = 0
+        self.rewinds = 0
         self.started = False
         self.fenced = False
         self._writer: ControlWriter | None = None
@@ -147,6 +148,13 @@ class AckerService:
             self.state.ensure(sub, every)
         self._out = DeadLetterWriter(self.config, self.bootstrap)
         self._consumer = client.consumer(self.bootstrap, self.config, **{"fetch.wait.max.ms": 1})
+        for p in range(self.config.acker.acks_partitions):
+            if p not in self.state.acks_offsets:  # the start of the partition (low watermarks
+                # are exact on every broker; only the high one is not trusted)
+                low, _ = self._consumer.get_watermark_offsets(
+                    TopicPartition(self.acks_topic, p), timeout=10
+                )
+                self.state.acks_offsets[p] = max(0, int(low))
         self._consumer.assign(
             [
                 TopicPartition(self.acks_topic, p, self.state.acks_offsets.get(p, 0))
@@ -225,13 +233,18 @@ class AckerService:
             self.start()
         now = _now_ms()
         applied = 0
+        rewound: set[int] = set()
         for msg in self._poll(timeout):
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise SubstreamsError(f"acks topic '{self.acks_topic}': {err}")
-            self.state.acks_offsets[msg.partition()] = msg.offset() + 1
+            partition = msg.partition()
+            if partition in rewound or not self._contiguous(partition, msg.offset()):
+                rewound.add(partition)
+                continue
+            self.state.acks_offsets[partition] = msg.offset() + 1
             self._apply(msg, now)
             applied += 1
         items = self._terminations(now)
@@ -243,6 +256,21 @@ class AckerService:
             for topic, value in out:
                 self._out.produce(topic, value)
         return applied
+
+    def _contiguous(self, partition: int, offset: int) -> bool:
+        """The acks topic is written without transactions, so its offsets have no holes: an
+        offset past the next expected one means a record was skipped (the embedded broker
+        can expose a later append before an earlier concurrent one).  Then seek back to the
+        expected offset and read again; an offset below it is a re-delivery after such a
+        seek.  A partition never read starts at its low watermark (see :meth:`start`)."""
+        expected = self.state.acks_offsets[partition]
+        if offset == expected:
+            return True
+        if offset > expected:
+            self.rewinds += 1
+            assert self._consumer is not None
+            self._consumer.seek(TopicPartition(self.acks_topic, partition, expected))
+        return False
 
     def _apply(self, msg: Message, now: int) -> None:
         raw: bytes = msg.value() or b""
