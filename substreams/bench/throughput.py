@@ -8,7 +8,8 @@ producer and is timed from the first write until a reader has seen everything it
 - ``untracked publisher``: our Publisher with ``hooks=False`` (Avro encoding per record,
   transactions) and a consumer that decodes every record: the cost of our publisher
   without any substream mechanism;
-- ``acker``: the Publisher with acker tracking, sealing every g records, the acker (its own
+- ``acker``: the Publisher with acker tracking, sealing every g records (``seal(...,
+  commit=False)``: seals ride on the publisher's batch commits), the acker (its own
   process, ``substreams acker run``), a decoding data consumer, and the end = the last epoch's
   ``EpochComplete`` seen and every record read;
 - ``punctuations``: the Publisher sealing every g records with punctuations, and one
@@ -173,7 +174,9 @@ def _publish(pub: Any, substream: str, n: int, granularity: int) -> None:
         epoch = i // granularity
         pub.publish(record(i, epoch))
         if (i + 1) % granularity == 0 or i == n - 1:
-            pub.seal(substream, epoch)
+            # Fine-grained seals share the publisher's batch transactions (one commit per
+            # batch_size records); the last one commits at once.
+            pub.seal(substream, epoch, commit=i == n - 1)
 
 
 def _row(
