@@ -338,3 +338,16 @@ def command_line() -> str:
 
 def body(size: int = BODY_BYTES) -> str:
     return "x" * size
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out, write (110 dpi PNG) and release a matplotlib figure of a benchmark."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def titled(title: str, result: BenchResult) -> str:
+    return title + (" (quick)" if result.quick else "")

@@ -38,6 +38,8 @@ from substreams.bench.harness import (
     command_line,
     ms,
     percentile,
+    save_figure,
+    titled,
 )
 from substreams.bench.observe import AckerObserver, Observer, PunctuationObserver, RecordCounter
 from substreams.bench.workload import (
@@ -275,7 +277,5 @@ def plot(result: BenchResult, path: Path) -> None:
         ax.set_title(f"{g} record{'s' if g > 1 else ''} per substream")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("notification latency" + (" (quick)" if result.quick else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.suptitle(titled("notification latency", result))
+    save_figure(fig, path)

@@ -34,6 +34,8 @@ from substreams.bench.harness import (
     command_line,
     ms,
     percentile,
+    save_figure,
+    titled,
 )
 from substreams.bench.workload import acker_process, close_all, open_publishers
 
@@ -275,7 +277,5 @@ def plot(result: BenchResult, path: Path) -> None:
             fontsize=8,
         )
         ax.set_axis_off()
-    ax.set_title("Spark: epoch notification latency" + (" (quick)" if result.quick else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.set_title(titled("Spark: epoch notification latency", result))
+    save_figure(fig, path)

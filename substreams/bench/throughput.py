@@ -38,6 +38,8 @@ from substreams.bench.harness import (
     Column,
     Target,
     command_line,
+    save_figure,
+    titled,
 )
 from substreams.bench.observe import AckerObserver, PunctuationObserver, RecordCounter
 from substreams.bench.workload import acker_process, close_all, open_publishers, record
@@ -300,9 +302,7 @@ def plot(result: BenchResult, path: Path) -> None:
         ax.set_xticks(grans, [str(g) for g in grans])
     ax.set_xlabel("records per substream (granularity)")
     ax.set_ylabel("records / s, end to end")
-    ax.set_title("throughput" + (" (quick)" if result.quick else ""))
+    ax.set_title(titled("throughput", result))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -53,6 +53,8 @@ from substreams.bench.harness import (
     Column,
     Target,
     command_line,
+    save_figure,
+    titled,
 )
 from substreams.bench.workload import close_all, open_publishers, parallel, record, release
 from substreams.config import Config
@@ -506,7 +508,5 @@ def plot(result: BenchResult, path: Path) -> None:
         ax.set_title(f"S = {s} stage{'s' if s > 1 else ''}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("control traffic vs processes" + (" (quick)" if result.quick else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.suptitle(titled("control traffic vs processes", result))
+    save_figure(fig, path)
