@@ -44,16 +44,6 @@ PAUSE_S = 0.2
 WAIT_S = 60.0
 
 
-def _available() -> str | None:
-    try:
-        import pyspark  # noqa: F401
-
-        from substreams.spark import runner  # noqa: F401
-    except ImportError as exc:
-        return f"bench spark needs the Spark integration (substreams.spark.run) and pyspark: {exc}"
-    return None
-
-
 class _Seen:
     """Wall-clock moments at which each epoch became visible, shared with Spark callbacks
     (``foreachBatch`` runs on the driver, in this process)."""
@@ -98,12 +88,6 @@ def run(ctx: BenchContext) -> BenchResult:
         Column("p50_ms", "p50 ms", "{:.0f}"),
         Column("p99_ms", "p99 ms", "{:.0f}"),
     ]
-    missing = _available()
-    if missing:
-        result.notes.append(missing)
-        ctx.log(f"[yellow]{missing}[/]")
-        result.targets = [Target("Spark integration present", "substreams.spark", "missing", None)]
-        return result
     epochs = 9 if ctx.quick else 41  # the first is a warm-up
     granularity = 100
     error: str | None = None

@@ -382,15 +382,6 @@ class _ControlWatch:
 # --- the benchmark -------------------------------------------------------------------------
 
 
-def _acker_available() -> str | None:
-    try:
-        import substreams.acker.service
-        import substreams.acker.stage  # noqa: F401
-    except ImportError as exc:
-        return f"acker integration missing ({exc})"
-    return None
-
-
 def run(ctx: BenchContext) -> BenchResult:
     result = BenchResult(NAME, ctx.quick, command_line(), ctx.bootstrap)
     result.columns = [
@@ -406,9 +397,6 @@ def run(ctx: BenchContext) -> BenchResult:
         Column("acker_over_bound", "acker/bound", "{:.2f}"),
         Column("punct_over_acker", "punct/acker", "{:.1f}"),
     ]
-    missing = _acker_available()
-    if missing:
-        result.notes.append(missing)
     all_cases = cases(ctx.quick)
     if ctx.grid:
         all_cases = [Case(*dims) for dims in ctx.grid]
@@ -425,9 +413,6 @@ def run(ctx: BenchContext) -> BenchResult:
             "lower_bound": case.lower_bound,
         }
         for mechanism, measure in (("punctuations", run_punctuations), ("acker", run_acker)):
-            if mechanism == "acker" and missing is not None:
-                row.update({"messages_acker": None, "messages_acker_unaggregated": None})
-                continue
             try:
                 row.update(measure(ctx, case))
             except (SubstreamsError, KafkaException) as exc:  # kept in the table and JSON

@@ -12,14 +12,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from substreams.config import Config
 from substreams.control.traffic import PUNCTUATION_READ, TRAFFIC
 from substreams.errors import SubstreamsError
 from substreams.kafka import client
 from substreams.punctuation.aligner import Aligner, Bound, Event, Punctuation
-from substreams.streams.listener import PunctuationEntry, StreamDecoder
+from substreams.streams.listener import PunctuationEntry, StreamDecoder, track_message
 
 
 class PunctuatedReader:
@@ -80,13 +80,8 @@ class PunctuatedReader:
         """The events that the messages read within ``timeout`` produce (maybe none)."""
         out: list[Event] = []
         for msg in self._consumer.consume(max_messages, timeout):
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    self._at_eof.add(msg.partition())
-                    continue
-                raise SubstreamsError(f"stream '{self.stream}': {msg.error()}")
-            self._at_eof.discard(msg.partition())
-            self.positions[msg.partition()] = msg.offset() + 1
+            if not track_message(msg, self.stream, self.positions, self._at_eof):
+                continue
             entry = self.decoder.decode(msg)
             if isinstance(entry, PunctuationEntry):
                 p = Punctuation.from_wire(entry.fields, entry.partition, entry.index)

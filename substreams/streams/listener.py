@@ -69,6 +69,21 @@ class StreamDecoder:
         )
 
 
+def track_message(msg: Message, stream: str, positions: dict[int, int], at_eof: set[int]) -> bool:
+    """Book-keeping every data-topic reader does per consumed message: True for a record to
+    decode (its position is recorded, its partition is no longer at its end), False for an
+    end-of-partition event; any other error is raised."""
+    err = msg.error()
+    if err is not None:
+        if err.code() == KafkaError._PARTITION_EOF:
+            at_eof.add(msg.partition())
+            return False
+        raise SubstreamsError(f"stream '{stream}': {err}")
+    at_eof.discard(msg.partition())
+    positions[msg.partition()] = msg.offset() + 1
+    return True
+
+
 class Listener:
     """Reads one stream in index order per partition.
 
@@ -177,15 +192,8 @@ class Listener:
             if remaining <= 0:
                 return None
             msg = self._consumer.poll(min(remaining, 0.5))
-            if msg is None:
+            if msg is None or not track_message(msg, self.stream, self.positions, self._at_eof):
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    self._at_eof.add(msg.partition())
-                    continue
-                raise SubstreamsError(f"stream '{self.stream}': {msg.error()}")
-            self._at_eof.discard(msg.partition())
-            self.positions[msg.partition()] = msg.offset() + 1
             entry = self.decoder.decode(msg)
             if isinstance(entry, PunctuationEntry):
                 if self.include_punctuations:
