@@ -30,6 +30,8 @@ class AckerHook:
             for s in self.substreams
             if publisher.stream in Segment.of(publisher.config, s).terminal
         ]
+        # Only a terminal record's RCV (and offset) comes from its delivery callback.
+        self.wants_delivery = bool(self.terminal)
         self.agent = TrackingAgent(
             publisher.config, publisher.source_id, bootstrap=publisher.bootstrap
         )

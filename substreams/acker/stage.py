@@ -45,6 +45,8 @@ Transform = Callable[[Entry], Iterable[Mapping[str, Any]]]
 class _DeliveryHook:
     """Terminal-stream RCVs of the stage's outputs, from the output's delivery callbacks."""
 
+    wants_delivery = True
+
     def __init__(self, agent: TrackingAgent, substreams: list[str]) -> None:
         self.agent = agent
         self.substreams = substreams

@@ -233,9 +233,8 @@ class SegmentTable:
             )
         if state.covers(t):
             return False
-        for open_t, entry in self.open.items():
-            if less_equal(open_t, t) and not state.covers(open_t):
-                entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
+        for entry in self._newly_covered(state, t):
+            entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
         state.seals.insert(t)
         state.seal_ms = {s: ms for s, ms in state.seal_ms.items() if s in state.seals}
         state.seal_ms[t] = sealed_at_ms
@@ -245,6 +244,24 @@ class SegmentTable:
         entry, _ = self._entry(t, now_ms)
         entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
         return True
+
+    def _newly_covered(self, state: SourceState, t: Time) -> list[OpenEntry]:
+        """The open entries at times ``<= t`` that ``state``'s seals did not cover yet.
+
+        Why the fast path: a source sealing epoch after epoch (granularity 1) would scan
+        every open time per seal, quadratic in the epochs of one acks message.  For plain
+        int times the source's seals are one int ``s``, and the answer is the open times in
+        ``(s, t]``: looked up one by one when that interval is shorter than the table."""
+        seals = state.seals.elements()
+        if type(t) is int and len(seals) == 1 and type(seals[0]) is int:
+            lo = seals[0] + 1
+            if t - lo < len(self.open):
+                return [e for x in range(lo, t + 1) if (e := self.open.get(x)) is not None]
+        return [
+            entry
+            for open_t, entry in self.open.items()
+            if less_equal(open_t, t) and not state.covers(open_t)
+        ]
 
     # -- termination ---------------------------------------------------------------------
 

@@ -243,11 +243,17 @@ class Aligner:
         own = states.get(entry.source)
         if own is not None and own.sealed.covers(t):
             sealed = ", ".join(map(repr, own.sealed.elements()))
-            return [Late(entry, f"producer '{entry.source}' had sealed {sealed} in partition "
-                                f"{entry.partition}, which covers time {t!r}")]
+            return [
+                Late(
+                    entry,
+                    f"producer '{entry.source}' had sealed {sealed} in partition "
+                    f"{entry.partition}, which covers time {t!r}",
+                )
+            ]
         if self._done.covers(t):
-            return [Late(entry, f"time {t!r} of substream '{self.substream}' had already "
-                                "terminated")]
+            return [
+                Late(entry, f"time {t!r} of substream '{self.substream}' had already terminated")
+            ]
         state = self._pending.get(t)
         new = state is None
         if state is None:
@@ -416,8 +422,12 @@ class Aligner:
         """Held records of ``classes`` (where times terminated) no longer held back, in time
         order."""
         out: list[Event] = []
-        free = [t for cls in classes for t in self._by_class.get(cls, {})
-                if t in self._held and not self._blocked(t)]
+        free = [
+            t
+            for cls in classes
+            for t in self._by_class.get(cls, {})
+            if t in self._held and not self._blocked(t)
+        ]
         for t in sorted(free, key=sort_key):
             held = self._held.pop(t)
             self._held_count -= len(held)

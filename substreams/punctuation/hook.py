@@ -28,6 +28,8 @@ _HOOKS: weakref.WeakKeyDictionary[Publisher, PunctuationHook] = weakref.WeakKeyD
 class PunctuationHook:
     """Rides along a publisher for its substreams whose mechanism is ``punctuations``."""
 
+    wants_delivery = False
+
     def __init__(self, publisher: Publisher, substreams: Iterable[str]) -> None:
         self.substreams = list(substreams)
         self.codec = protocol_codec("punctuation")

@@ -176,8 +176,13 @@ class PunctuationAligner:
         if key in self._dead:
             return False
         self._dead.add(key)
-        value = {"reason": ev.reason, "stream": e.stream, "partition": e.partition,
-                 "offset": e.index, "substream": self.substream}
+        value = {
+            "reason": ev.reason,
+            "stream": e.stream,
+            "partition": e.partition,
+            "offset": e.index,
+            "substream": self.substream,
+        }
         self._dlq.produce(self.dead_letter_topic, json.dumps(value).encode(), partition=0)
         return True
 

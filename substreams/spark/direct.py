@@ -25,6 +25,8 @@ from substreams.streams.records import SentRecord
 class DirectProgress:
     """A :class:`~substreams.streams.publisher.PublishHook` writing control records itself."""
 
+    wants_delivery = True
+
     def __init__(self, publisher: Publisher, substreams: Sequence[str]) -> None:
         config = publisher.config
         self.substreams = list(substreams)

@@ -28,7 +28,8 @@ from substreams.errors import (
 )
 from substreams.frontier import Time
 from substreams.kafka import client
-from substreams.streams.records import SentRecord, times_to_wire
+from substreams.streams.framing import EnvelopeEncoder
+from substreams.streams.records import SentRecord
 from substreams.streams.schemas import TYPE_PUNCTUATION, Codec, envelope_schema, protocol_codec
 from substreams.streams.times import TimeAssigner
 
@@ -47,7 +48,11 @@ class PublishHook(Protocol):
     visible yet); ``seal`` runs inside the open transaction, before the commit that makes the
     seal effective (in-band punctuations are written there); ``on_commit`` runs after every
     commit (out-of-band mechanisms announce what just became visible).
+    ``wants_delivery``: whether ``on_delivered`` does anything (a delivery callback per
+    record is only installed for hooks that need the offsets).
     """
+
+    wants_delivery: bool
 
     def on_send(self, record: SentRecord) -> None: ...
 
@@ -101,6 +106,8 @@ class Publisher:
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.batch_size = batch_size
         self.codec = Codec(envelope_schema(self.stream_config.schema), label=f"stream '{stream}'")
+        self._encoder = EnvelopeEncoder(self.stream_config.schema, source_id)
+        self._headers = self.codec.headers()
         self.partitions = self.stream_config.partitions
         self._key = (self.bootstrap, stream, source_id)
         with _ACQUIRED_LOCK:
@@ -129,8 +136,10 @@ class Publisher:
         self._rand = random.Random()
         subs = config.substreams_of(stream)
         self.assigners = {s.name: TimeAssigner(s, self.stream_config.order_key) for s in subs}
+        self._assigner_items = list(self.assigners.items())
         self._hooks: dict[str, PublishHook] = {}
         self._hook_list: list[PublishHook] = []
+        self._delivery_hooks: list[PublishHook] = []
         if hooks:
             self._install_hooks()
 
@@ -146,13 +155,18 @@ class Publisher:
             if factory is None:
                 continue
             hook = factory(self, names)
-            self._hook_list.append(hook)
+            self._attach(hook)
             for name in names:
                 self._hooks[name] = hook
 
     def add_hook(self, hook: PublishHook) -> None:
         """Attach a hook that sees every record (sent and delivered), not bound to a substream."""
+        self._attach(hook)
+
+    def _attach(self, hook: PublishHook) -> None:
         self._hook_list.append(hook)
+        if hook.wants_delivery:
+            self._delivery_hooks.append(hook)
 
     def _release(self) -> None:
         with _ACQUIRED_LOCK:
@@ -223,34 +237,29 @@ class Publisher:
             raise SubstreamsError(
                 f"stream '{self.stream}' has partitions 0..{self.partitions - 1}, not {partition}"
             )
-        given = times or {}
-        times = dict(given)
-        for name, assigner in self.assigners.items():
-            if name not in given:
-                times[name] = assigner.time_of(payload)
+        if times:
+            assigned = dict(times)
+            for name, assigner in self._assigner_items:
+                if name not in assigned:
+                    assigned[name] = assigner.time_of(payload)
+        else:
+            assigned = {name: a.time_of(payload) for name, a in self._assigner_items}
         tracking_id = self._rand.getrandbits(64) - (1 << 63)
         try:
-            value = self.codec.encode(
-                {
-                    "order_key": order_key,
-                    "tracking_id": tracking_id,
-                    "source": self.source_id,
-                    "times": times_to_wire(times),
-                    "payload": payload,
-                }
-            )
-        except (ValueError, TypeError, KeyError) as exc:
+            value = self._encoder.encode(order_key, tracking_id, assigned, payload)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise SubstreamsError(
                 f"stream '{self.stream}': payload does not match schema "
                 f"{self.stream_config.schema.get('name')}: {exc}"
             ) from exc
         if check_order:
             self._last_order_key = order_key
-        record = SentRecord(self.stream, partition, order_key, tracking_id, times)
-        self._begin()
+        record = SentRecord(self.stream, partition, order_key, tracking_id, assigned)
+        if not self._in_txn:
+            self._begin()
         for hook in self._hook_list:
             hook.on_send(record)
-        self._produce(value, partition, key, self.codec.headers(), record)
+        self._produce(value, partition, key, self._headers, record)
         self._pending += 1
         if self._pending >= self.batch_size:
             self.flush()
@@ -264,13 +273,17 @@ class Publisher:
         headers: list[tuple[str, bytes]],
         record: SentRecord | None,
     ) -> None:
-        hooks = self._hook_list
+        # A delivery callback costs a Python call per record: only hooks that need offsets
+        # (the acker's RCV of a terminal record) get one.
+        on_delivery = None
+        if record is not None and self._delivery_hooks:
+            hooks = self._delivery_hooks
 
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is None and record is not None:
-                offset = msg.offset()
-                for hook in hooks:
-                    hook.on_delivered(record, offset)
+            def on_delivery(err: KafkaError | None, msg: Message) -> None:
+                if err is None:
+                    offset = msg.offset()
+                    for hook in hooks:
+                        hook.on_delivered(record, offset)
 
         while True:
             try:
@@ -280,7 +293,7 @@ class Publisher:
                     key=key,
                     partition=partition,
                     headers=headers,
-                    on_delivery=delivered,
+                    on_delivery=on_delivery,
                 )
                 return
             except BufferError:

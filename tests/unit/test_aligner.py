@@ -207,8 +207,9 @@ def test_tasks_reading_subsets_align_on_their_own_partitions(seed: int) -> None:
         events = read_interleaved(aligner, log, rng, subset)
         check_firm(events)
         check_order(events)
-        assert all(r.partition in subset for ev in events if isinstance(ev, Terminated)
-                   for r in ev.ranges)
+        assert all(
+            r.partition in subset for ev in events if isinstance(ev, Terminated) for r in ev.ranges
+        )
         all_events += events
     released = sorted(ev.entry.tracking_id for ev in all_events if isinstance(ev, Released))
     assert released == [e.tracking_id for e in records]
@@ -297,8 +298,11 @@ def test_late_producer_record_is_reported_not_merged() -> None:
     # c is registered with no start: it now blocks time 1 until it seals
     aligner.on_record(Entry(STREAM, 0, 5, 0, 3, "a", {SUB: 1}, {}))
     assert aligner.on_punctuation(Punctuation("SEAL", "a", SUB, 1, 0)) == []
-    assert [ev.time for ev in aligner.on_punctuation(Punctuation("SEAL", "c", SUB, 1, 0))
-            if isinstance(ev, Terminated)] == [1]
+    assert [
+        ev.time
+        for ev in aligner.on_punctuation(Punctuation("SEAL", "c", SUB, 1, 0))
+        if isinstance(ev, Terminated)
+    ] == [1]
 
 
 def test_register_with_start_constrains_only_later_times() -> None:

@@ -92,9 +92,9 @@ def ops(times: st.SearchStrategy[Time]) -> st.SearchStrategy[list[tuple[str, int
     return st.lists(st.tuples(kind, st.integers(0, 1), times), max_size=60)
 
 
-def write_log(script: list[tuple[str, int, Time]], parts: int) -> tuple[
-    list[Rec | Ctl], list[ProgressTracker]
-]:
+def write_log(
+    script: list[tuple[str, int, Time]], parts: int
+) -> tuple[list[Rec | Ctl], list[ProgressTracker]]:
     """Run progress writers (one per part) over ``script``; the log a subscriber would read.
     A "snap" writes a snapshot of every part at once (a place where a subscriber may start),
     each right after publishing the part's pending lower-frontier changes, as the writers'
@@ -183,7 +183,8 @@ def test_no_partial_epoch_from_any_snapshot(data: st.DataObject, domain: str, pa
     script = data.draw(ops(INT_TIMES if domain == "int" else TUPLE_TIMES))
     log, trackers = write_log(script, parts)
     starts = [-1] + [
-        i for i, item in enumerate(log)
+        i
+        for i, item in enumerate(log)
         if isinstance(item, Ctl) and isinstance(item.body, FrontierSnapshot) and item.part == 0
     ]
     for start in starts:

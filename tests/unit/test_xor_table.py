@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from substreams.acker.table import SOURCE, STAGE, SegmentTable, Violation
 from substreams.control.messages import OffsetRange
-from substreams.frontier import Keyed, Time, less_than, sort_key
+from substreams.frontier import Keyed, Time, less_equal, less_than, sort_key
 
 
 @dataclass
@@ -195,3 +195,43 @@ def test_state_round_trip_continues_identically() -> None:
         table.seal("q", 20, 0, 0)
     assert [x.time for x in a.terminations()] == [x.time for x in b.terminations()]
     assert a.to_state() == b.to_state()
+
+
+class _ScanningTable(SegmentTable):
+    """The reference: every seal scans every open time (the definition of the fast path)."""
+
+    def _newly_covered(self, state, t):  # type: ignore[no-untyped-def]
+        return [e for o, e in self.open.items() if less_equal(o, t) and not state.covers(o)]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["report", "report", "report", "seal"]),
+            st.sampled_from(["a", "b"]),
+            st.integers(0, 20),
+        ),
+        max_size=150,
+    )
+)
+def test_int_seal_fast_path_agrees_with_scanning_every_open_time(
+    ops: list[tuple[str, str, int]],
+) -> None:
+    fast, slow = SegmentTable("s"), _ScanningTable("s")
+    out_fast: list[object] = []
+    out_slow: list[object] = []
+    for table, out in ((fast, out_fast), (slow, out_slow)):
+        table.register("a", SOURCE)
+        table.register("b", SOURCE)
+        for now, (op, source, t) in enumerate(ops):
+            if table.terminated.covers(t):
+                continue
+            if op == "report":
+                table.report(t, 0, 1, 2, [], now)
+            else:
+                table.seal(source, t, 1000 + now, now)
+            out.extend(table.terminations())
+    assert out_fast == out_slow
+    assert {t: e.sealed_at_ms for t, e in fast.open.items()} == {
+        t: e.sealed_at_ms for t, e in slow.open.items()
+    }
