@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from substreams.control.messages import ControlBody, ControlRecord, record_to_wire
 from substreams.errors import ProtocolError
+from substreams.streams.framing import avro_string, zigzag_long
 from substreams.streams.schemas import protocol_codec
 
 GENESIS = bytes(32)
@@ -24,6 +25,27 @@ def compute_digest(record: ControlRecord) -> bytes:
     return hashlib.sha256(record.prev_digest + encoded).digest()
 
 
+def sign(record: ControlRecord) -> tuple[ControlRecord, bytes]:
+    """``record`` with its digest, and its Avro encoding (what a writer produces).
+
+    Why not ``compute_digest`` and then encode: that encodes every record twice, and the
+    acker writes one or more records per terminated time.  The fields before ``digest``
+    (writer, seq, prev_digest) encode to a known length, and Avro ``bytes`` is a length
+    then the bytes, so the signed encoding is the unsigned one with the empty digest
+    (one zero byte) replaced by the real one."""
+    unsigned = replace(record, digest=b"")
+    encoded = protocol_codec("control").encode(record_to_wire(unsigned))
+    digest = hashlib.sha256(record.prev_digest + encoded).digest()
+    at = (
+        len(avro_string(record.writer))
+        + len(zigzag_long(record.seq))
+        + len(zigzag_long(len(record.prev_digest)))
+        + len(record.prev_digest)
+    )
+    signed = encoded[:at] + zigzag_long(len(digest)) + digest + encoded[at + 1 :]
+    return replace(record, digest=digest), signed
+
+
 @dataclass
 class ChainHead:
     """Where a writer's chain stands: the next seq and the last digest."""
@@ -33,11 +55,16 @@ class ChainHead:
 
     def append(self, writer: str, body: ControlBody, now_ms: int) -> ControlRecord:
         """The next record of the chain; advances this head."""
-        rec = ControlRecord(writer, self.next_seq, self.digest, b"", now_ms, body)
-        rec = replace(rec, digest=compute_digest(rec))
+        return self.append_encoded(writer, body, now_ms)[0]
+
+    def append_encoded(
+        self, writer: str, body: ControlBody, now_ms: int
+    ) -> tuple[ControlRecord, bytes]:
+        """:meth:`append`, with the record's Avro encoding (see :func:`sign`)."""
+        rec, encoded = sign(ControlRecord(writer, self.next_seq, self.digest, b"", now_ms, body))
         self.next_seq += 1
         self.digest = rec.digest
-        return rec
+        return rec, encoded
 
     def copy(self) -> ChainHead:
         return ChainHead(self.next_seq, self.digest)

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from substreams.config import Config
 from substreams.control.chain import ChainHead
-from substreams.control.messages import ControlBody, ControlRecord, record_from_wire, record_to_wire
+from substreams.control.messages import ControlBody, ControlRecord, record_from_wire
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
 from substreams.kafka import client
 from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
@@ -172,11 +172,11 @@ class ControlWriter:
         self._guard(self._producer.begin_transaction)
         try:
             for topic, body in items:
-                rec = heads[topic].append(self.writer, body, stamp)
+                rec, value = heads[topic].append_encoded(self.writer, body, stamp)
                 out.append(rec)
                 self._producer.produce(
                     topic,
-                    value=self.codec.encode(record_to_wire(rec)),
+                    value=value,
                     partition=0,
                     headers=self.codec.headers(),
                 )
