@@ -76,7 +76,7 @@ class Plan:
 
 def plan(quick: bool) -> Plan:
     if quick:
-        return Plan((1, 100), 10000, 5000, 3)
+        return Plan((1, 100), 10000, 2000, 3)
     return Plan((1, 10, 100, 1000), 40000, 20000, 3)
 
 

@@ -59,6 +59,30 @@ def test_bench_traffic_quick_writes_json_and_png(bootstrap: str, tmp_path: Path)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_acker_quick_writes_json_and_png(bootstrap: str, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = bench("acker", "--quick", "--out", str(out), "--bootstrap", bootstrap)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "target met" in done.stdout and "bench acker (quick)" in done.stdout
+
+    data = json.loads((out / "acker.json").read_text())
+    assert data["name"] == "acker" and data["quick"] is True
+    throughput, seal, raw = data["rows"]
+    for field in ("rate", "entries_per_s"):
+        assert isinstance(throughput[field], float) and throughput[field] > 0, (field, throughput)
+    assert throughput["notifications"] == throughput["expected_notifications"] > 0
+    for row in (seal, raw):
+        assert row["samples"] > 0, row
+        for field in ("p50_ms", "p99_ms"):
+            assert isinstance(row[field], float) and row[field] > 0, (field, row)
+        assert row["p50_ms"] <= row["p99_ms"]
+    assert seal["measurement"].startswith("seal()") and "baseline" in raw["measurement"]
+    assert [t["name"] for t in data["targets"]] == ["p99 seal -> notification"]
+
+    png = out / "acker.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_bench_rejects_a_malformed_grid(tmp_path: Path) -> None:
     done = bench("traffic", "--grid", "2x2", "--out", str(tmp_path))
     assert done.returncode == 2

@@ -14,13 +14,12 @@ calls ``seal()`` at t0; a ``ControlTail`` on the substream's control topic sees 
 one-message produce->consume latency (``linger.ms=0``, ``acks=all``, assigned consumer).
 Publisher, tail and acker share one Python process (and its GIL).
 
-Run: ``python bench/acker_bench.py [--quick]``; prints a table and writes
-``bench/results/acker.json``.
+Run: ``substreams bench acker [--quick]``; prints a table and the target, and writes
+``DIR/acker.json`` and ``DIR/acker.png``.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -28,9 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import click
 from confluent_kafka import TopicPartition
-from rich.console import Console
 
 from substreams.acker.agent import (
     AckEntry,
@@ -48,16 +45,15 @@ from substreams.bench.harness import (
     BenchResult,
     Column,
     Target,
-    bench_context,
+    command_line,
     ms,
     percentile,
-    render_table,
-    render_targets,
+    save_figure,
+    titled,
 )
 from substreams.control.io import ControlTail
 from substreams.control.messages import EpochComplete
 from substreams.kafka import client
-from substreams.kafka.topics import ensure_topics
 from substreams.streams.publisher import Publisher
 
 NAME = "acker"
@@ -207,7 +203,7 @@ def _wait_complete(tail: ControlTail, t: int, timeout: float) -> float | None:
 
 def raw_latency(ctx: BenchContext, samples: int) -> list[float]:
     topic = f"_b.raw.{uuid.uuid4().hex[:8]}"
-    ensure_topics(client.admin(ctx.bootstrap), [(topic, 1)])
+    ctx.topics([(topic, 1)])
     producer = _fast_producer(ctx)
     consumer = client.consumer(ctx.bootstrap, None, **{"fetch.wait.max.ms": 1})
     consumer.assign([TopicPartition(topic, 0, 0)])
@@ -255,21 +251,22 @@ def _latency_row(name: str, values: list[float], **extra: Any) -> dict[str, Any]
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    quick = ctx.quick
-    result = BenchResult(
-        NAME,
-        quick,
-        "python bench/acker_bench.py" + (" --quick" if quick else ""),
-        ctx.bootstrap,
-        columns=COLUMNS,
-    )
-    started = time.perf_counter()
-    messages, entries, samples = (2000, 20, 50) if quick else (20000, 50, 300)
-    result.rows.append(throughput(ctx, messages, entries, substreams=4))
-    lat, missed = seal_latency(ctx, samples, records=10)
-    result.rows.append(_latency_row("seal() -> EpochComplete seen", lat, missed=missed))
-    raw = raw_latency(ctx, samples)
-    result.rows.append(_latency_row("raw produce -> consume (baseline)", raw))
+    result = BenchResult(NAME, ctx.quick, command_line(), ctx.bootstrap, columns=COLUMNS)
+    ctx.label = NAME
+    messages, entries, samples = (2000, 20, 50) if ctx.quick else (20000, 50, 300)
+    lat: list[float] = []
+    missed = 0
+    steps = ("throughput", "seal latency", "raw baseline")
+    # ctx.track deletes each step's topics before the next one starts
+    for step in ctx.track(steps, str):
+        if step == "throughput":
+            result.rows.append(throughput(ctx, messages, entries, substreams=4))
+        elif step == "seal latency":
+            lat, missed = seal_latency(ctx, samples, records=10)
+            result.rows.append(_latency_row("seal() -> EpochComplete seen", lat, missed=missed))
+        else:
+            raw = raw_latency(ctx, samples)
+            result.rows.append(_latency_row("raw produce -> consume (baseline)", raw))
     p99 = percentile(lat, 99) * 1000
     result.targets.append(
         Target(
@@ -288,40 +285,46 @@ def run(ctx: BenchContext) -> BenchResult:
     if missed:
         result.notes.append(f"{missed} seals produced no EpochComplete within the wait")
     result.notes.append("publisher, subscriber tail and acker share one Python process")
-    result.duration_s = time.perf_counter() - started
     return result
 
 
-@click.command()
-@click.option("--quick", is_flag=True, help="A CI-sized run (well under a minute).")
-@click.option(
-    "--out",
-    "out_dir",
-    default="bench/results",
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder for acker.json.",
-)
-@click.option(
-    "--bootstrap",
-    default=None,
-    metavar="HOST:PORT",
-    help="Use this broker instead of starting the embedded one.",
-)
-def main(quick: bool, out_dir: Path, bootstrap: str | None) -> None:
-    """Acks/s of one acker and seal -> notification latency, with a raw Kafka baseline."""
-    console = Console()
-    with bench_context(quick, bootstrap, console) as ctx:
-        result = run(ctx)
-    console.print(render_table(result))
-    console.print(render_targets(result))
-    for note in result.notes:
-        console.print(f"note: {note}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{NAME}.json"
-    path.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
-    console.print(f"wrote {path}")
+def plot(result: BenchResult, path: Path) -> None:
+    """Left: p50/p99 of seal -> EpochComplete against the raw produce -> consume baseline
+    (and the target); right: the throughput run's acks/s and entries/s."""
+    import matplotlib.pyplot as plt
 
-
-if __name__ == "__main__":
-    main()
+    fig, (lat_ax, tp_ax) = plt.subplots(1, 2, figsize=(9, 4))
+    lat_rows = [r for r in result.rows if "p50_ms" in r]
+    labels = ["acker" if r["measurement"].startswith("seal") else "raw Kafka" for r in lat_rows]
+    x = range(len(lat_rows))
+    width = 0.38
+    for offset, key, color in (
+        (-width / 2, "p50_ms", "tab:blue"),
+        (width / 2, "p99_ms", "tab:orange"),
+    ):
+        values = [r[key] if r[key] is not None else 0.0 for r in lat_rows]
+        bars = lat_ax.bar([i + offset for i in x], values, width, color=color, label=key[:3])
+        lat_ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    lat_ax.axhline(TARGET_P99_MS, color="red", linestyle="-.", linewidth=0.8, label="target p99")
+    lat_ax.set_xticks(list(x), labels)
+    lat_ax.set_ylabel("latency (ms)")
+    lat_ax.set_title("seal → EpochComplete vs produce → consume", fontsize=9)
+    lat_ax.grid(True, axis="y", alpha=0.3)
+    lat_ax.legend(fontsize=7)
+    tp = next((r for r in result.rows if "rate" in r), None)
+    if tp is not None:
+        bars = tp_ax.bar(
+            ["ack messages/s", "entries/s"],
+            [tp["rate"], tp["entries_per_s"]],
+            color=["tab:green", "tab:olive"],
+        )
+        tp_ax.bar_label(bars, fmt="{:,.0f}", fontsize=7)
+        tp_ax.set_title(
+            f"one acker, {tp['substreams']} substreams, "
+            f"{tp['entries_per_message']} entries/message",
+            fontsize=9,
+        )
+    tp_ax.set_ylabel("per second")
+    tp_ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(titled("acker", result))
+    save_figure(fig, path)
