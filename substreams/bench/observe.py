@@ -30,7 +30,7 @@ class Observer:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._consumer = client.consumer(
-            bootstrap, config, **{"fetch.wait.max.ms": 5, "enable.partition.eof": True}
+            bootstrap, config, **{"fetch.wait.max.ms": 10, "enable.partition.eof": True}
         )
         self._consumer.assign(assignment)
         self._partitions = {(tp.topic, tp.partition) for tp in assignment}

@@ -320,6 +320,37 @@ def test_second_acker_with_the_same_name_fences_the_first(make_config: ConfigFac
     verify_chains(config, [config.acker.control_topic(sub), checkpoint_topic(config)])
 
 
+def test_a_stalled_acks_consumer_is_replaced(make_config: ConfigFactory) -> None:
+    """The embedded broker can answer a live consumer's fetches with nothing while the
+    records are in the topic.  The acker must notice (no message for a while, the high
+    watermark past its next offset) and read on with a new consumer.  Simulated here by
+    pausing the acker's consumer: without the watchdog the seal is never read."""
+    from confluent_kafka import TopicPartition
+
+    config = make_config(
+        [{"name": "clicks", "partitions": 2}],
+        [{"name": "ep", "stream": "clicks", "kind": "epoch", "field": "ts"}],
+        acker=FAST,
+    )
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    with Publisher(config, stream, "src") as pub:
+        pub.publish({"user": "u", "url": "/", "ts": 7})
+        pub.seal(sub, 7)
+    service = AckerService(config)
+    service.start()
+    assert service._consumer is not None
+    service._consumer.pause([TopicPartition(config.acker.acks_topic, 0)])
+    try:
+        deadline = time.monotonic() + 20
+        while service.notifications < 1 and time.monotonic() < deadline:
+            service.step(0.1)
+    finally:
+        service.close()
+    assert service.consumer_restarts >= 1
+    got = notifications(config, sub)
+    assert [n.time for n in got] == [7] and got[0].records == 1
+
+
 def test_a_skipped_acks_offset_is_read_again(make_config: ConfigFactory) -> None:
     """The embedded broker can expose a later append before an earlier concurrent one, so a
     live reader may see offset n+1 before n.  The acker must notice the hole (the acks topic
