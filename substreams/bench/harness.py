@@ -203,6 +203,8 @@ class BenchContext:
         self.label = "bench"
         self.grid: list[tuple[int, ...]] | None = None
         """Configurations given on the command line (``--grid``), replacing the defaults."""
+        self.mechanism: str | None = None
+        """Only this mechanism's lines (``--mechanism``; latency only), else both."""
         self._topics: set[str] = set()
         self._schema = workdir / "bench_record.avsc"
         self._schema.write_text(json.dumps(BENCH_SCHEMA))

@@ -181,7 +181,7 @@ def run(ctx: BenchContext) -> BenchResult:
         Column("complete", "all epochs seen"),
     ]
     ctx.label = NAME
-    all_cases = cases(ctx.quick)
+    all_cases = [c for c in cases(ctx.quick) if ctx.mechanism in (None, c.mechanism)]
     raw = raw_baseline(ctx, 50 if ctx.quick else 500)
     result.rows.append(_row("raw produce->consume", None, raw))
     for case in ctx.track(

@@ -49,9 +49,20 @@ BENCHES = ("traffic", "latency", "throughput", "spark", "acker")
     help="traffic only: run these configurations (producers x partitions x stages x "
     "substreams) instead of the built-in grid; repeatable.",
 )
+@click.option(
+    "--mechanism",
+    type=click.Choice(["acker", "punctuations"]),
+    default=None,
+    help="latency only: run this mechanism's configurations only (default: both).",
+)
 @bootstrap_option
 def command(
-    name: str, quick: bool, out_dir: Path, grid: tuple[str, ...], bootstrap: str | None
+    name: str,
+    quick: bool,
+    out_dir: Path,
+    grid: tuple[str, ...],
+    mechanism: str | None,
+    bootstrap: str | None,
 ) -> None:
     """Run one benchmark and write its JSON result and PNG plot."""
     # A wide table also when piped (CI logs, README), where rich would assume 80 columns.
@@ -59,12 +70,15 @@ def command(
     dims = [_parse_grid(g) for g in grid]
     if dims and name != "traffic":
         raise BenchError(f"--grid applies to 'bench traffic' only, not to 'bench {name}'")
+    if mechanism and name != "latency":
+        raise BenchError(f"--mechanism applies to 'bench latency' only, not to 'bench {name}'")
     module = importlib.import_module(f"substreams.bench.{name}")
     # SIGTERM unwinds like Ctrl-C, so the embedded broker and the acker process stop too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     t0 = time.perf_counter()
     with bench_context(quick, bootstrap, console) as ctx:
         ctx.grid = dims or None
+        ctx.mechanism = mechanism
         console.print(f"[bold]bench {name}[/]{' (quick)' if quick else ''} on {ctx.bootstrap}")
         result = module.run(ctx)
     result.duration_s = time.perf_counter() - t0
