@@ -163,12 +163,7 @@ class AckerService:
                     TopicPartition(self.acks_topic, p), timeout=10
                 )
                 self.state.acks_offsets[p] = max(0, int(low))
-        self._consumer.assign(
-            [
-                TopicPartition(self.acks_topic, p, self.state.acks_offsets.get(p, 0))
-                for p in range(self.config.acker.acks_partitions)
-            ]
-        )
+        self._assign()
         self._last_write = float("-inf")
         self._last_progress = self._last_stall_check = time.monotonic()
         self.started = True
@@ -212,8 +207,16 @@ class AckerService:
         self._fetch_wait_ms = min(2 * self._fetch_wait_ms, 500)
         self._consumer.close()
         self._consumer = self._new_consumer()
+        self._assign()
+
+    def _assign(self) -> None:
+        """Point the acks consumer at the next expected offset of every partition."""
+        assert self._consumer is not None
         self._consumer.assign(
-            [TopicPartition(self.acks_topic, p, o) for p, o in self.state.acks_offsets.items()]
+            [
+                TopicPartition(self.acks_topic, p, self.state.acks_offsets.get(p, 0))
+                for p in range(self.config.acker.acks_partitions)
+            ]
         )
 
     def wait_for_takeover(self, stop: threading.Event) -> bool:

@@ -351,5 +351,16 @@ def save_figure(fig: Any, path: Path) -> None:
     plt.close(fig)
 
 
+def loglog_axes(ax: Any, xlabel: str, ylabel: str, title: str, legend_size: int = 8) -> None:
+    """The benchmarks' common panel: log-log scales, labels, a light grid, a legend."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
 def titled(title: str, result: BenchResult) -> str:
     return title + (" (quick)" if result.quick else "")

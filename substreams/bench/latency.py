@@ -36,6 +36,7 @@ from substreams.bench.harness import (
     Column,
     Target,
     command_line,
+    loglog_axes,
     ms,
     percentile,
     save_figure,
@@ -270,12 +271,12 @@ def plot(result: BenchResult, path: Path) -> None:
         if raw is not None:
             ax.axhline(raw["p99_ms"], color="gray", linestyle=":", label="raw Kafka p99")
         ax.axhline(TARGET_P99_MS, color="red", linestyle="-.", linewidth=0.8, label="target")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("P x Q")
-        ax.set_ylabel("seal → notification (ms)")
-        ax.set_title(f"{g} record{'s' if g > 1 else ''} per substream")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        loglog_axes(
+            ax,
+            "P x Q",
+            "seal → notification (ms)",
+            f"{g} record{'s' if g > 1 else ''} per substream",
+            legend_size=7,
+        )
     fig.suptitle(titled("notification latency", result))
     save_figure(fig, path)

@@ -29,9 +29,7 @@ class Observer:
         self.errors: list[str] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._consumer = client.consumer(
-            bootstrap, config, **{"fetch.wait.max.ms": 10, "enable.partition.eof": True}
-        )
+        self._consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
         self._consumer.assign(assignment)
         self._partitions = {(tp.topic, tp.partition) for tp in assignment}
         self._eof: set[tuple[str, int]] = set()

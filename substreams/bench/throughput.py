@@ -45,6 +45,7 @@ from substreams.bench.harness import (
     Column,
     Target,
     command_line,
+    loglog_axes,
     save_figure,
     titled,
 )
@@ -300,13 +301,12 @@ def plot(result: BenchResult, path: Path) -> None:
                 color="black",
                 label=f"{line} ({row['records_per_s']:,.0f}/s)",
             )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    loglog_axes(
+        ax,
+        "records per substream (granularity)",
+        "records / s, end to end",
+        titled("throughput", result),
+    )
     if grans:
         ax.set_xticks(grans, [str(g) for g in grans])
-    ax.set_xlabel("records per substream (granularity)")
-    ax.set_ylabel("records / s, end to end")
-    ax.set_title(titled("throughput", result))
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
     save_figure(fig, path)

@@ -53,6 +53,7 @@ from substreams.bench.harness import (
     Column,
     Target,
     command_line,
+    loglog_axes,
     save_figure,
     titled,
 )
@@ -486,12 +487,11 @@ def plot(result: BenchResult, path: Path) -> None:
             ]
             if any(y == y for y in ys):  # not all NaN
                 ax.plot(x, ys, style, label=label)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("processes |Π|")
-        ax.set_ylabel("service messages delivered per substream")
-        ax.set_title(f"S = {s} stage{'s' if s > 1 else ''}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        loglog_axes(
+            ax,
+            "processes |Π|",
+            "service messages delivered per substream",
+            f"S = {s} stage{'s' if s > 1 else ''}",
+        )
     fig.suptitle(titled("control traffic vs processes", result))
     save_figure(fig, path)

@@ -19,10 +19,14 @@ from substreams.streams.schemas import protocol_codec
 GENESIS = bytes(32)
 
 
+def _unsigned(record: ControlRecord) -> tuple[bytes, bytes]:
+    """The record's encoding with an empty digest, and its digest."""
+    encoded = protocol_codec("control").encode(record_to_wire(replace(record, digest=b"")))
+    return encoded, hashlib.sha256(record.prev_digest + encoded).digest()
+
+
 def compute_digest(record: ControlRecord) -> bytes:
-    unsigned = replace(record, digest=b"")
-    encoded = protocol_codec("control").encode(record_to_wire(unsigned))
-    return hashlib.sha256(record.prev_digest + encoded).digest()
+    return _unsigned(record)[1]
 
 
 def sign(record: ControlRecord) -> tuple[ControlRecord, bytes]:
@@ -33,9 +37,7 @@ def sign(record: ControlRecord) -> tuple[ControlRecord, bytes]:
     (writer, seq, prev_digest) encode to a known length, and Avro ``bytes`` is a length
     then the bytes, so the signed encoding is the unsigned one with the empty digest
     (one zero byte) replaced by the real one."""
-    unsigned = replace(record, digest=b"")
-    encoded = protocol_codec("control").encode(record_to_wire(unsigned))
-    digest = hashlib.sha256(record.prev_digest + encoded).digest()
+    encoded, digest = _unsigned(record)
     at = (
         len(avro_string(record.writer))
         + len(zigzag_long(record.seq))

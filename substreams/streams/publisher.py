@@ -255,8 +255,7 @@ class Publisher:
         if check_order:
             self._last_order_key = order_key
         record = SentRecord(self.stream, partition, order_key, tracking_id, assigned)
-        if not self._in_txn:
-            self._begin()
+        self._begin()
         for hook in self._hook_list:
             hook.on_send(record)
         self._produce(value, partition, key, self._headers, record)
