@@ -251,7 +251,7 @@ def _latency_row(name: str, values: list[float], **extra: Any) -> dict[str, Any]
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    result = BenchResult(NAME, ctx.quick, command_line(), ctx.bootstrap, columns=COLUMNS)
+    result = BenchResult(NAME, ctx.quick, command_line(), ctx.broker_label, columns=COLUMNS)
     ctx.label = NAME
     messages, entries, samples = (2000, 20, 50) if ctx.quick else (20000, 50, 300)
     lat: list[float] = []

@@ -170,7 +170,7 @@ def _row(
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    result = BenchResult(NAME, ctx.quick, command_line(), ctx.bootstrap)
+    result = BenchResult(NAME, ctx.quick, command_line(), ctx.broker_label)
     result.columns = [
         Column("mechanism", "mechanism"),
         Column("producers", "P"),

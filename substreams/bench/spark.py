@@ -80,7 +80,7 @@ def _alive(query: Any) -> None:
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    result = BenchResult(NAME, ctx.quick, command_line(), ctx.bootstrap)
+    result = BenchResult(NAME, ctx.quick, command_line(), ctx.broker_label)
     result.columns = [
         Column("query", "query"),
         Column("granularity", "records/epoch"),

@@ -205,7 +205,7 @@ def _row(
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    result = BenchResult(NAME, ctx.quick, command_line(), ctx.bootstrap)
+    result = BenchResult(NAME, ctx.quick, command_line(), ctx.broker_label)
     result.columns = [
         Column("line", "line"),
         Column("granularity", "records/substream"),
@@ -225,7 +225,9 @@ def run(ctx: BenchContext) -> BenchResult:
         n = p.records(g)
         runs: list[float] = []
         error: str | None = None
-        for _ in range(p.repeats):
+        for k in range(p.repeats):
+            if k:
+                ctx.reset()  # every run on a fresh broker, as every line's first is
             try:
                 if line == "raw":
                     runs.append(run_raw(ctx, n, value))

@@ -54,10 +54,11 @@ from substreams.bench.harness import (
     Target,
     command_line,
     loglog_axes,
+    release_clients,
     save_figure,
     titled,
 )
-from substreams.bench.workload import close_all, open_publishers, parallel, record, release
+from substreams.bench.workload import close_all, open_publishers, parallel, record
 from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.errors import SubstreamsError
@@ -237,7 +238,7 @@ def run_punctuations(ctx: BenchContext, case: Case) -> dict[str, int]:
             )
         seals += reader.delivered["SEAL"]
         setup += reader.delivered["REGISTER"] + reader.delivered["UNREGISTER"]
-    release()
+    release_clients()
     return {"messages_punctuation": seals, "setup_punctuation": setup}
 
 
@@ -312,7 +313,7 @@ def run_acker(ctx: BenchContext, case: Case) -> dict[str, int]:
         stop.set()
         acker.join(10)
         del tasks, pubs, service
-        release()
+        release_clients()
     # Count what was delivered: the acks topic (to the acker) and the control topic (to
     # each of the Q consumer tasks).
     acks: list[Any] = []
@@ -384,7 +385,7 @@ class _ControlWatch:
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    result = BenchResult(NAME, ctx.quick, command_line(), ctx.bootstrap)
+    result = BenchResult(NAME, ctx.quick, command_line(), ctx.broker_label)
     result.columns = [
         Column("producers", "P"),
         Column("partitions", "Q"),

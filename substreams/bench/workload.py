@@ -9,7 +9,6 @@ everywhere), which is what the paper's latency numbers measure.
 from __future__ import annotations
 
 import contextlib
-import gc
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from substreams.bench.harness import BenchError, body
+from substreams.bench.harness import BenchError, body, release_clients
 from substreams.config import Config
 from substreams.errors import SubstreamsError
 from substreams.streams.publisher import Publisher
@@ -72,11 +71,7 @@ def close_all(publishers: Sequence[Publisher], abort: bool = False) -> None:
     """Close publishers in parallel and let their producers go before the broker does (a
     librdkafka client that outlives its broker logs connection errors forever)."""
     parallel(list(publishers), (lambda p: p.abort()) if abort else (lambda p: p.close()))
-    release()
-
-
-def release() -> None:
-    gc.collect()
+    release_clients()
 
 
 def record(ts: int, epoch: int, size: int | None = None) -> dict[str, Any]:

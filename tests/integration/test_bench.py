@@ -7,6 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from rich.console import Console
+
+from substreams.bench.harness import bench_context, release_clients
+from substreams.kafka import client
+from substreams.kafka.embedded import broker_answers
+
 REPO = Path(__file__).resolve().parents[2]
 
 TRAFFIC_FIELDS = (
@@ -111,3 +118,24 @@ def test_traffic_targets_report_a_miss_as_not_met() -> None:
     assert ratio.met is True and "12.0" in ratio.value
     unmeasured = targets([{"producers": 32, "partitions": 32, "acker_over_bound": None}])
     assert [t.met for t in unmeasured] == [None, None]
+
+
+def test_each_configuration_runs_on_a_fresh_embedded_broker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without --bootstrap, ctx.track restarts the embedded broker between items: a topic
+    of one configuration is gone for the next, and the last broker stops with the run."""
+    monkeypatch.delenv(client.ENV_BOOTSTRAP, raising=False)
+    seen: list[str] = []
+    with bench_context(quick=True, console=Console(quiet=True)) as ctx:
+        assert ctx.broker_label.startswith("embedded")
+        for item in ctx.track(["first", "second"], str):
+            seen.append(ctx.bootstrap)
+            assert broker_answers(ctx.bootstrap)
+            names = set(client.admin(ctx.bootstrap).list_topics(timeout=10).topics)
+            assert not any(n.startswith("b.s0.") for n in names), (item, names)
+            ctx.config([("s0", 1)])
+            release_clients()
+        assert seen[0] != seen[1]
+        assert not broker_answers(seen[0])
+    assert not broker_answers(seen[1])
