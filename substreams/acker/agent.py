@@ -317,6 +317,19 @@ class TrackingAgent:
             agg.records += 1
             agg.add_offsets((stream, partition), offset, offset + 1)
 
+    def sent_and_delivered(
+        self, substream: str, t: Time, stream: str, partition: int, offset: int
+    ) -> None:
+        """SND and RCV at once of a record its writer delivered to a terminal stream: the
+        two reports of one id cancel in the XOR, so only the counts and the offset are
+        kept (a publisher's hot path: no id to carry, one lock per record).  Held until
+        :meth:`release_held`, like :meth:`delivered`."""
+        with self._lock:
+            agg = self._agg(self._held, substream, t)
+            agg.reports += 2
+            agg.records += 1
+            agg.add_offsets((stream, partition), offset, offset + 1)
+
     def release_held(self) -> None:
         """The writer's transaction committed: held reports may go out, and the seals made
         before the commit go out with them at once, in one message."""

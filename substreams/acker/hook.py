@@ -2,12 +2,13 @@
 
 Registered as ``HOOK_FACTORIES["acker"]``.  Per record it reports SND at the record's time in
 each acker substream of the stream; when the stream is terminal in that substream's segment
-(no stage reads it: the topic is the sink) the delivery callback adds the record's RCV, its
-count and its offset.  Everything is held until the transaction commits (``on_commit``):
-uncommitted records are invisible, so there is nothing to announce before, and a terminal
-record's SND and RCV then cancel inside the agent — a source's whole contribution to a
-time travels in one message, with its seal.  A seal of ``t`` (this source writes no more
-records at times ``<= t``, downward closed) goes out with the commit that follows it.
+(no stage reads it: the topic is the sink) the record is sent and received at once, and the
+delivery callback reports both, with the record's count and offset (its SND and RCV cancel
+in the XOR, so the id is not even carried).  Everything is held until the transaction
+commits (``on_commit``): uncommitted records are invisible, so there is nothing to announce
+before -- a source's whole contribution to a time travels in one message, with its seal.
+A seal of ``t`` (this source writes no more records at times ``<= t``, downward closed) goes
+out with the commit that follows it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ class AckerHook:
             for s in self.substreams
             if publisher.stream in Segment.of(publisher.config, s).terminal
         ]
-        # Only a terminal record's RCV (and offset) comes from its delivery callback.
+        # A terminal record's SND+RCV (and offset) comes from its delivery callback; only
+        # the other substreams' SNDs are reported when it is sent.
+        self.sent = [s for s in self.substreams if s not in self.terminal]
         self.wants_delivery = bool(self.terminal)
         self.agent = TrackingAgent(
             publisher.config, publisher.source_id, bootstrap=publisher.bootstrap
@@ -39,15 +42,16 @@ class AckerHook:
         self._closed = False
 
     def on_send(self, record: SentRecord) -> None:
-        times = record.times
-        self.agent.report_many(
-            ((s, times[s], record.tracking_id) for s in self.substreams), held=True
-        )
+        if self.sent:
+            times = record.times
+            self.agent.report_many(
+                ((s, times[s], record.tracking_id) for s in self.sent), held=True
+            )
 
     def on_delivered(self, record: SentRecord, offset: int) -> None:
         for s in self.terminal:
-            self.agent.delivered(
-                s, record.times[s], record.tracking_id, record.stream, record.partition, offset
+            self.agent.sent_and_delivered(
+                s, record.times[s], record.stream, record.partition, offset
             )
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
