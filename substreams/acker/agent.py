@@ -350,6 +350,12 @@ class TrackingAgent:
             elif n:
                 self._touched(n)
 
+    def discard_held(self) -> None:
+        """The writer's transaction was aborted: its held reports and seals never happened."""
+        with self._lock:
+            self._held = {}
+            self._seals_on_release = []
+
     def seal_on_release(self, substream: str, t: Time) -> None:
         """Seal ``t`` with the next :meth:`release_held` (the commit of the records written
         before the seal)."""

@@ -67,6 +67,14 @@ class AckerHook:
         self.agent.unregister(self.substreams)
         self.agent.close()
 
+    def abort(self, publisher: Publisher) -> None:
+        """The held reports and seals belong to the dropped transaction: discarded.  Still
+        registered, so the acker keeps this source's times open until a publisher of the
+        same source seals them."""
+        self._closed = True
+        self.agent.discard_held()
+        self.agent.close()
+
 
 def _factory(publisher: Publisher, substreams: list[str]) -> AckerHook:
     return AckerHook(publisher, substreams)

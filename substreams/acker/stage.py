@@ -71,6 +71,9 @@ class _DeliveryHook:
     def close(self, publisher: Publisher) -> None:
         pass
 
+    def abort(self, publisher: Publisher) -> None:
+        pass
+
 
 def stage_config(config: Config, name: str) -> StageConfig:
     for st in config.stages:

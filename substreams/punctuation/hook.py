@@ -67,6 +67,10 @@ class PunctuationHook:
             self._write_all(publisher, "UNREGISTER", name, None)
         publisher.flush()
 
+    def abort(self, publisher: Publisher) -> None:
+        """Nothing to undo: punctuations written in the dropped transaction vanish with it,
+        and no UNREGISTER is written (an aborted producer still holds its times back)."""
+
     def _check(self, substream: str) -> None:
         if substream not in self.substreams:
             raise SubstreamsError(

@@ -85,6 +85,9 @@ class DirectProgress:
     def close(self, publisher: Publisher) -> None:
         self.writer.close()
 
+    def abort(self, publisher: Publisher) -> None:
+        self.writer.close()
+
 
 @contextlib.contextmanager
 def direct_progress(mechanisms: Sequence[str] = ("acker", "punctuations")) -> Iterator[None]:

@@ -11,6 +11,7 @@ caller and must surface as one.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import zlib
@@ -47,7 +48,10 @@ class PublishHook(Protocol):
     ``on_delivered`` runs from the delivery callback *during* a commit (the record is not
     visible yet); ``seal`` runs inside the open transaction, before the commit that makes the
     seal effective (in-band punctuations are written there); ``on_commit`` runs after every
-    commit (out-of-band mechanisms announce what just became visible).
+    commit (out-of-band mechanisms announce what just became visible); ``abort`` runs when
+    the publisher drops its open transaction and is released: the hook forgets what that
+    transaction held and lets go of its resources, announcing nothing (a source that
+    aborted has not sealed; its open times stay open, as after a crash).
     ``wants_delivery``: whether ``on_delivered`` does anything (a delivery callback per
     record is only installed for hooks that need the offsets).
     """
@@ -63,6 +67,8 @@ class PublishHook(Protocol):
     def on_commit(self, publisher: Publisher) -> None: ...
 
     def close(self, publisher: Publisher) -> None: ...
+
+    def abort(self, publisher: Publisher) -> None: ...
 
 
 HookFactory = Callable[["Publisher", list[str]], PublishHook]
@@ -371,7 +377,12 @@ class Publisher:
             self._release()
 
     def abort(self) -> None:
-        """Drop the open transaction and release the publisher (used after errors)."""
+        """Drop the open transaction and release the publisher (used after errors).
+
+        Never raises: it runs while another exception is on its way, which must not be
+        replaced by a clean-up failure."""
+        if self._closed:
+            return
         try:
             if self._in_txn:
                 self._producer.abort_transaction(10)
@@ -380,6 +391,9 @@ class Publisher:
         finally:
             self._in_txn = False
             self._closed = True
+            for hook in self._hook_list:
+                with contextlib.suppress(SubstreamsError, KafkaException):
+                    hook.abort(self)
             self._release()
 
     def __enter__(self) -> Publisher:

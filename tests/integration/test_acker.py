@@ -245,6 +245,35 @@ def test_reports_are_aggregated_locally(make_config: ConfigFactory) -> None:
     assert 3 <= TRAFFIC.get(ACK_SENT, sub) < 200
 
 
+def test_an_aborted_publisher_drops_its_transaction_and_stops_its_agent(
+    make_config: ConfigFactory,
+) -> None:
+    """After an error inside ``with Publisher``: the aborted transaction's record and seal
+    never reach the acker, the source stays registered (its time stays open), and the
+    publisher's tracking agent (a thread and a producer) is stopped, not leaked."""
+    config = make_config(
+        [{"name": "clicks", "partitions": 2}],
+        [{"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}],
+        acker=FAST,
+    )
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    with acker(config):
+        with pytest.raises(RuntimeError, match="boom"), Publisher(config, stream, "a") as pub:
+            pub.publish({"user": "x", "url": "/committed", "ts": 0})
+            pub.flush()
+            pub.publish({"user": "x", "url": "/aborted", "ts": 0})
+            pub.seal(sub, 0, commit=False)  # rides on the transaction that is dropped
+            agent = pub._hooks[sub].agent  # type: ignore[attr-defined]
+            raise RuntimeError("boom")
+        assert not agent._timer.is_alive()
+        time.sleep(0.5)
+        assert notifications(config, sub) == []  # the aborted seal did not count
+        with Publisher(config, stream, "a") as again:
+            again.seal(sub, 0)
+        got = wait_notifications(config, sub, 1)
+    assert [(n.time, n.records) for n in got] == [(0, 1)]
+
+
 def test_malformed_acks_are_dead_lettered_and_the_acker_keeps_running(
     make_config: ConfigFactory,
 ) -> None:
