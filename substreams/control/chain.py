@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 
-from substreams.control.messages import ControlBody, ControlRecord, record_to_wire
+from substreams.control.framing import encode_unsigned_epoch_complete
+from substreams.control.messages import ControlBody, ControlRecord, EpochComplete, record_to_wire
 from substreams.errors import ProtocolError
 from substreams.streams.framing import avro_string, zigzag_long
 from substreams.streams.schemas import protocol_codec
@@ -20,8 +21,13 @@ GENESIS = bytes(32)
 
 
 def _unsigned(record: ControlRecord) -> tuple[bytes, bytes]:
-    """The record's encoding with an empty digest, and its digest."""
-    encoded = protocol_codec("control").encode(record_to_wire(replace(record, digest=b"")))
+    """The record's encoding with an empty digest, and its digest.  ``EpochComplete`` (one
+    per terminated time) is framed by hand, byte-identical to fastavro (see
+    :mod:`substreams.control.framing`)."""
+    if isinstance(record.body, EpochComplete):
+        encoded = encode_unsigned_epoch_complete(record)
+    else:
+        encoded = protocol_codec("control").encode(record_to_wire(replace(record, digest=b"")))
     return encoded, hashlib.sha256(record.prev_digest + encoded).digest()
 
 

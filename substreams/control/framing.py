@@ -1,0 +1,84 @@
+"""Encoding an ``EpochComplete`` control record field by field: the acker's hot path.
+
+Why not fastavro: the acker writes one signed ``EpochComplete`` per terminated time, and at
+one record per epoch that encoding was 35 % of the acker's CPU (py-spy, 2026-11-22) --
+fastavro walks the record, its ``body`` union and every nested ``Time`` per call, ~40 µs
+here against ~11 µs for concatenating the fields' encodings.  Avro's binary encoding of a
+record is the concatenation of its fields', a union is its branch index then the value, and
+an array is blocks (count, items) ended by a zero count, so the encoding is written here
+directly.  It is byte-identical to fastavro's (a property test holds it to that); every
+other body still goes through fastavro (:func:`substreams.control.chain._unsigned`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from substreams.control.messages import ControlRecord, EpochComplete, OffsetRange
+from substreams.frontier import Time, time_to_wire
+from substreams.streams.framing import avro_string, zigzag_long
+from substreams.streams.schemas import raw_schema
+
+_ZERO = b"\x00"  # null, an empty bytes/array, union branch 0, enum symbol 0: all zero
+
+
+def _body_branch(name: str) -> bytes:
+    """The union index of the ``body`` branch ``name``, read from ``avro/control.avsc``."""
+    body = next(f for f in raw_schema("control")["fields"] if f["name"] == "body")
+    names = [branch["name"] for branch in body["type"]]
+    return zigzag_long(names.index(name))
+
+
+def _time_kinds() -> dict[str, bytes]:
+    """The enum index of every ``TimeKind`` symbol, read from ``avro/time.avsc``."""
+    kind = next(f for f in raw_schema("time")["fields"] if f["name"] == "kind")
+    return {s: zigzag_long(i) for i, s in enumerate(kind["type"]["symbols"])}
+
+
+_EPOCH_COMPLETE = _body_branch("EpochComplete")
+_KIND = _time_kinds()
+
+
+def _array(items: Sequence[bytes]) -> bytes:
+    if not items:
+        return _ZERO
+    return zigzag_long(len(items)) + b"".join(items) + _ZERO
+
+
+def encode_time(t: Time) -> bytes:
+    """``substreams.Time``: key (union null|string), coords (array of long), kind (enum)."""
+    if type(t) is int:  # the common case: {key: null, coords: [t], kind: int}
+        return b"\x00\x02" + zigzag_long(t) + _ZERO + _KIND["int"]
+    wire = time_to_wire(t)
+    key = wire["key"]
+    head = _ZERO if key is None else b"\x02" + avro_string(key)
+    return head + _array([zigzag_long(c) for c in wire["coords"]]) + _KIND[wire["kind"]]
+
+
+def encode_range(r: OffsetRange) -> bytes:
+    return avro_string(r.stream) + zigzag_long(r.partition) + zigzag_long(r.start) + zigzag_long(
+        r.end
+    )
+
+
+def encode_unsigned_epoch_complete(record: ControlRecord) -> bytes:
+    """The Avro encoding of ``record`` (an ``EpochComplete``) with an empty digest."""
+    body = record.body
+    assert isinstance(body, EpochComplete)
+    return b"".join(
+        (
+            avro_string(record.writer),
+            zigzag_long(record.seq),
+            zigzag_long(len(record.prev_digest)),
+            record.prev_digest,
+            _ZERO,  # digest: empty bytes
+            zigzag_long(record.written_at_ms),
+            _EPOCH_COMPLETE,
+            avro_string(body.substream),
+            encode_time(body.time),
+            _array([encode_range(r) for r in body.ranges]),
+            zigzag_long(body.records),
+            zigzag_long(body.sealed_at_ms),
+            _array([encode_time(t) + zigzag_long(d) for t, d in body.lower_updates]),
+        )
+    )
