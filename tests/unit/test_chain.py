@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
-
 import hashlib
 from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from substreams.control.chain import GENESIS, ChainHead, ChainVerifier, compute_digest, sign
 from substreams.control.messages import (
