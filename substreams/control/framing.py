@@ -12,14 +12,11 @@ other body still goes through fastavro (:func:`substreams.control.chain._unsigne
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from substreams.control.messages import ControlRecord, EpochComplete, OffsetRange
-from substreams.frontier import Time, time_to_wire
-from substreams.streams.framing import avro_string, zigzag_long
+from substreams.streams.framing import avro_array, avro_string, avro_time, zigzag_long
 from substreams.streams.schemas import raw_schema
 
-_ZERO = b"\x00"  # null, an empty bytes/array, union branch 0, enum symbol 0: all zero
+_ZERO = b"\x00"  # an empty bytes value
 
 
 def _body_branch(name: str) -> bytes:
@@ -29,30 +26,7 @@ def _body_branch(name: str) -> bytes:
     return zigzag_long(names.index(name))
 
 
-def _time_kinds() -> dict[str, bytes]:
-    """The enum index of every ``TimeKind`` symbol, read from ``avro/time.avsc``."""
-    kind = next(f for f in raw_schema("time")["fields"] if f["name"] == "kind")
-    return {s: zigzag_long(i) for i, s in enumerate(kind["type"]["symbols"])}
-
-
 _EPOCH_COMPLETE = _body_branch("EpochComplete")
-_KIND = _time_kinds()
-
-
-def _array(items: Sequence[bytes]) -> bytes:
-    if not items:
-        return _ZERO
-    return zigzag_long(len(items)) + b"".join(items) + _ZERO
-
-
-def encode_time(t: Time) -> bytes:
-    """``substreams.Time``: key (union null|string), coords (array of long), kind (enum)."""
-    if type(t) is int:  # the common case: {key: null, coords: [t], kind: int}
-        return b"\x00\x02" + zigzag_long(t) + _ZERO + _KIND["int"]
-    wire = time_to_wire(t)
-    key = wire["key"]
-    head = _ZERO if key is None else b"\x02" + avro_string(key)
-    return head + _array([zigzag_long(c) for c in wire["coords"]]) + _KIND[wire["kind"]]
 
 
 def encode_range(r: OffsetRange) -> bytes:
@@ -75,10 +49,10 @@ def encode_unsigned_epoch_complete(record: ControlRecord) -> bytes:
             zigzag_long(record.written_at_ms),
             _EPOCH_COMPLETE,
             avro_string(body.substream),
-            encode_time(body.time),
-            _array([encode_range(r) for r in body.ranges]),
+            avro_time(body.time),
+            avro_array([encode_range(r) for r in body.ranges]),
             zigzag_long(body.records),
             zigzag_long(body.sealed_at_ms),
-            _array([encode_time(t) + zigzag_long(d) for t, d in body.lower_updates]),
+            avro_array([avro_time(t) + zigzag_long(d) for t, d in body.lower_updates]),
         )
     )

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import fastavro
 from fastavro.schema import parse_schema
 
-from substreams.frontier import Time
+from substreams.frontier import Time, time_to_wire
 from substreams.streams.records import times_to_wire
 from substreams.streams.schemas import expanded, raw_schema
 
@@ -56,6 +56,34 @@ def avro_string(s: str) -> bytes:
     return zigzag_long(len(raw)) + raw
 
 
+def _time_kinds() -> dict[str, bytes]:
+    """The enum index of every ``TimeKind`` symbol, read from ``avro/time.avsc``."""
+    kind = next(f for f in raw_schema("time")["fields"] if f["name"] == "kind")
+    return {s: zigzag_long(i) for i, s in enumerate(kind["type"]["symbols"])}
+
+
+_KIND = _time_kinds()
+_INT_TIME_HEAD = b"\x00\x02"  # key: null (union branch 0); coords: a block of one item
+_INT_TIME_TAIL = b"\x00" + _KIND["int"]  # end of the coords array; kind: int
+
+
+def avro_array(items: list[bytes]) -> bytes:
+    """Avro's array: one block (count, items) ended by a zero count; empty = the zero."""
+    if not items:
+        return b"\x00"
+    return zigzag_long(len(items)) + b"".join(items) + b"\x00"
+
+
+def avro_time(t: Time) -> bytes:
+    """``substreams.Time``: key (union null|string), coords (array of long), kind (enum)."""
+    if type(t) is int:  # the common case: {key: null, coords: [t], kind: int}
+        return _INT_TIME_HEAD + zigzag_long(t) + _INT_TIME_TAIL
+    wire = time_to_wire(t)
+    key = wire["key"]
+    head = b"\x00" if key is None else b"\x02" + avro_string(key)
+    return head + avro_array([zigzag_long(c) for c in wire["coords"]]) + _KIND[wire["kind"]]
+
+
 class EnvelopeEncoder:
     """Writes one source's data envelopes for one stream (see the module docstring)."""
 
@@ -85,8 +113,7 @@ class EnvelopeEncoder:
             parts = [zigzag_long(len(key))] if key else []
             for name, t in key:
                 parts.append(self._name(name))
-                # Time{key: null (union branch 0), coords: [t] (one-item block), kind: int}
-                parts.append(b"\x00\x02" + zigzag_long(cast(int, t)) + b"\x00\x00")
+                parts.append(avro_time(t))
             parts.append(b"\x00")
             out = b"".join(parts)
         else:
