@@ -310,12 +310,7 @@ class TrackingAgent:
     ) -> None:
         """RCV of a record delivered to a terminal stream, with its offset; held until
         :meth:`release_held` (the writer's transaction committed)."""
-        with self._lock:
-            agg = self._agg(self._held, substream, t)
-            agg.xor ^= tracking_id
-            agg.reports += 1
-            agg.records += 1
-            agg.add_offsets((stream, partition), offset, offset + 1)
+        self._hold_delivery(substream, t, tracking_id, 1, stream, partition, offset)
 
     def sent_and_delivered(
         self, substream: str, t: Time, stream: str, partition: int, offset: int
@@ -324,9 +319,23 @@ class TrackingAgent:
         two reports of one id cancel in the XOR, so only the counts and the offset are
         kept (a publisher's hot path: no id to carry, one lock per record).  Held until
         :meth:`release_held`, like :meth:`delivered`."""
+        self._hold_delivery(substream, t, 0, 2, stream, partition, offset)
+
+    def _hold_delivery(
+        self,
+        substream: str,
+        t: Time,
+        xor: int,
+        reports: int,
+        stream: str,
+        partition: int,
+        offset: int,
+    ) -> None:
+        """One delivered record: its share of the XOR and of the reports, its offset."""
         with self._lock:
             agg = self._agg(self._held, substream, t)
-            agg.reports += 2
+            agg.xor ^= xor
+            agg.reports += reports
             agg.records += 1
             agg.add_offsets((stream, partition), offset, offset + 1)
 
