@@ -92,6 +92,17 @@ def wait_notifications(
         time.sleep(0.2)
 
 
+def step_until_notified(service: AckerService, timeout: float = 20.0) -> None:
+    """Step a started acker until it wrote its first notification (or ``timeout``), then
+    close it."""
+    try:
+        deadline = time.monotonic() + timeout
+        while service.notifications < 1 and time.monotonic() < deadline:
+            service.step(0.1)
+    finally:
+        service.close()
+
+
 def verify_chains(config: Config, topics: list[str]) -> None:
     for topic in topics:
         verifier = ChainVerifier()
@@ -369,12 +380,7 @@ def test_a_stalled_acks_consumer_is_replaced(make_config: ConfigFactory) -> None
     service.start()
     assert service._consumer is not None
     service._consumer.pause([TopicPartition(config.acker.acks_topic, 0)])
-    try:
-        deadline = time.monotonic() + 20
-        while service.notifications < 1 and time.monotonic() < deadline:
-            service.step(0.1)
-    finally:
-        service.close()
+    step_until_notified(service)
     assert service.consumer_restarts >= 1
     got = notifications(config, sub)
     assert [n.time for n in got] == [7] and got[0].records == 1
@@ -400,12 +406,7 @@ def test_a_skipped_acks_offset_is_read_again(make_config: ConfigFactory) -> None
     service.start()
     assert service._consumer is not None
     service._consumer.seek(TopicPartition(config.acker.acks_topic, 0, 1))
-    try:
-        deadline = time.monotonic() + 20
-        while service.notifications < 1 and time.monotonic() < deadline:
-            service.step(0.1)
-    finally:
-        service.close()
+    step_until_notified(service)
     assert service.rewinds >= 1
     assert service.dead_letters == 0  # the report was not taken for an unregistered source's
     got = notifications(config, sub)
