@@ -1,7 +1,8 @@
-"""Shared fixtures: one Kafka-protocol broker per test session, per-test unique topics.
+"""Shared fixtures: one Apache Kafka broker per test session, per-test unique topics.
 
 Broker choice, in order: ``$SUBSTREAMS_BOOTSTRAP`` (any external cluster), Apache Kafka in a
-testcontainer when a Docker engine answers, else the embedded Tansu broker.
+testcontainer when a Docker engine answers, else the embedded Apache Kafka (one KRaft node
+in a temporary folder, from the Maven-resolved jars).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import yaml
 
 from substreams.config import Config, load_config
 from substreams.kafka import client
-from substreams.kafka.embedded import EmbeddedBroker
+from substreams.kafka.embedded import KafkaCluster
 from substreams.kafka.topics import ensure_topics
 
 CLICK_SCHEMA = {
@@ -62,9 +63,8 @@ def bootstrap(kafka_kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         with KafkaContainer().with_kraft() as kafka:
             yield kafka.get_bootstrap_server()
         return
-    log = tmp_path_factory.mktemp("broker") / "broker.log"
-    with EmbeddedBroker(log_path=log) as broker:
-        yield broker.bootstrap
+    with KafkaCluster(tmp_path_factory.mktemp("kafka")) as cluster:
+        yield cluster.bootstrap
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -37,7 +38,7 @@ from rich.table import Table
 from substreams.config import Config, load_config
 from substreams.errors import SubstreamsError
 from substreams.kafka import client
-from substreams.kafka.embedded import EmbeddedBroker
+from substreams.kafka.embedded import KAFKA_VERSION, KafkaCluster
 from substreams.kafka.topics import ensure_topics
 
 # The record every benchmark writes: the epoch number (the substream; called ``batch``
@@ -199,7 +200,7 @@ class BenchContext:
         quick: bool,
         console: Console,
         progress: Progress,
-        broker: EmbeddedBroker | None = None,
+        broker: KafkaCluster | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.broker = broker
@@ -283,24 +284,26 @@ class BenchContext:
         """What ``BenchResult.broker`` records: the address, or that it was embedded."""
         if self.broker is None:
             return self.bootstrap
-        return "embedded Tansu, restarted for every configuration"
+        return f"embedded Apache Kafka {KAFKA_VERSION}, fresh for every configuration"
 
     def reset(self) -> None:
         """Give the next configuration a broker no earlier configuration has used.
 
-        Why: the embedded broker gets slower as transactions pile up, and deleting the
-        topics does not undo it (measured: 32x32 seal -> EpochComplete p50 21 ms on a
-        fresh broker, 37 ms after one 32x32 run of 100-record epochs, 40 ms once every
-        topic was deleted).  So the embedded broker is restarted (a second or so); a broker
-        named with ``--bootstrap`` cannot be, and only loses the finished configuration's
-        topics (:meth:`cleanup`).  Callers must have let go of their Kafka clients.
+        Why: no configuration should pay for the log segments, transaction state and
+        page cache that earlier ones left (on Tansu that cost was measured: 32x32 seal ->
+        EpochComplete p50 21 ms fresh, 37 ms after one more configuration; deleting topics
+        did not undo it).  So the embedded Apache Kafka is replaced by a new one in a new
+        folder (5-10 s); a broker named with ``--bootstrap`` cannot be, and only loses the
+        finished configuration's topics (:meth:`cleanup`).  Callers must have let go of
+        their Kafka clients.
         """
         if self.broker is None:
             self.cleanup()
             return
         release_clients()
         self.broker.stop()
-        self.broker = EmbeddedBroker(log_path=self.broker.log_path).start()
+        shutil.rmtree(self.broker.home, ignore_errors=True)
+        self.broker = KafkaCluster(self.workdir / f"kafka-{uuid.uuid4().hex[:8]}").start()
         self.bootstrap = self.broker.bootstrap
         self._topics = set()
 
@@ -344,11 +347,12 @@ def bench_context(
     console = console or Console()
     wanted = bootstrap or os.environ.get(client.ENV_BOOTSTRAP)
     with contextlib.ExitStack() as stack:
-        broker: EmbeddedBroker | None = None
+        broker: KafkaCluster | None = None
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ss-bench-")))
         if wanted:
             server = wanted
         else:
-            broker = EmbeddedBroker().start()
+            broker = KafkaCluster(workdir / "kafka").start()
             server = broker.bootstrap
         holder: list[BenchContext] = []
 
@@ -361,7 +365,6 @@ def bench_context(
         stack.callback(stop_broker)
         # ...after the Kafka clients left for the garbage collector are gone.
         stack.callback(release_clients)
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ss-bench-")))
         progress = stack.enter_context(
             Progress(
                 TextColumn("{task.description}"),

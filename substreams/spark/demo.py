@@ -29,7 +29,7 @@ from substreams.config import Config, SubstreamConfig, load_config
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
-from substreams.kafka.embedded import EmbeddedBroker
+from substreams.kafka.embedded import KafkaCluster, read_state
 from substreams.kafka.topics import ensure_topics
 from substreams.spark.epochs import format_time
 from substreams.spark.operator import EpochInfo, EpochOperator, Row
@@ -178,10 +178,15 @@ def run_demo(
     assert sub.size_ms is not None
     report = DemoReport()
     with contextlib.ExitStack() as stack:
-        if bootstrap is None and config.kafka.embedded:
-            broker = stack.enter_context(EmbeddedBroker())
+        if bootstrap is None and config.kafka.embedded and read_state() is None:
+            # No recorded broker (`substreams broker start`): a throw-away one for this run.
+            home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="substreams-")))
+            console.print("[bold]broker[/] starting an embedded Apache Kafka ...")
+            broker = stack.enter_context(
+                KafkaCluster(home, progress=lambda line: console.print(f"  {line}"))
+            )
             server = broker.bootstrap
-            console.print(f"[bold]broker[/] embedded on {server}")
+            console.print(f"[bold]broker[/] embedded Apache Kafka on {server}")
         else:
             server = client.resolve_bootstrap(config, bootstrap)
             console.print(f"[bold]broker[/] {server}")
