@@ -2,9 +2,8 @@
 
 A client is one controller session: a random controller id and nonce, commands numbered from
 0, responses read from the response topic and filtered by (controller, nonce).  Where it starts
-reading responses: the response topic's high watermark *before* the Hello is sent.  The embedded
-broker may under-report that watermark (never over-report), which only means a few foreign
-responses are skipped by the filter; no answer to us can be missed.
+reading responses: the response topic's high watermark *before* the Hello is sent, so no answer
+to us can be missed and older responses of other sessions are not read at all.
 """
 
 from __future__ import annotations
@@ -171,8 +170,8 @@ class AckerClient:
         return self.send(CancelPeek(peek_uuid))
 
     def acks_lag(self, status: StatusResponse) -> dict[int, int]:
-        """Per acks partition: messages not yet applied (a lower bound on the embedded broker,
-        whose high watermarks under-report)."""
+        """Per acks partition: messages not yet applied (high watermark minus the acker's
+        position; with transactional writers the count includes commit markers)."""
         lags: dict[int, int] = {}
         for a in status.acks:
             _, high = self._consumer.get_watermark_offsets(

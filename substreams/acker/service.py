@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from substreams.acker.agent import AckReport, Register, Unregister, decode_ack
 from substreams.acker.deadletter import (
@@ -61,10 +61,6 @@ from substreams.kafka.topics import ensure_topics
 
 CommandHandler = Callable[["AckerService"], list[tuple[str, bytes]]]
 
-STALL_S = 0.5
-"""Seconds without an acks message after which the acks consumer is checked for a stall."""
-FETCH_WAIT_MS = 10
-"""The acks consumer's ``fetch.wait.max.ms`` (see ``AckerService._check_stalled``)."""
 
 
 class AckerFencedError(PublisherFencedError):
@@ -110,10 +106,6 @@ class AckerService:
         self.dead_letters = 0
         self.duplicates = 0
         self.notifications = 0
-        self.rewinds = 0
-        self.consumer_restarts = 0
-        self._fetch_wait_ms = FETCH_WAIT_MS
-        self._last_progress = self._last_stall_check = 0.0
         self.started = False
         self.fenced = False
         self._writer: ControlWriter | None = None
@@ -155,59 +147,26 @@ class AckerService:
         for sub in self.segments:
             self.state.ensure(sub, every)
         self._out = DeadLetterWriter(self.config, self.bootstrap)
-        self._consumer = self._new_consumer()
+        self._consumer = client.consumer(self.bootstrap, self.config)
         for p in range(self.config.acker.acks_partitions):
-            if p not in self.state.acks_offsets:  # the start of the partition (low watermarks
-                # are exact on every broker; only the high one is not trusted)
-                low, _ = self._consumer.get_watermark_offsets(
-                    TopicPartition(self.acks_topic, p), timeout=10
-                )
+            low, _ = self._consumer.get_watermark_offsets(
+                TopicPartition(self.acks_topic, p), timeout=10
+            )
+            if p not in self.state.acks_offsets:  # never read: the partition's start
                 self.state.acks_offsets[p] = max(0, int(low))
+            elif self.state.acks_offsets[p] < low:
+                # Retention removed acks this acker never applied: the reports in them are
+                # gone, so an epoch they belonged to may never close (or, had both halves of
+                # a record's SND/RCV pair gone, close without it).  Not silently skipped.
+                raise SubstreamsError(
+                    f"acks topic '{self.acks_topic}' partition {p} starts at offset {low}, "
+                    f"past the acker's checkpointed position {self.state.acks_offsets[p]}: "
+                    "acks were deleted by retention before the acker read them; raise the "
+                    "acks topic's retention.ms"
+                )
         self._assign()
         self._last_write = float("-inf")
-        self._last_progress = self._last_stall_check = time.monotonic()
         self.started = True
-
-    def _new_consumer(self) -> Consumer:
-        return client.consumer(
-            self.bootstrap, self.config, **{"fetch.wait.max.ms": self._fetch_wait_ms}
-        )
-
-    def _check_stalled(self, applied: int) -> None:
-        """Replace the acks consumer when it stopped delivering what the partition holds.
-
-        Why: the embedded broker answers a fetch with nothing when it cannot read the log
-        within ``fetch.wait.max.ms``, even though the records are there (measured: 32
-        publishers sealing together, 1 ms wait, the acker stuck at one offset until the
-        next append ~15 s later; the seals were in the topic all along, and a 10 ms wait
-        read them).  After ``STALL_S`` without a message the high watermark is asked; it
-        can only under-report (it never claims records that are not there), so "high >
-        next expected offset" proves records are waiting: a new consumer with twice the
-        fetch wait (up to 500 ms) is assigned at the expected offsets."""
-        now = time.monotonic()
-        if applied:
-            self._last_progress = now
-            return
-        if now - self._last_progress < STALL_S or now - self._last_stall_check < STALL_S:
-            return
-        self._last_stall_check = now
-        assert self._consumer is not None
-        waiting = False
-        for p, expected in self.state.acks_offsets.items():
-            try:
-                _, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(self.acks_topic, p), timeout=1.0
-                )
-            except KafkaException:
-                return
-            waiting = waiting or int(high) > expected
-        if not waiting:
-            return
-        self.consumer_restarts += 1
-        self._fetch_wait_ms = min(2 * self._fetch_wait_ms, 500)
-        self._consumer.close()
-        self._consumer = self._new_consumer()
-        self._assign()
 
     def _assign(self) -> None:
         """Point the acks consumer at the next expected offset of every partition."""
@@ -288,21 +247,15 @@ class AckerService:
             self.start()
         now = _now_ms()
         applied = 0
-        rewound: set[int] = set()
         for msg in self._poll(timeout):
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise SubstreamsError(f"acks topic '{self.acks_topic}': {err}")
-            partition = msg.partition()
-            if partition in rewound or not self._contiguous(partition, msg.offset()):
-                rewound.add(partition)
-                continue
-            self.state.acks_offsets[partition] = msg.offset() + 1
+            self.state.acks_offsets[msg.partition()] = msg.offset() + 1
             self._apply(msg, now)
             applied += 1
-        self._check_stalled(applied)
         items = self._terminations(now)
         if items or time.monotonic() - self._last_write >= self._heartbeat_s:
             self._commit(items, now)
@@ -312,21 +265,6 @@ class AckerService:
             for topic, value in out:
                 self._out.produce(topic, value)
         return applied
-
-    def _contiguous(self, partition: int, offset: int) -> bool:
-        """The acks topic is written without transactions, so its offsets have no holes: an
-        offset past the next expected one means a record was skipped (the embedded broker
-        can expose a later append before an earlier concurrent one).  Then seek back to the
-        expected offset and read again; an offset below it is a re-delivery after such a
-        seek.  A partition never read starts at its low watermark (see :meth:`start`)."""
-        expected = self.state.acks_offsets[partition]
-        if offset == expected:
-            return True
-        if offset > expected:
-            self.rewinds += 1
-            assert self._consumer is not None
-            self._consumer.seek(TopicPartition(self.acks_topic, partition, expected))
-        return False
 
     def _apply(self, msg: Message, now: int) -> None:
         raw: bytes = msg.value() or b""

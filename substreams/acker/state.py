@@ -46,8 +46,8 @@ class SubstreamView:
 
 @dataclass(frozen=True)
 class AckerView:
-    """What ``substreams acker status`` shows.  ``acks_lag`` is filled by the caller (the
-    acker itself cannot trust the embedded broker's high watermarks)."""
+    """What ``substreams acker status`` shows.  ``acks_lag`` is filled by the caller, which
+    asks the broker for high watermarks (the acker answers from its state alone)."""
 
     name: str
     substreams: dict[str, SubstreamView]

@@ -113,21 +113,20 @@ def find_latest_snapshot(
 ) -> tuple[int, ControlRecord] | None:
     """The latest FrontierSnapshot of ``topic`` and its offset, or None.
 
-    A backwards search in growing windows from the (possibly under-reported) high watermark;
-    each window is read forwards to its end, so an under-reported watermark costs nothing
-    but a longer first window.
+    A backwards search in growing windows from the high watermark, each window read forwards
+    to its end, down to the log's start offset (past 0 once retention deleted old segments).
     """
     consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
     try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
         end: int | None = None
-        start = max(0, high - window)
+        start = max(low, high - window)
         while True:
             found = _scan(consumer, topic, start, end, timeout)
-            if found is not None or start == 0:
+            if found is not None or start <= low:
                 return found
             end, window = start, window * 4
-            start = max(0, start - window)
+            start = max(low, start - window)
     finally:
         consumer.close()
 

@@ -1,8 +1,8 @@
 """A consumer task of a punctuation substream: data partitions in, aligned events out.
 
-Why ``assign()`` and no consumer group: the embedded broker's group join is slow and its
-commits unreliable, and alignment needs to know exactly which partitions a task reads --
-a task knows only what its own partitions told it.  Several tasks may split the partitions
+Why ``assign()`` and no consumer group: alignment needs to know exactly which partitions a
+task reads -- a task knows only what its own partitions told it -- and a rebalance would move
+partitions (and their half-aligned punctuations) between tasks behind its back.  Several tasks may split the partitions
 between them; each aligns on its subset (the cost of punctuations grows with every task,
 which the ``PUNCTUATION_READ`` counter makes visible).
 """
@@ -73,7 +73,8 @@ class PunctuatedReader:
     @property
     def caught_up(self) -> bool:
         """Every partition reported its end since its last message (not high watermarks:
-        the embedded broker under-reports them)."""
+        ``read_committed`` stops at the last stable offset, below them while a transaction
+        is open)."""
         return self._at_eof >= set(self.partitions)
 
     def poll(self, timeout: float = 0.2, max_messages: int = 1000) -> list[Event]:

@@ -6,9 +6,10 @@ batch replayed after a crash covers exactly the same control records and data of
 therefore exactly the same rows.  Positions are "next offset to read": a batch (start, end]
 covers control offsets ``start.control <= o < end.control``.
 
-Why scan by consuming instead of asking for high watermarks: the embedded broker
-under-reports them (ARCHITECTURE.md); a position is only trusted once a record at the offset
-before it was actually read.
+Why scan by consuming instead of asking for high watermarks: control topics are written in
+transactions, so the high watermark counts commit markers and records of transactions still
+open, which a ``read_committed`` reader must not pass; a position is only trusted once the
+reader actually reached it (a record read, or end of partition at the last stable offset).
 """
 
 from __future__ import annotations

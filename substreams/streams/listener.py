@@ -1,9 +1,10 @@
 """Listeners: scan a stream from an index or an order key, behind or caught up (seed 004).
 
-Why partition EOF and not high watermarks decides "caught up": the embedded broker
-under-reports ListOffsets "latest", so a listener trusting watermarks would claim to be
-caught up while records are still unread.  A listener is *caught up* once every partition
-it reads has reported end-of-partition since its last record, and *behind* otherwise.
+Why partition EOF and not high watermarks decides "caught up": publishers write in
+transactions, and a ``read_committed`` reader stops at the last stable offset, below the high
+watermark while a transaction is open; end-of-partition is reported exactly there.  A listener
+is *caught up* once every partition it reads has reported end-of-partition since its last
+record, and *behind* otherwise.
 """
 
 from __future__ import annotations

@@ -44,7 +44,14 @@ def test_help_lists_commands_and_each_has_its_own_help() -> None:
         assert run(*path, "--help").returncode == 0
 
 
-def test_broker_start_status_stop(tmp_path: Path) -> None:
+def test_broker_start_status_stop_and_restart_keeps_topics(tmp_path: Path) -> None:
+    """The embedded Apache Kafka keeps its data on disk: a topic and its records outlive a
+    stop and a start (on the same address, which the config's `embedded` resolves to)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import NewTopic
+
+    from substreams.kafka import client
+
     env = {"SUBSTREAMS_HOME": str(tmp_path / "home")}
     try:
         started = run("broker", "start", env=env)
@@ -54,9 +61,25 @@ def test_broker_start_status_stop(tmp_path: Path) -> None:
         assert "already runs" in again.stdout
         status = run("broker", "status", env=env)
         assert status.returncode == 0 and "answering" in status.stdout
+        assert "node 1: 127.0.0.1:" in status.stdout
+        bootstrap = started.stdout.split("broker started on ")[1].split()[0]
+        admin = client.admin(bootstrap)
+        admin.create_topics([NewTopic("kept", 1, 1)])["kept"].result(30)
+        producer = client.producer(bootstrap)
+        producer.produce("kept", b"survives")
+        assert producer.flush(30) == 0
+        stopped = run("broker", "stop", env=env)
+        assert "stopped" in stopped.stdout and "data kept" in stopped.stdout
+        assert run("broker", "status", env=env).returncode == 1
+        restarted = run("broker", "start", env=env)
+        assert f"broker started on {bootstrap}" in restarted.stdout, restarted.stderr
+        consumer = client.consumer(bootstrap, **{"enable.partition.eof": True})
+        consumer.assign([TopicPartition("kept", 0, 0)])
+        msg = consumer.poll(30)
+        assert msg is not None and msg.error() is None and msg.value() == b"survives"
+        consumer.close()
     finally:
         stopped = run("broker", "stop", env=env)
-    assert "stopped" in stopped.stdout
     after = run("broker", "status", env=env)
     assert after.returncode == 1 and "no embedded broker is running" in after.stdout
     assert "no embedded broker is running" in run("broker", "stop", env=env).stdout
