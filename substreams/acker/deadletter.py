@@ -29,6 +29,7 @@ REASON_MALFORMED = "malformed"
 REASON_UNKNOWN_SUBSTREAM = "unknown_substream"
 REASON_UNREGISTERED = "unregistered_source"
 REASON_TERMINATED = "terminated_time"
+REASON_STALE = "stale_incarnation"
 
 # Service messages go out at once: latency matters more than batching here.
 _NO_LINGER: dict[str, Any] = {"linger.ms": 0}

@@ -38,13 +38,14 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from substreams.acker.agent import AckReport, Register, Unregister, decode_ack
 from substreams.acker.deadletter import (
     REASON_MALFORMED,
+    REASON_STALE,
     REASON_TERMINATED,
     REASON_UNKNOWN_SUBSTREAM,
     REASON_UNREGISTERED,
     DeadLetter,
     DeadLetterWriter,
 )
-from substreams.acker.state import AckerState, AckerView
+from substreams.acker.state import AckerState, AckerView, SourceSession
 from substreams.acker.table import Segment, SegmentTable, Violation, acker_segments
 from substreams.config import Config
 from substreams.control.io import ControlTail, ControlWriter, Corrupt
@@ -105,6 +106,7 @@ class AckerService:
         self.command_handler: CommandHandler | None = None
         self.dead_letters = 0
         self.duplicates = 0
+        self.stale = 0
         self.notifications = 0
         self.started = False
         self.fenced = False
@@ -275,32 +277,49 @@ class AckerService:
             return
         body = ack.body
         problems: list[tuple[str, str]] = []
-        if isinstance(body, Register):
-            for sub in body.substreams:
-                table = self.state.tables.get(sub)
-                if table is None:
-                    problems.append((REASON_UNKNOWN_SUBSTREAM, f"unknown substream '{sub}'"))
-                else:
-                    table.register(ack.source, body.role)
-            self.state.last_seq[ack.source] = ack.seq
+        session = self.state.sessions.get(ack.source)
+        if isinstance(body, Register) and (
+            session is None or session.incarnation != ack.incarnation
+        ):
+            # A new incarnation: everything the old one committed precedes this message in
+            # the partition (its transactions were fenced by ours), the rest never will.
+            self.state.sessions[ack.source] = SourceSession(ack.incarnation, ack.seq, now)
+            self._membership(ack.source, body, problems)
+        elif session is None or session.incarnation != ack.incarnation:
+            self.stale += 1
+            current = "none" if session is None else repr(session.incarnation)
+            problems.append(
+                (
+                    REASON_STALE,
+                    f"message of incarnation {ack.incarnation!r} of source '{ack.source}', "
+                    f"whose current incarnation is {current}",
+                )
+            )
+        elif ack.seq <= session.seq:
+            self.duplicates += 1
+            return
         else:
-            last = self.state.last_seq.get(ack.source)
-            if last is not None and ack.seq <= last:
-                self.duplicates += 1
-                return
-            self.state.last_seq[ack.source] = ack.seq
-            if isinstance(body, Unregister):
-                for sub in body.substreams:
-                    table = self.state.tables.get(sub)
-                    if table is None:
-                        problems.append((REASON_UNKNOWN_SUBSTREAM, f"unknown substream '{sub}'"))
-                    else:
-                        table.unregister(ack.source)
+            session.seq = ack.seq
+            session.last_seen_ms = now
+            if isinstance(body, Register | Unregister):  # joins more substreams / leaves
+                self._membership(ack.source, body, problems)
             elif isinstance(body, AckReport):
                 self._apply_report(ack.source, body, now, problems)
         if problems:
             detail = "; ".join(p[1] for p in problems)
             self._dead(msg, ack.source, problems[0][0], detail)
+
+    def _membership(
+        self, source: str, body: Register | Unregister, problems: list[tuple[str, str]]
+    ) -> None:
+        for sub in body.substreams:
+            table = self.state.tables.get(sub)
+            if table is None:
+                problems.append((REASON_UNKNOWN_SUBSTREAM, f"unknown substream '{sub}'"))
+            elif isinstance(body, Register):
+                table.register(source, body.role)
+            else:
+                table.unregister(source)
 
     def _table_for(
         self, source: str, sub: str, problems: list[tuple[str, str]]

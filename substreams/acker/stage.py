@@ -2,13 +2,12 @@
 
 Why the stage reports RCV(input) XOR SND(outputs) as one unit (``report_many``): the acker
 must never see the input received before its outputs were sent, or the XOR of the time
-could reach zero while outputs are still in flight.  The unit is held until the outputs'
-transaction commits, so it reaches the acker in one message per step.  Outputs keep the
-input record's times (the substream a record belongs to does not change along the
-pipeline), so the acker's
-table for that time covers the whole segment.  When the output stream is terminal in a
-segment (no stage reads it) the stage is the sink's writer: its delivery callbacks add
-RCV(output), the record count and the offsets, held until the output transaction commits.
+could reach zero while outputs are still in flight.  The unit is written inside the outputs'
+transaction (one acks message per step), so it becomes visible exactly with the outputs.
+Outputs keep the input record's times (the substream a record belongs to does not change
+along the pipeline), so the acker's table for that time covers the whole segment.  When the
+output stream is terminal in a segment (no stage reads it) the stage is the sink's writer:
+its delivery callbacks add RCV(output), the record count and the offsets, written with them.
 
 The stage registers with role STAGE: it never seals, and the acker does not wait for it to.
 A cycle (``input == output``) needs nothing special: the transform must stop emitting at
@@ -30,6 +29,7 @@ from typing import Any
 from confluent_kafka import KafkaError, TopicPartition
 
 from substreams.acker.agent import TrackingAgent
+from substreams.acker.hook import write_agent
 from substreams.acker.table import STAGE, acker_segments
 from substreams.config import Config, StageConfig
 from substreams.errors import SubstreamsError
@@ -42,8 +42,9 @@ from substreams.streams.records import Entry, SentRecord
 Transform = Callable[[Entry], Iterable[Mapping[str, Any]]]
 
 
-class _DeliveryHook:
-    """Terminal-stream RCVs of the stage's outputs, from the output's delivery callbacks."""
+class _StageHook:
+    """The stage's reports in its output transaction: terminal-stream RCVs of the outputs
+    from their delivery callbacks, and everything the agent aggregated before the commit."""
 
     wants_delivery = True
 
@@ -65,6 +66,9 @@ class _DeliveryHook:
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
         pass
 
+    def before_commit(self, publisher: Publisher) -> None:
+        write_agent(publisher, self.agent)
+
     def on_commit(self, publisher: Publisher) -> None:
         pass
 
@@ -72,7 +76,7 @@ class _DeliveryHook:
         pass
 
     def abort(self, publisher: Publisher) -> None:
-        pass
+        self.agent.discard()
 
 
 def stage_config(config: Config, name: str) -> StageConfig:
@@ -105,8 +109,6 @@ class Stage:
         segments = [s for s in acker_segments(config).values() if self.stage.input in s.streams]
         self.substreams = [s.substream for s in segments]
         terminal = [s.substream for s in segments if self.stage.output in s.terminal]
-        self.agent = TrackingAgent(config, self.source_id, bootstrap=self.bootstrap)
-        self.agent.register(self.substreams, STAGE)
         # batch_size: the stage commits its outputs itself, once per input batch.
         self.output = Publisher(
             config,
@@ -116,7 +118,10 @@ class Stage:
             hooks=False,
             batch_size=1 << 62,
         )
-        self.output.add_hook(_DeliveryHook(self.agent, terminal))
+        self.agent = TrackingAgent(config, self.source_id, self.output.incarnation)
+        self.agent.register(self.substreams, STAGE)
+        self.output.add_hook(_StageHook(self.agent, terminal))
+        self.output.commit()  # the Register, before any report
         self.out_partitions = self.output.partitions
         self.decoder = StreamDecoder(config, self.stage.input)
         self.consumer = client.consumer(self.bootstrap, config, **{"enable.partition.eof": True})
@@ -159,13 +164,11 @@ class Stage:
                 self.emitted += 1
                 reports.extend((s, t, rec.tracking_id) for s, t in tracked)
             reports.extend((s, t, entry.tracking_id) for s, t in tracked)
-            # Held until the outputs commit: RCV(input) then means "done with, outputs
+            # Written with the outputs' commit: RCV(input) then means "done with, outputs
             # durable", and a terminal output's SND meets its RCV inside the agent.
-            self.agent.report_many(reports, held=True)
+            self.agent.report_many(reports)
         if n:
-            self.output.flush()
-            self.agent.release_held()
-            self.agent.flush()
+            self.output.commit()
             self.processed += n
         return n
 
@@ -194,10 +197,8 @@ class Stage:
             return
         self._closed = True
         try:
-            self.output.close()
-            self.agent.release_held()
             self.agent.unregister(self.substreams)
-            self.agent.close()
+            self.output.close()
         finally:
             self.consumer.close()
 

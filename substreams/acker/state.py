@@ -22,7 +22,7 @@ from substreams.control.progress import ProgressTracker
 from substreams.errors import ProtocolError
 from substreams.frontier import Antichain, Time, UpperAntichain, time_from_wire, time_to_wire
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,35 @@ class AckerView:
 
 
 @dataclass
+class SourceSession:
+    """The current incarnation of a source id, as the acker knows it.
+
+    Invariant: ``incarnation`` is the incarnation of the latest Register the acker applied
+    for the source id; a message of any other incarnation is stale (its writer was fenced
+    by the newer one, or evicted) and is not applied.  ``seq`` is the latest applied
+    sequence number *of that incarnation* (a new incarnation starts its own count), and
+    ``last_seen_ms`` the acker's clock when its latest message was read (liveness)."""
+
+    incarnation: str
+    seq: int
+    last_seen_ms: int
+
+    def to_state(self) -> list[Any]:
+        return [self.incarnation, self.seq, self.last_seen_ms]
+
+    @classmethod
+    def from_state(cls, v: list[Any]) -> SourceSession:
+        return cls(str(v[0]), int(v[1]), int(v[2]))
+
+
+@dataclass
 class AckerState:
     """Tables, frontier trackers, de-duplication counters and acks offsets."""
 
     tables: dict[str, SegmentTable] = field(default_factory=dict)
     trackers: dict[str, ProgressTracker] = field(default_factory=dict)
     acks_offsets: dict[int, int] = field(default_factory=dict)
-    last_seq: dict[str, int] = field(default_factory=dict)
+    sessions: dict[str, SourceSession] = field(default_factory=dict)
     last_notification: dict[str, tuple[Time, int] | None] = field(default_factory=dict)
     checkpoints: int = 0
 
@@ -94,7 +116,7 @@ class AckerState:
             "checkpoints": self.checkpoints,
             "tables": {s: t.to_state() for s, t in self.tables.items()},
             "trackers": {s: t.to_state() for s, t in self.trackers.items()},
-            "last_seq": self.last_seq,
+            "sessions": {k: v.to_state() for k, v in self.sessions.items()},
             "last_notification": {
                 s: None if v is None else [time_to_wire(v[0]), v[1]]
                 for s, v in self.last_notification.items()
@@ -118,7 +140,7 @@ class AckerState:
             state.tables[sub] = SegmentTable.from_state(sub, t)
         for sub, t in doc["trackers"].items():
             state.trackers[sub] = ProgressTracker.from_state(sub, t, snapshot_every)
-        state.last_seq = {k: int(v) for k, v in doc["last_seq"].items()}
+        state.sessions = {k: SourceSession.from_state(v) for k, v in doc["sessions"].items()}
         state.last_notification = {
             s: None if v is None else (time_from_wire(v[0]), int(v[1]))
             for s, v in doc["last_notification"].items()

@@ -58,6 +58,9 @@ class PunctuationHook:
         self._check(substream)
         self._write_all(publisher, "SEAL", substream, time)
 
+    def before_commit(self, publisher: Publisher) -> None:
+        """Nothing to add to the transaction."""
+
     def on_commit(self, publisher: Publisher) -> None:
         """Nothing to announce: punctuations travel in-band."""
 

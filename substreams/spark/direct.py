@@ -63,6 +63,9 @@ class DirectProgress:
         records written before the seal are committed (:meth:`on_commit`)."""
         self._sealed.append((substream, time))
 
+    def before_commit(self, publisher: Publisher) -> None:
+        """Nothing to add to the transaction."""
+
     def on_commit(self, publisher: Publisher) -> None:
         sealed, self._sealed = self._sealed, []
         for substream, time in sealed:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+import uuid
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -45,10 +46,13 @@ def transactional_id(stream: str, source_id: str) -> str:
 class PublishHook(Protocol):
     """A substream mechanism riding along a publisher (punctuations or acker tracking).
 
-    ``on_delivered`` runs from the delivery callback *during* a commit (the record is not
+    ``on_delivered`` runs from the delivery callback before the commit (the record is not
     visible yet); ``seal`` runs inside the open transaction, before the commit that makes the
-    seal effective (in-band punctuations are written there); ``on_commit`` runs after every
-    commit (out-of-band mechanisms announce what just became visible); ``abort`` runs when
+    seal effective (in-band punctuations are written there); ``before_commit`` runs last
+    inside every transaction, after every delivery callback of its records, and may write
+    into it (:meth:`Publisher.produce_aside`: the acker's reports travel with the records they
+    cover); ``on_commit`` runs after every commit (out-of-band mechanisms announce what just
+    became visible); ``abort`` runs when
     the publisher drops its open transaction and is released: the hook forgets what that
     transaction held and lets go of its resources, announcing nothing (a source that
     aborted has not sealed; its open times stay open, as after a crash).
@@ -63,6 +67,8 @@ class PublishHook(Protocol):
     def on_delivered(self, record: SentRecord, offset: int) -> None: ...
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None: ...
+
+    def before_commit(self, publisher: Publisher) -> None: ...
 
     def on_commit(self, publisher: Publisher) -> None: ...
 
@@ -115,6 +121,8 @@ class Publisher:
         self._encoder = EnvelopeEncoder(self.stream_config.schema, source_id)
         self._headers = self.codec.headers()
         self.partitions = self.stream_config.partitions
+        self.incarnation = uuid.uuid4().hex[:16]
+        """This start of the source id: fences every earlier one (see the acker's agent)."""
         self._key = (self.bootstrap, stream, source_id)
         with _ACQUIRED_LOCK:
             if self._key in _ACQUIRED:
@@ -148,6 +156,10 @@ class Publisher:
         self._delivery_hooks: list[PublishHook] = []
         if hooks:
             self._install_hooks()
+        if self._hook_list:
+            # The hooks' registrations, committed before any record: a source counts from
+            # the moment the acker reads its Register.
+            self.commit()
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -313,15 +325,25 @@ class Publisher:
         self._pending += 1
 
     def produce_aside(
-        self, topic: str, value: bytes, *, key: bytes | None = None, partition: int = 0
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        partition: int = 0,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         """Write ``value`` to another topic inside the open transaction, so that it becomes
         visible exactly when (and only if) this publisher's records do — e.g. an exactly-once
-        sink's batch marker."""
+        sink's batch marker, or the acker's reports."""
         self._begin()
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, partition=partition)
+                self._guard(
+                    lambda: self._producer.produce(
+                        topic, value=value, key=key, partition=partition, headers=headers
+                    )
+                )
                 return
             except BufferError:
                 self._producer.poll(0.05)
@@ -332,11 +354,27 @@ class Publisher:
     def flush(self) -> None:
         """Commit the open transaction: its records become visible to readers at once."""
         if self._in_txn:
+            if self._delivery_hooks:
+                # Every delivery callback (offsets) before the hooks' last word.
+                left = self._guard(self._producer.flush, 30)
+                if left:
+                    raise SubstreamsError(
+                        f"stream '{self.stream}', source '{self.source_id}': {left} records "
+                        "not delivered within 30 s; the transaction is not committed"
+                    )
+            for hook in self._hook_list:
+                hook.before_commit(self)
             self._guard(self._producer.commit_transaction, 30)
             self._in_txn = False
             self._pending = 0
             for hook in self._hook_list:
                 hook.on_commit(self)
+
+    def commit(self) -> None:
+        """Commit now, even with no record pending: the hooks' messages (registrations,
+        seals, heartbeats) are written in a transaction of their own."""
+        self._begin()
+        self.flush()
 
     def seal(self, substream: str, time: Time, *, commit: bool = True) -> None:
         """Promise that this source writes no more records at times <= ``time`` of
@@ -365,12 +403,17 @@ class Publisher:
         }
 
     def close(self) -> None:
+        """Commit what is pending and leave: the hooks' last words (an Unregister) go into
+        the final transaction, so a fenced publisher's close raises and writes nothing."""
         if self._closed:
             return
         try:
-            self.flush()
             for hook in self._hook_list:
                 hook.close(self)
+            if self._hook_list:
+                self.commit()
+            else:
+                self.flush()
             self._producer.flush(10)
         finally:
             self._closed = True
