@@ -3,9 +3,10 @@
 Why explicit ``assign()`` everywhere and no consumer groups: every reader of ours keeps its
 positions in its own state, written atomically with what it produced (the acker's checkpoint,
 Spark's offset log, a subscriber's control position), so a group's committed offsets would be
-a second, disagreeing truth, and a rebalance would move partitions behind the reader's back.  Why ``read_committed``: publishers write in
-transactions (that is how a second publisher gets fenced), and readers must never see an
-aborted write.
+a second, disagreeing truth, and a rebalance would move partitions behind the reader's back.
+
+Why ``read_committed``: publishers write in transactions (that is how a second publisher gets
+fenced), and readers must never see an aborted write.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Why ``assign()`` and no consumer group: alignment needs to know exactly which partitions a
 task reads -- a task knows only what its own partitions told it -- and a rebalance would move
-partitions (and their half-aligned punctuations) between tasks behind its back.  Several tasks may split the partitions
-between them; each aligns on its subset (the cost of punctuations grows with every task,
-which the ``PUNCTUATION_READ`` counter makes visible).
+partitions (and their half-aligned punctuations) between tasks behind its back.
+Several tasks may split the partitions between them; each aligns on its subset (the cost of
+punctuations grows with every task, which the ``PUNCTUATION_READ`` counter makes visible).
 """
 
 from __future__ import annotations

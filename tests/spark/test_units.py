@@ -148,11 +148,15 @@ def test_compose_file_describes_the_replicated_cluster() -> None:
     services = compose["services"]
     brokers = [s for s in services if s.startswith("kafka")]
     assert len(brokers) == 3
+    from substreams.kafka.embedded import cluster_settings
+
+    shared = cluster_settings(3)  # substreams/kafka/cluster.env, the compose file's env_file
+    assert shared["process.roles"] == "broker,controller"  # KRaft, no ZooKeeper
+    assert shared["default.replication.factor"] == "3"
+    assert shared["min.insync.replicas"] == "2"
     for name in brokers:
-        env = services[name]["environment"]
-        assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
-        assert env["KAFKA_DEFAULT_REPLICATION_FACTOR"] == 3
-        assert env["KAFKA_MIN_INSYNC_REPLICAS"] == 2
+        assert services[name]["env_file"] == "substreams/kafka/cluster.env"
+        assert services[name]["environment"]["KAFKA_NODE_ID"] in (1, 2, 3)
     assert {"acker", "acker-standby", "producer", "spark-master", "spark-worker"} <= set(services)
     assert "--standby" in services["acker-standby"]["command"]
     from substreams.config import load_config
