@@ -285,14 +285,15 @@ class AckerService:
             # the partition (its transactions were fenced by ours), the rest never will.
             self.state.sessions[ack.source] = SourceSession(ack.incarnation, ack.seq, now)
             self._membership(ack.source, body, problems)
-        elif session is None or session.incarnation != ack.incarnation:
+        elif session is None:
+            problems.append((REASON_UNREGISTERED, f"source '{ack.source}' is not registered"))
+        elif session.incarnation != ack.incarnation:
             self.stale += 1
-            current = "none" if session is None else repr(session.incarnation)
             problems.append(
                 (
                     REASON_STALE,
                     f"message of incarnation {ack.incarnation!r} of source '{ack.source}', "
-                    f"whose current incarnation is {current}",
+                    f"whose current incarnation is {session.incarnation!r}",
                 )
             )
         elif ack.seq <= session.seq:

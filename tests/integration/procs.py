@@ -1,0 +1,93 @@
+"""Publisher processes for the crash and hand-over tests (run with ``python -m``).
+
+``epochs CONFIG STREAM SUBSTREAM SOURCE PARTITION EPOCHS SEED``: publish 1-3 records per epoch
+into PARTITION and seal each epoch, committing at random points; a restart (same source id:
+a new incarnation) first finds the highest epoch its source committed a record in, seals it,
+and goes on after it -- what a real producer that recovers its position from the stream does.
+At least one record per epoch: a seal is committed with or after its epoch's records, so the
+highest committed record bounds every committed seal (an epoch sealed with no record would be
+invisible to this recovery, and its restart would write into a sealed epoch).
+One partition per source: a ``read_committed`` reader stops at the first open transaction of
+a partition, so another source's open transaction would hide this one's later commits.
+
+``serve CONFIG STREAM SOURCE``: a publisher driven by JSON lines on stdin
+(``["publish", url, ts]``, ``["flush"]``, ``["seal", substream, t]``, ``["close"]``), one answer
+line per command: ``ok`` or ``error <ExceptionClass>: <message>``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+
+from substreams.config import load_config
+from substreams.streams.listener import Listener
+from substreams.streams.publisher import Publisher
+from substreams.streams.records import Entry
+
+
+def committed_max(config_path: str, stream: str, source: str, partition: int) -> int:
+    """The highest ``ts`` of a committed record of ``source`` (-1 if none)."""
+    config = load_config(config_path)
+    best = -1
+    with Listener(config, stream, partitions=[partition]) as listener:
+        for e in listener.entries(idle_timeout=0.3):
+            if isinstance(e, Entry) and e.source == source:
+                best = max(best, int(e.payload["ts"]))
+    return best
+
+
+def epochs(
+    path: str, stream: str, substream: str, source: str, partition: int, n: int, seed: int
+) -> None:
+    config = load_config(path)
+    rng = random.Random(seed)
+    with Publisher(config, stream, source, batch_size=rng.randint(1, 4)) as pub:
+        # The Publisher's start fenced the previous incarnation (its open transaction is
+        # aborted), so what the stream holds now is exactly what was committed.
+        start = committed_max(path, stream, source, partition) + 1
+        if start > 0:
+            pub.seal(substream, start - 1)
+        print(f"start {start}", flush=True)
+        for e in range(start, n):
+            for k in range(rng.randint(1, 3)):
+                payload = {"user": source, "url": f"/{e}/{seed}/{k}", "ts": e}
+                pub.publish(payload, partition=partition)
+                if rng.random() < 0.3:
+                    pub.flush()
+                    print("committed", flush=True)
+            commit = rng.random() < 0.7
+            pub.seal(substream, e, commit=commit)
+            print("committed" if commit else f"sealed {e}", flush=True)
+            time.sleep(rng.uniform(0, 0.03))
+    print("done", flush=True)
+
+
+def serve(path: str, stream: str, source: str) -> None:
+    config = load_config(path)
+    pub = Publisher(config, stream, source)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            if cmd[0] == "publish":
+                pub.publish({"user": source, "url": cmd[1], "ts": int(cmd[2])})
+            elif cmd[0] == "flush":
+                pub.flush()
+            elif cmd[0] == "seal":
+                pub.seal(cmd[1], int(cmd[2]))
+            elif cmd[0] == "close":
+                pub.close()
+            print("ok", flush=True)
+        except Exception as exc:
+            print(f"error {type(exc).__name__}: {exc}", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "epochs":
+        a = sys.argv[2:]
+        epochs(a[0], a[1], a[2], a[3], int(a[4]), int(a[5]), int(a[6]))
+    else:
+        serve(*sys.argv[2:5])
