@@ -154,8 +154,15 @@ def fetch_artifact(coords: str, progress: Progress = stderr_progress) -> None:
     if (local / f"{artifact}-{version}.jar").exists():
         return
     with tempfile.TemporaryDirectory(prefix="substreams-mvn-") as tmp:
+        # The plugin version is pinned: Maven 3.8's default maven-dependency-plugin (2.8)
+        # also resolves the artifact's test-scoped dependencies (for Spark's Kafka
+        # connector: Kafka, ZooKeeper, Mockito, test jars that are not served -> failure).
         _run_mvn(
-            ["dependency:get", f"-Dartifact={coords}", "-Dtransitive=true"],
+            [
+                "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:get",
+                f"-Dartifact={coords}",
+                "-Dtransitive=true",
+            ],
             Path(tmp),
             coords,
             progress,

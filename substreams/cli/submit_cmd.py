@@ -48,8 +48,16 @@ def package_zip(directory: Path) -> Path:
 
 
 def build_command(
-    job: Path, master: str, conf: Sequence[str], job_args: Sequence[str], py_files: Path | None
+    job: Path,
+    master: str,
+    conf: Sequence[str],
+    job_args: Sequence[str],
+    py_files: Path | None,
+    packages: Sequence[str] = (),
 ) -> list[str]:
+    """The spark-submit command line.  ``packages`` (``group:artifact:version``) go to
+    ``--packages``, merged with a ``--conf spark.jars.packages=...`` of the user's (which
+    spark-submit would otherwise ignore in favour of ``--packages``)."""
     cmd = [str(spark_submit_path()), "--master", master, "--name", job.stem]
     settings = dict(DEFAULT_CONF)
     for item in conf:
@@ -57,6 +65,10 @@ def build_command(
             raise SubstreamsError(f"--conf expects KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
         settings[key] = value
+    if packages:
+        from substreams.spark.connector import PACKAGES, merge_packages
+
+        cmd += ["--packages", merge_packages(settings.pop(PACKAGES, None), *packages)]
     for key, value in settings.items():
         cmd += ["--conf", f"{key}={value}"]
     if py_files is not None:
@@ -68,6 +80,12 @@ def build_command(
 @config_option
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark settings.")
+@click.option(
+    "--kafka-connector",
+    is_flag=True,
+    help='Add Spark\'s own Kafka connector (format("kafka")) to --packages, fetched into '
+    "~/.m2 with Maven first (needs `mvn`).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the spark-submit command, do not run it.")
 @click.argument("job", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
@@ -75,6 +93,7 @@ def command(
     config_path: str,
     master: str,
     conf: tuple[str, ...],
+    kafka_connector: bool,
     dry_run: bool,
     job: Path,
     job_args: tuple[str, ...],
@@ -85,9 +104,15 @@ def command(
     env[ENV_CONFIG] = str(config.path)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    packages: list[str] = []
+    if kafka_connector:
+        from substreams.spark.connector import ensure_kafka_connector
+
+        # In ~/.m2 before spark-submit starts: its Ivy resolution looks there first.
+        packages.append(ensure_kafka_connector(lambda line: click.echo(line, err=True)))
     with tempfile.TemporaryDirectory(prefix="substreams-submit-") as tmp:
         zipped = None if master.startswith("local") else package_zip(Path(tmp))
-        cmd = build_command(job.resolve(), master, conf, job_args, zipped)
+        cmd = build_command(job.resolve(), master, conf, job_args, zipped, packages)
         if dry_run:
             click.echo(" ".join(cmd))
             return

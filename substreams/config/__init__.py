@@ -12,6 +12,7 @@ from substreams.config.model import (
     StageConfig,
     StreamConfig,
     SubstreamConfig,
+    TopicSpec,
 )
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "StageConfig",
     "StreamConfig",
     "SubstreamConfig",
+    "TopicSpec",
     "load_config",
     "load_config_text",
 ]

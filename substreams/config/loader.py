@@ -25,6 +25,10 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from substreams.config.model import (
     EMBEDDED,
+    KEEP,
+    MAX_AUTO_REPLICATION,
+    MIN_CHECKPOINT_RETENTION_BYTES,
+    MINUTE_MS,
     AckerConfig,
     Bound,
     ClientValue,
@@ -49,8 +53,14 @@ _HOST_PORT_RE: Final = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9
 _MAX_TOPIC_LEN: Final = 249  # Kafka's limit
 
 _TOP_KEYS: Final = ("kafka", "streams", "substreams", "stages", "acker")
-_KAFKA_KEYS: Final = ("bootstrap", "replication_factor", "client")
-_STREAM_KEYS: Final = ("name", "schema", "partitions", "order_key")
+_KAFKA_KEYS: Final = (
+    "bootstrap",
+    "replication_factor",
+    "min_insync_replicas",
+    "data_retention_ms",
+    "client",
+)
+_STREAM_KEYS: Final = ("name", "schema", "partitions", "order_key", "retention_ms")
 _SUBSTREAM_KEYS: Final = (
     "name",
     "stream",
@@ -77,6 +87,10 @@ _ACKER_KEYS: Final = (
     "heartbeat_ms",
     "standby_timeout_ms",
     "snapshot_every",
+    "acks_retention_ms",
+    "response_retention_ms",
+    "dead_letter_retention_ms",
+    "checkpoint_retention_bytes",
 )
 _ACKER_TOPIC_KEYS: Final = ("acks_topic", "command_topic", "response_topic", "dead_letter_topic")
 _ACKER_INT_KEYS: Final = (
@@ -86,6 +100,11 @@ _ACKER_INT_KEYS: Final = (
     "heartbeat_ms",
     "standby_timeout_ms",
     "snapshot_every",
+)
+_ACKER_RETENTION_KEYS: Final = (
+    "acks_retention_ms",
+    "response_retention_ms",
+    "dead_letter_retention_ms",
 )
 
 _KINDS: Final[tuple[Kind, ...]] = ("epoch", "tumbling", "session", "per_key")
@@ -261,6 +280,19 @@ class _Ctx:
 
         return convert
 
+    def retention_ms(self, node: Node, key: str) -> int:
+        """A topic's retention.ms: -1 (keep forever) or at least a minute."""
+        value = self.integer(KEEP)(node, key)
+        if value != KEEP and value < MINUTE_MS:
+            raise self.error(
+                node,
+                key,
+                f"{value} is out of range; must be {KEEP} (keep forever) or >= {MINUTE_MS}"
+                " (one minute, in ms)",
+                value=value,
+            )
+        return value
+
     def boolean(self, node: Node, key: str) -> bool:
         value = self.construct(node, key)
         if not isinstance(value, bool):
@@ -430,8 +462,9 @@ def _build(ctx: _Ctx, root: Node | None, path: Path) -> Config:
             value=value,
         )
     top = _Section(ctx, root, "", _TOP_KEYS)
-    kafka = _kafka(ctx, top.section("kafka", _KAFKA_KEYS))
-    streams, topic_origins = _streams(ctx, top)
+    kafka_section = top.section("kafka", _KAFKA_KEYS)
+    kafka = _kafka(ctx, kafka_section)
+    streams, topic_origins, retention_nodes = _streams(ctx, top)
     by_name = {s.name: s for s in streams}
     substreams, control_origins = _substreams(ctx, top, by_name)
     stages = _stages(ctx, top, by_name)
@@ -446,6 +479,7 @@ def _build(ctx: _Ctx, root: Node | None, path: Path) -> Config:
         acker=acker,
     )
     _check_topics(ctx, config, topic_origins, control_origins, acker_section, top)
+    _check_dead_letter_retention(ctx, config, retention_nodes, kafka_section, acker_section, top)
     return config
 
 
@@ -455,6 +489,24 @@ def _kafka(ctx: _Ctx, sec: _Section | None) -> KafkaConfig:
     defaults = KafkaConfig()
     bootstrap = sec.get("bootstrap", _bootstrap(ctx), defaults.bootstrap)
     replication = sec.get("replication_factor", ctx.integer(1), defaults.replication_factor)
+    min_insync = sec.get("min_insync_replicas", ctx.integer(1), defaults.min_insync_replicas)
+    if min_insync is not None:
+        limit = MAX_AUTO_REPLICATION if replication is None else replication
+        if min_insync > limit:
+            what = (
+                f"kafka.replication_factor ({replication}): no write could ever be acknowledged"
+                if replication is not None
+                else "the automatic replication factor can be (min("
+                f"{MAX_AUTO_REPLICATION}, brokers in the cluster)); set kafka.replication_factor"
+            )
+            raise ctx.error(
+                sec.value_node("min_insync_replicas"),
+                sec.key_path("min_insync_replicas"),
+                f"{min_insync} is more than {what}",
+                value=min_insync,
+                allowed=f"1..{limit}",
+            )
+    retention = sec.get("data_retention_ms", ctx.retention_ms, defaults.data_retention_ms)
     client: dict[str, ClientValue] = {}
     client_sec = sec.section("client", None)
     if client_sec is not None:
@@ -469,7 +521,13 @@ def _kafka(ctx: _Ctx, sec: _Section | None) -> KafkaConfig:
                     value=value,
                 )
             client[key] = value
-    return KafkaConfig(bootstrap, replication, MappingProxyType(client))
+    return KafkaConfig(
+        bootstrap,
+        replication,
+        MappingProxyType(client),
+        min_insync_replicas=min_insync,
+        data_retention_ms=retention,
+    )
 
 
 def _bootstrap(ctx: _Ctx) -> Callable[[Node, str], str]:
@@ -509,13 +567,16 @@ def _unique(ctx: _Ctx, sec: _Section, what: str, name: str, seen: dict[str, Node
     seen[name] = node
 
 
-def _streams(ctx: _Ctx, top: _Section) -> tuple[list[StreamConfig], list[_Origin]]:
+def _streams(
+    ctx: _Ctx, top: _Section
+) -> tuple[list[StreamConfig], list[_Origin], dict[str, _Origin]]:
     node = top.require("streams")
     items = ctx.sequence(node, "streams")
     if not items:
         raise ctx.error(node, "streams", "at least one stream is required", value=[])
     streams: list[StreamConfig] = []
     origins: list[_Origin] = []
+    retention_origins: dict[str, _Origin] = {}
     seen: dict[str, Node] = {}
     for i, item in enumerate(items):
         sec = _Section(ctx, item, f"streams[{i}]", _STREAM_KEYS)
@@ -532,8 +593,11 @@ def _streams(ctx: _Ctx, top: _Section) -> tuple[list[StreamConfig], list[_Origin
             ctx, order_node, sec.key_path("order_key"), name, schema, order_key, "order key",
             _INT_TYPES,
         )  # fmt: skip
-        streams.append(StreamConfig(name, schema_path, schema, partitions, order_key))
-    return streams, origins
+        retention = sec.get("retention_ms", ctx.retention_ms, None)
+        if retention is not None:
+            retention_origins[name] = (sec.key_path("retention_ms"), sec.value_node("retention_ms"))
+        streams.append(StreamConfig(name, schema_path, schema, partitions, order_key, retention))
+    return streams, origins, retention_origins
 
 
 def _load_schema(ctx: _Ctx, node: Node, key: str) -> tuple[Path, dict[str, Any]]:
@@ -761,6 +825,13 @@ def _acker(ctx: _Ctx, sec: _Section | None) -> AckerConfig:
         values[key] = sec.get(key, ctx.topic, getattr(defaults, key))
     for key in _ACKER_INT_KEYS:
         values[key] = sec.get(key, ctx.integer(1), getattr(defaults, key))
+    for key in _ACKER_RETENTION_KEYS:
+        values[key] = sec.get(key, ctx.retention_ms, getattr(defaults, key))
+    values["checkpoint_retention_bytes"] = sec.get(
+        "checkpoint_retention_bytes",
+        ctx.integer(MIN_CHECKPOINT_RETENTION_BYTES),
+        defaults.checkpoint_retention_bytes,
+    )
     acker = AckerConfig(**values)
     if acker.standby_timeout_ms <= acker.heartbeat_ms:
         # Blame the key the user wrote; if both are written, the timeout.
@@ -815,3 +886,49 @@ def _check_topics(
                 value=topic,
             )
         seen[topic] = (key, node)
+
+
+def _check_dead_letter_retention(
+    ctx: _Ctx,
+    config: Config,
+    stream_retention: dict[str, _Origin],
+    kafka_sec: _Section | None,
+    acker_sec: _Section | None,
+    top: _Section,
+) -> None:
+    """The punctuation service re-reads its data topics from their start on every start-up and
+    reads the dead-letter topic back so as not to report a late record twice: its dead
+    letters must outlive the data they point at."""
+    punctuated = {s.stream for s in config.substreams if s.mechanism == "punctuations"}
+    dlq = config.acker.dead_letter_retention_ms
+    for stream in config.streams:
+        data = config.retention_of(stream)
+        if stream.name not in punctuated or _outlives(dlq, data):
+            continue
+        dlq_node = acker_sec.value_node("dead_letter_retention_ms") if acker_sec else None
+        key: str
+        node: Node | None
+        if dlq_node is not None:
+            key, node = "acker.dead_letter_retention_ms", dlq_node
+        elif stream.name in stream_retention:
+            key, node = stream_retention[stream.name]
+        else:
+            node = kafka_sec.value_node("data_retention_ms") if kafka_sec else None
+            key = "kafka.data_retention_ms"
+        shown = "-1 (forever)" if data == KEEP else str(data)
+        raise ctx.error(
+            node if node is not None else top.node,
+            key,
+            f"acker.dead_letter_retention_ms ({dlq}) is shorter than the retention of stream"
+            f" {stream.name!r} ({shown}), which has a punctuation substream: after a restart"
+            " the punctuation service would report its late records to the dead-letter"
+            " topic a second time; make the dead-letter retention at least as long",
+            value=config.acker.dead_letter_retention_ms if dlq_node is not None else data,
+        )
+
+
+def _outlives(retention: int, other: int) -> bool:
+    """Does a retention of ``retention`` keep records at least as long as ``other``?"""
+    if retention == KEEP:
+        return True
+    return other != KEEP and retention >= other

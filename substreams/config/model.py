@@ -26,6 +26,23 @@ ClientValue = str | int | float | bool
 EMBEDDED: str = "embedded"
 """``kafka.bootstrap`` value meaning the broker started by ``substreams broker start``."""
 
+TopicKind = Literal[
+    "data", "control", "checkpoint", "acks", "command", "response", "dead_letter", "other"
+]
+"""What a topic holds, which decides how it is kept (docs/design.md, "Topic settings").
+``other``: a topic a caller names without a kind (``ensure_topics`` with a plain tuple)."""
+
+KEEP: int = -1
+"""``retention.ms`` / ``retention.bytes`` value meaning "never delete"."""
+MINUTE_MS: int = 60_000
+DAY_MS: int = 24 * 3_600_000
+MIB: int = 1 << 20
+MAX_AUTO_REPLICATION: int = 3
+"""The automatic replication factor is min(this, brokers in the cluster)."""
+MIN_CHECKPOINT_RETENTION_BYTES: int = 16 * MIB
+"""A quarter of it is the checkpoint topic's segment size: 4 MiB, above the largest record a
+producer sends with default settings (1 MB), so the retained tail holds whole checkpoints."""
+
 
 def _empty_client() -> Mapping[str, ClientValue]:
     return MappingProxyType({})
@@ -36,14 +53,31 @@ class KafkaConfig:
     """Where the broker is and how topics are created."""
 
     bootstrap: str = EMBEDDED
-    replication_factor: int = 1
+    replication_factor: int | None = None
+    """None: automatic, min(3, brokers in the cluster) when a topic is created."""
     client: Mapping[str, ClientValue] = dataclasses.field(default_factory=_empty_client)
     """Extra librdkafka settings, passed through untouched (read-only mapping)."""
+    min_insync_replicas: int | None = None
+    """None: 2 when the replication factor is >= 3, else 1 (:func:`default_min_insync`)."""
+    data_retention_ms: int = 7 * DAY_MS
+    """Retention of data topics (-1: keep forever); ``streams[].retention_ms`` overrides it."""
 
     @property
     def embedded(self) -> bool:
         """True when the embedded broker (``substreams broker start``) is meant."""
         return self.bootstrap == EMBEDDED
+
+
+def auto_replication(brokers: int) -> int:
+    """The automatic replication factor: min(3, brokers), at least 1."""
+    return max(1, min(MAX_AUTO_REPLICATION, brokers))
+
+
+def default_min_insync(replication_factor: int) -> int:
+    """2 when there are >= 3 replicas (an acknowledged write is on two brokers, and one
+    broker may be down without stopping writes), else 1 (with 2 replicas, 2 would stop every
+    write while either broker is down)."""
+    return 2 if replication_factor >= 3 else 1
 
 
 @dataclass(frozen=True)
@@ -58,6 +92,8 @@ class StreamConfig:
     partitions: int
     order_key: str
     """An int/long field, non-decreasing per partition: what firm bounds are built on."""
+    retention_ms: int | None = None
+    """The data topic's retention.ms (-1: forever); None: ``kafka.data_retention_ms``."""
 
     def parsed_schema(self) -> Any:
         """The fastavro-parsed schema (a fresh copy: fastavro may annotate its input)."""
@@ -125,6 +161,16 @@ class AckerConfig:
     """A standby takes over after this long without a heartbeat (> heartbeat_ms)."""
     snapshot_every: int = 100
     """Write a frontier snapshot every N notifications (bounds recovery replay)."""
+    acks_retention_ms: int = 7 * DAY_MS
+    """The acks topic's retention.ms: how long the acker may be down (it resumes from the
+    acks offsets of its last checkpoint, and refuses to start if retention passed them)."""
+    response_retention_ms: int = DAY_MS
+    """The response topic's retention.ms (a client reads only what follows its Hello)."""
+    dead_letter_retention_ms: int = 30 * DAY_MS
+    """The dead-letter topic's retention.ms (-1: forever)."""
+    checkpoint_retention_bytes: int = 64 * MIB
+    """Size retention of each acker's checkpoint topic.  Never a time retention: recovery
+    needs the latest checkpoint however long the acker was down."""
 
     def control_topic(self, substream: str) -> str:
         """The control topic (punctuations, notifications) of substream ``substream``."""
@@ -165,18 +211,51 @@ class Config:
         """The substreams defined over ``stream`` (possibly none), in file order."""
         return tuple(s for s in self.substreams if s.stream == stream)
 
-    def topics(self) -> list[tuple[str, int]]:
-        """Every topic this config needs, with its partition count, for ``topics create``."""
-        out = [(s.name, s.partitions) for s in self.streams]
-        out += [(self.acker.control_topic(s.name), 1) for s in self.substreams]
-        out.append((self.acker.checkpoint_topic(), 1))
-        out.append((self.acker.acks_topic, self.acker.acks_partitions))
+    def topics(self) -> list[TopicSpec]:
+        """Every topic this config needs, for ``topics create`` and ``ensure_topics``.
+
+        Each is a ``(name, partitions)`` tuple (callers that unpack or compare pairs keep
+        working) that also carries its kind and topic-level settings (:class:`TopicSpec`)."""
+        a = self.acker
+        out = [self._spec(s.name, s.partitions, "data", self.retention_of(s)) for s in self.streams]
+        out += [self._spec(a.control_topic(s.name), 1, "control") for s in self.substreams]
+        out.append(self._spec(a.checkpoint_topic(), 1, "checkpoint"))
+        out.append(self._spec(a.acks_topic, a.acks_partitions, "acks", a.acks_retention_ms))
         out += [
-            (self.acker.command_topic, 1),
-            (self.acker.response_topic, 1),
-            (self.acker.dead_letter_topic, 1),
+            self._spec(a.command_topic, 1, "command"),
+            self._spec(a.response_topic, 1, "response", a.response_retention_ms),
+            self._spec(a.dead_letter_topic, 1, "dead_letter", a.dead_letter_retention_ms),
         ]
         return out
+
+    def topic_spec(self, topic: str) -> TopicSpec:
+        """The spec of one topic of :meth:`topics`, or of the checkpoint topic of an acker of
+        any name (``<control prefix>__acker.<name>``); a :class:`ConfigError` if neither."""
+        specs = self.topics()
+        for spec in specs:
+            if spec.name == topic:
+                return spec
+        if topic.startswith(f"{self.acker.control_topic_prefix}__acker."):
+            return self._spec(topic, 1, "checkpoint")
+        raise self._unknown("topics", "topic", topic, [s.name for s in specs])
+
+    def retention_of(self, stream: StreamConfig) -> int:
+        """The data topic's retention.ms: the stream's own, else ``kafka.data_retention_ms``."""
+        if stream.retention_ms is not None:
+            return stream.retention_ms
+        return self.kafka.data_retention_ms
+
+    def _spec(
+        self, name: str, partitions: int, kind: TopicKind, retention_ms: int = KEEP
+    ) -> TopicSpec:
+        if kind == "checkpoint":
+            configs = checkpoint_settings(self.acker.checkpoint_retention_bytes)
+        else:
+            configs = delete_settings(retention_ms)
+        k = self.kafka
+        return TopicSpec(
+            name, partitions, kind, configs, k.replication_factor, k.min_insync_replicas
+        )
 
     def _unknown(self, section: str, what: str, name: str, known: list[str]) -> ConfigError:
         listing = ", ".join(known) if known else "(none)"
@@ -188,3 +267,87 @@ class Config:
             value=name,
             allowed=listing,
         )
+
+
+def delete_settings(retention_ms: int) -> dict[str, str]:
+    """Topic settings: delete records older than ``retention_ms`` (-1: never), never by size."""
+    return {"cleanup.policy": "delete", "retention.ms": str(retention_ms), "retention.bytes": "-1"}
+
+
+def checkpoint_settings(retention_bytes: int) -> dict[str, str]:
+    """Topic settings: never by age, by size only.  Kafka deletes whole old segments, and only
+    while the rest still holds ``retention_bytes``, so the newest records always stay."""
+    return {
+        "cleanup.policy": "delete",
+        "retention.ms": str(KEEP),
+        "retention.bytes": str(retention_bytes),
+        "segment.bytes": str(retention_bytes // 4),
+    }
+
+
+class TopicSpec(tuple[str, int]):
+    """A topic to create: ``(name, partitions)``, plus what it holds and how it is kept.
+
+    A 2-tuple on purpose: code that unpacks ``name, partitions`` or compares with
+    ``("clicks", 4)`` is unaffected (two specs are equal only if their settings are too).
+    ``configs`` are Kafka topic-level settings (default: kept forever, the safe choice for a
+    topic of unknown use); ``replication_factor`` / ``min_insync_replicas`` None mean
+    automatic (see :class:`KafkaConfig`).
+    """
+
+    kind: TopicKind
+    configs: Mapping[str, str]
+    replication_factor: int | None
+    min_insync_replicas: int | None
+
+    def __new__(
+        cls,
+        name: str,
+        partitions: int,
+        kind: TopicKind = "other",
+        configs: Mapping[str, str] | None = None,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+    ) -> TopicSpec:
+        self = super().__new__(cls, (name, partitions))
+        settings = dict(configs) if configs is not None else delete_settings(KEEP)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "configs", MappingProxyType(settings))
+        object.__setattr__(self, "replication_factor", replication_factor)
+        object.__setattr__(self, "min_insync_replicas", min_insync_replicas)
+        return self
+
+    @property
+    def name(self) -> str:
+        return self[0]
+
+    @property
+    def partitions(self) -> int:
+        return self[1]
+
+    def __setattr__(self, key: str, value: object) -> None:
+        raise AttributeError(f"TopicSpec is immutable (cannot set {key!r})")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TopicSpec):
+            return tuple.__eq__(self, other) and self._extra() == other._extra()
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return tuple.__hash__(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"TopicSpec({self.name!r}, {self.partitions}, {self.kind!r}, {dict(self.configs)!r},"
+            f" replication_factor={self.replication_factor!r},"
+            f" min_insync_replicas={self.min_insync_replicas!r})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TopicSpec, (self.name, self.partitions, *self._extra()))
+
+    def _extra(self) -> tuple[Any, ...]:
+        return (self.kind, dict(self.configs), self.replication_factor, self.min_insync_replicas)

@@ -24,6 +24,7 @@ pyspark = pytest.importorskip("pyspark")
 
 from pyspark.sql import SparkSession  # noqa: E402
 
+from substreams.spark.connector import kafka_connector_conf  # noqa: E402
 from substreams.spark.session import session  # noqa: E402
 
 
@@ -34,7 +35,9 @@ def spark() -> Iterator[SparkSession]:
         "substreams-tests",
         master="local[2]",
         shuffle_partitions=2,
-        **{"spark.default.parallelism": "2"},
+        # Spark's Kafka connector (tests/spark/test_connector.py): only settable here, before
+        # the session's JVM starts.
+        **{"spark.default.parallelism": "2", **kafka_connector_conf()},
     )
     yield s
     s.stop()

@@ -22,6 +22,7 @@ from substreams.config import (
     StageConfig,
     StreamConfig,
     SubstreamConfig,
+    TopicSpec,
     load_config,
 )
 from substreams.config.loader import load_config_text
@@ -109,7 +110,7 @@ def test_shipped_example_loads_to_the_expected_model() -> None:
     )
     expected = Config(
         path=REPO / "substreams.yaml",
-        kafka=KafkaConfig(bootstrap="embedded", replication_factor=1, client={}),
+        kafka=KafkaConfig(bootstrap="embedded", replication_factor=None, client={}),
         streams=(
             StreamConfig(
                 name="clicks",
@@ -782,3 +783,195 @@ def test_user_facing_errors_derive_from_substreams_error(name: str) -> None:
     cls = getattr(errors, name)
     assert issubclass(cls, SubstreamsError)
     assert cls.__doc__
+
+
+# --------------------------------------------------------------------- topic settings
+
+WEEK_MS = 7 * 24 * 3_600_000
+
+
+def test_topic_settings_defaults_per_kind(project: Path) -> None:
+    """Replication and min ISR are automatic by default; each kind has its own retention."""
+    config = load(project, STREAM + "substreams:\n  - {name: w, stream: events, kind: per_key,"
+                  " key: user}\n")  # fmt: skip
+    assert config.kafka.replication_factor is None
+    assert config.kafka.min_insync_replicas is None
+    specs = {t.name: t for t in config.topics()}
+    kinds = {name: spec.kind for name, spec in specs.items()}
+    assert kinds == {
+        "events": "data",
+        "_substreams.control.w": "control",
+        "_substreams.control.__acker.acker": "checkpoint",
+        "_substreams.acks": "acks",
+        "_substreams.commands": "command",
+        "_substreams.responses": "response",
+        "_substreams.dead_letter": "dead_letter",
+    }
+    retention = {name: spec.configs["retention.ms"] for name, spec in specs.items()}
+    assert retention == {
+        "events": str(WEEK_MS),
+        "_substreams.control.w": "-1",
+        "_substreams.control.__acker.acker": "-1",
+        "_substreams.acks": str(WEEK_MS),
+        "_substreams.commands": "-1",
+        "_substreams.responses": str(24 * 3_600_000),
+        "_substreams.dead_letter": str(30 * 24 * 3_600_000),
+    }
+    assert all(s.configs["cleanup.policy"] == "delete" for s in specs.values())
+    checkpoint = specs["_substreams.control.__acker.acker"].configs
+    assert (checkpoint["retention.bytes"], checkpoint["segment.bytes"]) == (
+        str(64 << 20),
+        str(16 << 20),
+    )
+    others = [s for n, s in specs.items() if s.kind != "checkpoint"]
+    assert all(s.configs["retention.bytes"] == "-1" for s in others)
+    assert all(s.replication_factor is None and s.min_insync_replicas is None for s in others)
+
+
+def test_topic_specs_are_still_name_partition_pairs(project: Path) -> None:
+    config = load(project, STREAM)
+    spec = config.topics()[0]
+    name, partitions = spec
+    assert (name, partitions) == ("events", 1) == spec
+    assert dict(config.topics())["_substreams.acks"] == 1
+    assert pickle.loads(pickle.dumps(spec)) == spec
+    assert spec != TopicSpec("events", 1, "control")
+    with pytest.raises(AttributeError):
+        spec.kind = "acks"  # type: ignore[misc]
+    assert config.topic_spec("_substreams.responses").kind == "response"
+    other_acker = config.topic_spec("_substreams.control.__acker.standby-2")
+    assert other_acker.kind == "checkpoint"
+    with pytest.raises(ConfigError, match="no topic named 'nope'"):
+        config.topic_spec("nope")
+
+
+def test_topic_settings_overrides(project: Path) -> None:
+    config = load(
+        project,
+        """\
+kafka:
+  replication_factor: 3
+  min_insync_replicas: 3
+  data_retention_ms: 3_600_000
+streams:
+  - {name: events, schema: avro/event.avsc, order_key: ts, retention_ms: -1}
+  - {name: other, schema: avro/event.avsc, order_key: ts}
+acker:
+  acks_retention_ms: 120000
+  response_retention_ms: 60000
+  dead_letter_retention_ms: -1
+  checkpoint_retention_bytes: 16777216
+""",
+    )
+    assert (config.kafka.replication_factor, config.kafka.min_insync_replicas) == (3, 3)
+    specs = {t.name: t for t in config.topics()}
+    assert specs["events"].configs["retention.ms"] == "-1"
+    assert specs["other"].configs["retention.ms"] == "3600000"
+    assert config.retention_of(config.stream("other")) == 3_600_000
+    assert specs["_substreams.acks"].configs["retention.ms"] == "120000"
+    assert specs["_substreams.responses"].configs["retention.ms"] == "60000"
+    assert specs["_substreams.dead_letter"].configs["retention.ms"] == "-1"
+    assert specs["_substreams.control.__acker.acker"].configs["segment.bytes"] == "4194304"
+    assert all((s.replication_factor, s.min_insync_replicas) == (3, 3) for s in specs.values())
+
+
+MISR = "kafka.min_insync_replicas"
+
+
+@pytest.mark.parametrize(
+    ("kafka", "problem"),
+    [
+        (
+            "{replication_factor: 2, min_insync_replicas: 3}",
+            "3 is more than kafka.replication_factor (2): no write could ever be acknowledged",
+        ),
+        (
+            "{min_insync_replicas: 4}",
+            "4 is more than the automatic replication factor can be (min(3, brokers in the"
+            " cluster)); set kafka.replication_factor",
+        ),
+        ("{min_insync_replicas: 0}", "0 is out of range; must be >= 1"),
+        ("{min_insync_replicas: two}", "expected an integer, got 'two'"),
+    ],
+)
+def test_min_insync_replicas_validated(project: Path, kafka: str, problem: str) -> None:
+    err = fail(project, STREAM + f"kafka: {kafka}\n")
+    assert (err.line, err.key) == (5, MISR)
+    assert problem in str(err)
+
+
+def test_min_insync_replicas_error_names_its_own_line(project: Path) -> None:
+    text = "kafka:\n  replication_factor: 1\n  min_insync_replicas: 2\n" + STREAM
+    err = fail(project, text)
+    assert (err.line, err.key, err.value) == (3, MISR, 2)
+    assert load(project, text.replace("min_insync_replicas: 2", "min_insync_replicas: 1"))
+
+
+RETENTION_PROBLEM = "must be -1 (keep forever) or >= 60000 (one minute, in ms)"
+
+
+@pytest.mark.parametrize(
+    ("snippet", "key", "value"),
+    [
+        ("kafka: {data_retention_ms: 59999}", "kafka.data_retention_ms", 59999),
+        ("kafka: {data_retention_ms: 0}", "kafka.data_retention_ms", 0),
+        ("acker: {acks_retention_ms: 1000}", "acker.acks_retention_ms", 1000),
+        ("acker: {response_retention_ms: 5}", "acker.response_retention_ms", 5),
+        ("acker: {dead_letter_retention_ms: 0}", "acker.dead_letter_retention_ms", 0),
+    ],
+)
+def test_retention_ms_range(project: Path, snippet: str, key: str, value: int) -> None:
+    err = fail(project, STREAM + snippet + "\n")
+    assert (err.line, err.key, err.value) == (5, key, value)
+    assert f"{value} is out of range; {RETENTION_PROBLEM}" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("snippet", "key", "problem"),
+    [
+        ("kafka: {data_retention_ms: -2}", "kafka.data_retention_ms", "must be >= -1"),
+        ("kafka: {data_retention_ms: 7d}", "kafka.data_retention_ms", "expected an integer"),
+        ("acker: {acks_retention_ms: true}", "acker.acks_retention_ms", "expected an integer"),
+        (
+            "acker: {checkpoint_retention_bytes: 1048576}",
+            "acker.checkpoint_retention_bytes",
+            "1048576 is out of range; must be >= 16777216",
+        ),
+        ("acker: {acks_retention: 1}", "acker.acks_retention", "did you mean 'acks_retention_ms'"),
+        ("kafka: {retention_ms: 1}", "kafka.retention_ms", "did you mean 'data_retention_ms'"),
+    ],
+)
+def test_topic_setting_keys_checked(project: Path, snippet: str, key: str, problem: str) -> None:
+    err = fail(project, STREAM + snippet + "\n")
+    assert (err.line, err.key) == (5, key)
+    assert problem in str(err)
+
+
+def test_stream_retention_checked_at_its_line(project: Path) -> None:
+    err = fail(project, STREAM + "    retention_ms: 10\n")
+    assert (err.line, err.key, err.value) == (5, "streams[0].retention_ms", 10)
+    assert RETENTION_PROBLEM in str(err)
+
+
+def test_dead_letters_must_outlive_punctuated_data(project: Path) -> None:
+    punct = substream("kind: epoch", "field: epoch", "mechanism: punctuations")
+    # A written dead-letter retention is blamed first...
+    text = punct + "acker:\n  dead_letter_retention_ms: 86400000\n"
+    err = fail(project, text)
+    assert (err.line, err.key, err.value) == (12, "acker.dead_letter_retention_ms", 86400000)
+    assert (
+        "acker.dead_letter_retention_ms (86400000) is shorter than the retention of stream"
+        " 'events' (604800000), which has a punctuation substream"
+    ) in str(err)
+    # ...else the data retention that made it too short: the stream's own...
+    text = punct.replace("order_key: ts\n", "order_key: ts\n    retention_ms: -1\n", 1)
+    err = fail(project, text)
+    assert (err.line, err.key, err.value) == (5, "streams[0].retention_ms", -1)
+    assert "retention of stream 'events' (-1 (forever))" in str(err)
+    # ...or the kafka-wide one.
+    err = fail(project, "kafka:\n  data_retention_ms: 5184000000\n" + punct)
+    assert (err.line, err.key) == (2, "kafka.data_retention_ms")
+    # Fine when long enough, or when the stream has no punctuation substream.
+    assert load(project, text + "acker:\n  dead_letter_retention_ms: -1\n")
+    acked = substream("kind: epoch", "field: epoch")
+    assert load(project, acked + "acker:\n  dead_letter_retention_ms: 60000\n")

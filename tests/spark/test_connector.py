@@ -1,0 +1,142 @@
+"""Spark's own Kafka connector (``format("kafka")``) on the session broker: it reads a data
+topic written by a substreams Publisher, and ``decode_envelopes`` turns its rows into the
+stream's payload columns -- punctuations dropped, aborted transactions invisible under
+``read_committed`` -- in a batch read and in a streaming query.
+
+The session-scoped SparkSession (tests/spark/conftest.py) is built with the connector in
+``spark.jars.packages``; without it ``format("kafka")`` fails with "Failed to find data
+source: kafka"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from substreams.config import Config
+from substreams.spark.connector import (
+    KAFKA_CONNECTOR,
+    KAFKA_CONNECTOR_FALLBACK,
+    PACKAGES,
+    add_kafka_connector,
+    decode_envelopes,
+    merge_packages,
+)
+from substreams.streams.publisher import Publisher
+from tests.conftest import ConfigFactory
+from tests.spark.conftest import window_clicks
+
+pytestmark = pytest.mark.spark
+
+Key = tuple[str, str, int, int]
+
+
+def test_merge_packages_keeps_others_and_replaces_another_version() -> None:
+    c = "org.apache.spark:spark-sql-kafka-0-10_2.13:9.9.9"
+    assert merge_packages(None, c) == c
+    assert merge_packages("", c) == c
+    assert merge_packages("a:b:1, c:d:2", c) == f"a:b:1,c:d:2,{c}"
+    assert merge_packages(f"a:b:1,{c}", c) == f"a:b:1,{c}"
+    assert merge_packages("org.apache.spark:spark-sql-kafka-0-10_2.13:1.0,a:b:1", c) == (
+        f"a:b:1,{c}"
+    )
+
+
+def test_add_kafka_connector_merges_into_the_builder() -> None:
+    builder = SparkSession.Builder().config(PACKAGES, "a:b:1")  # no JVM is started
+    notes: list[str] = []
+    out = add_kafka_connector(builder, notes.append)
+    packages = out._options[PACKAGES].split(",")
+    assert packages[0] == "a:b:1"
+    assert packages[1] in (KAFKA_CONNECTOR, KAFKA_CONNECTOR_FALLBACK)
+
+
+def _publish(config: Config) -> tuple[list[Key], int]:
+    """Sealed windows (punctuation records on the data topic between them), then an aborted
+    transaction of another source.  Returns the committed records and the aborted count."""
+    w, stream = config.substreams[0].name, config.streams[0].name
+    sent: list[Key] = []
+    with Publisher(config, stream, "src") as pub:
+        for window, n in [(0, 5), (1, 3), (2, 4)]:
+            for c in window_clicks(window, n):
+                rec = pub.publish(c, key=str(c["user"]))
+                sent.append((str(c["user"]), str(c["url"]), int(c["ts"]), rec.partition))
+            pub.seal(w, window)
+    ghost = Publisher(config, stream, "ghost")
+    aborted = window_clicks(3, 6)
+    for c in aborted:
+        ghost.publish(c, key=str(c["user"]))
+    ghost._producer.flush(10)  # on the topic, uncommitted
+    ghost.abort()
+    return sent, len(aborted)
+
+
+def _keys(rows: list[Any]) -> list[Key]:
+    return sorted((r["user"], r["url"], r["ts"], r["partition"]) for r in rows)
+
+
+def test_official_connector_reads_a_publisher_topic(
+    spark: SparkSession, make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    config = make_config(
+        [{"name": "clicks", "partitions": 2}],
+        [
+            {
+                "name": "w",
+                "stream": "clicks",
+                "kind": "tumbling",
+                "size_ms": 1000,
+                "mechanism": "punctuations",
+            }
+        ],
+    )
+    stream = config.stream(config.streams[0].name)
+    sent, aborted = _publish(config)
+
+    def reader(isolation: str) -> Any:
+        return (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", config.kafka.bootstrap)
+            .option("subscribe", stream.name)
+            .option("includeHeaders", "true")
+            .option("kafka.isolation.level", isolation)
+            .load()
+        )
+
+    raw = reader("read_committed").collect()
+    # 12 records and at least one punctuation per partition and seal (the exact count is the
+    # punctuation mechanism's business)
+    assert len(raw) >= len(sent) + 3 * stream.partitions
+
+    rows = decode_envelopes(reader("read_committed"), stream).collect()
+    assert _keys(rows) == sorted(sent)
+    assert sorted(r["order_key"] for r in rows) == sorted(k[2] for k in sent)  # order key: ts
+    assert len({(r["partition"], r["offset"]) for r in rows}) == len(rows)
+    # the aborted records are on the topic: read_uncommitted sees them, read_committed not
+    assert len(decode_envelopes(reader("read_uncommitted"), stream).collect()) == (
+        len(sent) + aborted
+    )
+
+    # the same through a streaming query (the path the watermark baseline takes)
+    batches: list[list[Any]] = []
+    query = (
+        decode_envelopes(
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", config.kafka.bootstrap)
+            .option("subscribe", stream.name)
+            .option("startingOffsets", "earliest")
+            .option("includeHeaders", "true")
+            .option("kafka.isolation.level", "read_committed")
+            .load(),
+            stream,
+        )
+        .writeStream.foreachBatch(lambda df, _bid: batches.append(df.collect()))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120)
+    assert query.exception() is None
+    assert _keys([r for b in batches for r in b]) == sorted(sent)
