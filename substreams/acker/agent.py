@@ -45,6 +45,8 @@ NS = "substreams."
 class Register:
     substreams: tuple[str, ...]
     role: str = SOURCE
+    writer: str = ""
+    """The source's transactional id (fenced when the source is evicted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +79,19 @@ class AckReport:
 
 @dataclass(frozen=True, slots=True)
 class SourceHeartbeat:
-    pass
+    """Liveness.  Sent outside the source's transactions (an idle source commits nothing),
+    so it carries no sequence number the acker checks: only its incarnation counts."""
 
 
-AckBody = Register | Unregister | AckReport | SourceHeartbeat
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """An operator's order to evict ``source`` (the sender is the operator, not a source)."""
+
+    source: str
+    reason: str
+
+
+AckBody = Register | Unregister | AckReport | SourceHeartbeat | Evict
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +114,13 @@ class AckMessage:
 
 def _body_to_wire(body: AckBody) -> tuple[str, dict[str, Any]]:
     if isinstance(body, Register):
-        return NS + "Register", {"substreams": list(body.substreams), "role": body.role}
+        return NS + "Register", {
+            "substreams": list(body.substreams),
+            "role": body.role,
+            "writer": body.writer,
+        }
+    if isinstance(body, Evict):
+        return NS + "Evict", {"source": body.source, "reason": body.reason}
     if isinstance(body, Unregister):
         return NS + "Unregister", {"substreams": list(body.substreams)}
     if isinstance(body, AckReport):
@@ -134,7 +151,9 @@ def _body_to_wire(body: AckBody) -> tuple[str, dict[str, Any]]:
 def _body_from_wire(name: str, d: Mapping[str, Any]) -> AckBody:
     short = name.removeprefix(NS)
     if short == "Register":
-        return Register(tuple(d["substreams"]), str(d["role"]))
+        return Register(tuple(d["substreams"]), str(d["role"]), str(d.get("writer", "")))
+    if short == "Evict":
+        return Evict(str(d["source"]), str(d["reason"]))
     if short == "Unregister":
         return Unregister(tuple(d["substreams"]))
     if short == "AckReport":
@@ -317,18 +336,18 @@ class TrackingAgent:
 
     # -- membership ----------------------------------------------------------------------
 
-    def register(self, substreams: Iterable[str], role: str = SOURCE) -> None:
+    def register(self, substreams: Iterable[str], role: str = SOURCE, writer: str = "") -> None:
         """Join with the next commit (before its reports): a source counts from the moment
-        the acker reads its Register."""
-        self._before.append(Register(tuple(substreams), role))
+        the acker reads its Register.  ``writer``: the transactional id to fence on eviction."""
+        self._before.append(Register(tuple(substreams), role, writer))
 
     def unregister(self, substreams: Iterable[str]) -> None:
         """Leave with the next commit (after its reports)."""
         self._after.append(Unregister(tuple(substreams)))
 
-    def heartbeat(self) -> None:
-        """Say "alive" with the next commit (a source that commits nothing for a while)."""
-        self._after.append(SourceHeartbeat())
+    def heartbeat_message(self) -> AckMessage:
+        """A SourceHeartbeat of this incarnation, to be sent outside any transaction."""
+        return AckMessage(self.source, -1, now_ms(), SourceHeartbeat(), self.incarnation)
 
     # -- writing -------------------------------------------------------------------------
 

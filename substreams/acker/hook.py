@@ -13,10 +13,15 @@ at times ``<= t``, downward closed) goes out with the commit that follows it.
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 from substreams.acker.agent import TrackingAgent, encode_ack
 from substreams.acker.table import SOURCE, Segment
 from substreams.frontier import Time
-from substreams.streams.publisher import HOOK_FACTORIES, Publisher
+from substreams.kafka import client
+from substreams.streams.publisher import HOOK_FACTORIES, Publisher, transactional_id
 from substreams.streams.records import SentRecord
 
 
@@ -26,6 +31,52 @@ def write_agent(publisher: Publisher, agent: TrackingAgent) -> None:
         publisher.produce_aside(
             agent.topic, encode_ack(msg), partition=agent.partition, headers=agent.headers
         )
+
+
+class Heartbeat:
+    """Says "alive" for an idle source: a SourceHeartbeat of its incarnation whenever it
+    committed nothing for ``source_heartbeat_ms``.  Outside the publisher's transactions (an
+    idle publisher has none; another thread must not write into the caller's), with a small
+    producer of its own.  A stopped process (SIGSTOP, a long GC pause) stops heartbeating
+    too, which is the point: the acker evicts what it cannot hear."""
+
+    def __init__(self, publisher: Publisher, agent: TrackingAgent) -> None:
+        self.agent = agent
+        self.interval = publisher.config.acker.source_heartbeat_ms / 1000.0
+        no_linger: dict[str, Any] = {"linger.ms": 0}
+        self._producer = client.producer(publisher.bootstrap, publisher.config, **no_linger)
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{agent.source}", daemon=True
+        )
+        self._thread.start()
+
+    def touch(self) -> None:
+        """A commit just proved the source alive."""
+        self._last = time.monotonic()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval / 4):
+            if time.monotonic() - self._last < self.interval:
+                continue
+            self._last = time.monotonic()
+            msg = self.agent.heartbeat_message()
+            try:
+                self._producer.produce(
+                    self.agent.topic,
+                    encode_ack(msg),
+                    partition=self.agent.partition,
+                    headers=self.agent.headers,
+                )
+                self._producer.poll(0)
+            except BufferError:  # a full queue is a broker trouble; the next beat retries
+                self._producer.poll(0.1)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self._producer.flush(2)
 
 
 class AckerHook:
@@ -46,7 +97,10 @@ class AckerHook:
         self.wants_delivery = bool(self.terminal)
         self.agent = TrackingAgent(publisher.config, publisher.source_id, publisher.incarnation)
         # Written by the publisher's first commit (at the end of its constructor).
-        self.agent.register(self.substreams, SOURCE)
+        self.agent.register(
+            self.substreams, SOURCE, transactional_id(publisher.stream, publisher.source_id)
+        )
+        self.heartbeat = Heartbeat(publisher, self.agent)
 
     def on_send(self, record: SentRecord) -> None:
         if self.sent:
@@ -66,16 +120,19 @@ class AckerHook:
         write_agent(publisher, self.agent)
 
     def on_commit(self, publisher: Publisher) -> None:
-        """Nothing: the reports were committed with the records."""
+        """The reports were committed with the records; the commit proves liveness."""
+        self.heartbeat.touch()
 
     def close(self, publisher: Publisher) -> None:
         """Leave with the publisher's final commit (after its last reports)."""
+        self.heartbeat.close()
         self.agent.unregister(self.substreams)
 
     def abort(self, publisher: Publisher) -> None:
         """The reports and seals belong to the dropped transaction: discarded.  Still
         registered, so the acker keeps this source's times open until a publisher of the
         same source seals them (or the source is evicted for silence)."""
+        self.heartbeat.close()
         self.agent.discard()
 
 

@@ -29,13 +29,22 @@ step with the service; the ``(topic, value)`` pairs it returns are produced as p
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from substreams.acker.agent import AckReport, Register, Unregister, decode_ack
+from substreams.acker.agent import (
+    AckReport,
+    Evict,
+    Register,
+    SourceHeartbeat,
+    Unregister,
+    acks_partition,
+    decode_ack,
+)
 from substreams.acker.deadletter import (
     REASON_MALFORMED,
     REASON_STALE,
@@ -46,13 +55,14 @@ from substreams.acker.deadletter import (
     DeadLetterWriter,
 )
 from substreams.acker.state import AckerState, AckerView, SourceSession
-from substreams.acker.table import Segment, SegmentTable, Violation, acker_segments
+from substreams.acker.table import SOURCE, Segment, SegmentTable, Violation, acker_segments
 from substreams.config import Config
 from substreams.control.io import ControlTail, ControlWriter, Corrupt
 from substreams.control.messages import (
     Checkpoint,
     ControlBody,
     FrontierSnapshot,
+    SourceEvicted,
     WriterHeartbeat,
 )
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
@@ -61,6 +71,16 @@ from substreams.kafka import client
 from substreams.kafka.topics import ensure_topics
 
 CommandHandler = Callable[["AckerService"], list[tuple[str, bytes]]]
+
+log = logging.getLogger(__name__)
+
+
+def fence(bootstrap: str, config: Config, writer: str) -> None:
+    """Fence the transactional id ``writer``: its current producer's open transaction is
+    aborted and its next transactional call fails (Kafka's producer epoch bump)."""
+    producer = client.producer(bootstrap, config, transactional_id=writer)
+    producer.init_transactions(30)
+    producer.flush(1)
 
 
 
@@ -71,6 +91,25 @@ class AckerFencedError(PublisherFencedError):
 def checkpoint_topic(config: Config, name: str | None = None) -> str:
     """The acker's own control topic: checkpoints and heartbeats."""
     return config.acker.checkpoint_topic(name)
+
+
+def latest_state(
+    config: Config, bootstrap: str | None = None, name: str | None = None
+) -> tuple[AckerState, int] | None:
+    """The state in the latest checkpoint of acker ``name`` and when it was written."""
+    from substreams.control.io import read_control
+
+    name = name or config.acker.name
+    server = client.resolve_bootstrap(config, bootstrap)
+    latest: tuple[Checkpoint, int] | None = None
+    for _, rec in read_control(server, checkpoint_topic(config, name), config):
+        if rec.writer == name and isinstance(rec.body, Checkpoint):
+            latest = (rec.body, rec.written_at_ms)
+    if latest is None:
+        return None
+    body, written = latest
+    state = AckerState.loads(body.state, dict(body.acks_offsets), config.acker.snapshot_every)
+    return state, written
 
 
 def transactional_id(name: str) -> str:
@@ -107,6 +146,12 @@ class AckerService:
         self.dead_letters = 0
         self.duplicates = 0
         self.stale = 0
+        self.evictions = 0
+        self._evicting: dict[str, tuple[int, int, str]] = {}
+        """Sources being evicted: source -> (acks partition, offset to read up to, reason)."""
+        self._evicted_items: list[tuple[str, ControlBody]] = []
+        self._source_timeout_ms = config.acker.source_timeout_ms
+        self._last_liveness = 0.0
         self.notifications = 0
         self.started = False
         self.fenced = False
@@ -148,6 +193,9 @@ class AckerService:
             self.state = AckerState.loads(latest.state, dict(latest.acks_offsets), every)
         for sub in self.segments:
             self.state.ensure(sub, every)
+        start_ms = _now_ms()
+        for session in self.state.sessions.values():
+            session.last_seen_ms = start_ms  # the acker's own downtime evicts no one
         self._out = DeadLetterWriter(self.config, self.bootstrap)
         self._consumer = client.consumer(self.bootstrap, self.config)
         for p in range(self.config.acker.acks_partitions):
@@ -258,7 +306,9 @@ class AckerService:
             self.state.acks_offsets[msg.partition()] = msg.offset() + 1
             self._apply(msg, now)
             applied += 1
-        items = self._terminations(now)
+        self._liveness(now)
+        items = self._evicted_items + self._terminations(now)
+        self._evicted_items = []
         if items or time.monotonic() - self._last_write >= self._heartbeat_s:
             self._commit(items, now)
         if self.command_handler is not None:
@@ -277,23 +327,38 @@ class AckerService:
             return
         body = ack.body
         problems: list[tuple[str, str]] = []
+        if isinstance(body, Evict):  # an operator's order, not a source's message
+            if not self._evict(body.source, f"evicted by hand: {body.reason}"):
+                self._dead(msg, ack.source, REASON_UNREGISTERED,
+                           f"cannot evict '{body.source}': not a live registered source")
+            return
         session = self.state.sessions.get(ack.source)
+        if isinstance(body, SourceHeartbeat):  # sent outside transactions: no sequence
+            if session is not None and session.incarnation == ack.incarnation:
+                session.last_seen_ms = now
+            else:
+                self.stale += 1
+            return
         if isinstance(body, Register) and (
             session is None or session.incarnation != ack.incarnation
         ):
             # A new incarnation: everything the old one committed precedes this message in
             # the partition (its transactions were fenced by ours), the rest never will.
-            self.state.sessions[ack.source] = SourceSession(ack.incarnation, ack.seq, now)
+            self.state.sessions[ack.source] = SourceSession(
+                ack.incarnation, ack.seq, now, body.writer
+            )
+            self._evicting.pop(ack.source, None)  # a new incarnation: nothing to evict
             self._membership(ack.source, body, problems)
         elif session is None:
             problems.append((REASON_UNREGISTERED, f"source '{ack.source}' is not registered"))
-        elif session.incarnation != ack.incarnation:
+        elif session.incarnation != ack.incarnation or session.evicted:
             self.stale += 1
             problems.append(
                 (
                     REASON_STALE,
                     f"message of incarnation {ack.incarnation!r} of source '{ack.source}', "
-                    f"whose current incarnation is {session.incarnation!r}",
+                    f"whose current incarnation is {session.incarnation!r}"
+                    + (" (evicted)" if session.evicted else ""),
                 )
             )
         elif ack.seq <= session.seq:
@@ -321,6 +386,66 @@ class AckerService:
                 table.register(source, body.role)
             else:
                 table.unregister(source)
+
+    # -- liveness ------------------------------------------------------------------------
+
+    def _liveness(self, now: int) -> None:
+        """Evict the sources silent for ``source_timeout_ms``; finish evictions whose acks
+        were read up to the fence (checked at most every 100 ms)."""
+        if time.monotonic() - self._last_liveness >= 0.1:
+            self._last_liveness = time.monotonic()
+            for source, session in list(self.state.sessions.items()):
+                silent = now - session.last_seen_ms
+                if silent > self._source_timeout_ms and source not in self._evicting:
+                    self._evict(source, f"silent for {silent} ms")
+        for source, (partition, upto, reason) in list(self._evicting.items()):
+            assert self._consumer is not None
+            [pos] = self._consumer.position([TopicPartition(self.acks_topic, partition)])
+            if pos.offset >= upto:
+                del self._evicting[source]
+                self._finish_eviction(source, reason)
+
+    def _evict(self, source: str, reason: str) -> bool:
+        """Begin evicting ``source``: fence its writer (a stopped process that resumes can
+        commit nothing more), then read its acks partition up to where it stands now, so
+        that everything it committed before the fence is applied before the acker stops
+        waiting for it.  False if it is not a live SOURCE of any substream."""
+        session = self.state.sessions.get(source)
+        if session is None or session.evicted or source in self._evicting:
+            return False
+        if not any(
+            (st := t.sources.get(source)) is not None and st.active and st.role == SOURCE
+            for t in self.state.tables.values()
+        ):
+            return False
+        if session.writer:
+            fence(self.bootstrap, self.config, session.writer)
+        partition = acks_partition(source, self.config.acker.acks_partitions)
+        assert self._consumer is not None
+        _, high = self._consumer.get_watermark_offsets(
+            TopicPartition(self.acks_topic, partition), timeout=10, cached=False
+        )
+        log.warning("evicting source '%s' (%s): fenced, reading acks up to %d", source,
+                    reason, high)
+        self._evicting[source] = (partition, int(high), reason)
+        return True
+
+    def _finish_eviction(self, source: str, reason: str) -> None:
+        session = self.state.sessions[source]
+        session.evicted = True
+        self.evictions += 1
+        for sub, table in self.state.tables.items():
+            st = table.sources.get(source)
+            if st is None or not st.active or st.role != SOURCE:
+                continue
+            table.unregister(source)
+            self._evicted_items.append(
+                (
+                    self.control_topics[sub],
+                    SourceEvicted(sub, source, session.incarnation, session.last_seen_ms, reason),
+                )
+            )
+        log.warning("source '%s' evicted (%s)", source, reason)
 
     def _table_for(
         self, source: str, sub: str, problems: list[tuple[str, str]]

@@ -60,22 +60,27 @@ class AckerView:
 class SourceSession:
     """The current incarnation of a source id, as the acker knows it.
 
-    Invariant: ``incarnation`` is the incarnation of the latest Register the acker applied
+    Invariants: ``incarnation`` is the incarnation of the latest Register the acker applied
     for the source id; a message of any other incarnation is stale (its writer was fenced
-    by the newer one, or evicted) and is not applied.  ``seq`` is the latest applied
-    sequence number *of that incarnation* (a new incarnation starts its own count), and
-    ``last_seen_ms`` the acker's clock when its latest message was read (liveness)."""
+    by the newer one) and is not applied, nor is any message of an ``evicted`` incarnation
+    (the acker fenced it before it stopped waiting for it).  ``seq`` is the latest applied
+    sequence number *of that incarnation* (a new incarnation starts its own count);
+    ``last_seen_ms`` is the acker's clock when its latest message was read (liveness; reset
+    to "now" when an acker starts, so that an acker's own downtime evicts no one); ``writer``
+    is its transactional id (what eviction fences)."""
 
     incarnation: str
     seq: int
     last_seen_ms: int
+    writer: str = ""
+    evicted: bool = False
 
     def to_state(self) -> list[Any]:
-        return [self.incarnation, self.seq, self.last_seen_ms]
+        return [self.incarnation, self.seq, self.last_seen_ms, self.writer, self.evicted]
 
     @classmethod
     def from_state(cls, v: list[Any]) -> SourceSession:
-        return cls(str(v[0]), int(v[1]), int(v[2]))
+        return cls(str(v[0]), int(v[1]), int(v[2]), str(v[3]), bool(v[4]))
 
 
 @dataclass

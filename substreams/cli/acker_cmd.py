@@ -292,3 +292,76 @@ def peek(
         if r.state == "COMPLETE" and r.ranges:
             spans = ", ".join(f"{x.stream}[{x.partition}] {x.start}..{x.end}" for x in r.ranges)
             console.print(f"{format_time(r.time)}: {spans}")
+
+
+# -- sources -----------------------------------------------------------------------------------
+
+
+@command.command()
+@config_option
+@bootstrap_option
+@click.option("--name", default=None, help="Acker name (default: acker.name of the config).")
+def sources(config_path: str, bootstrap: str | None, name: str | None) -> None:
+    """List the sources the acker knows, with their liveness (from its latest checkpoint,
+    at most acker.heartbeat_ms old)."""
+    from substreams.acker.service import latest_state
+
+    config = load_config(config_path)
+    found = latest_state(config, bootstrap, name)
+    if found is None:
+        raise SubstreamsError(
+            f"acker '{name or config.acker.name}' has written no checkpoint yet; is it running?"
+        )
+    state, written_ms = found
+    table = Table(title=f"sources of acker '{name or config.acker.name}'")
+    for col in ("source", "incarnation", "role", "substreams", "last heard", "state"):
+        table.add_column(col)
+    timeout = config.acker.source_timeout_ms
+    for source, session in sorted(state.sessions.items()):
+        roles = {st.role for t in state.tables.values() if (st := t.sources.get(source))}
+        subs = [s for s, t in state.tables.items() if t.is_registered(source)]
+        if session.evicted:
+            status = "evicted"
+        elif not subs:
+            status = "left"
+        elif written_ms - session.last_seen_ms > timeout // 2:
+            status = "silent"
+        else:
+            status = "live"
+        table.add_row(
+            source,
+            session.incarnation,
+            ",".join(sorted(roles)) or "-",
+            ", ".join(subs) or "-",
+            _age(session.last_seen_ms),
+            status,
+        )
+    Console().print(table)
+    click.echo(f"checkpoint written {_age(written_ms)}; evicted after {timeout} ms of silence")
+
+
+@command.command("evict-source")
+@config_option
+@bootstrap_option
+@click.argument("source")
+@click.option("--reason", default="operator", show_default=True, help="Recorded with it.")
+def evict_source(config_path: str, bootstrap: str | None, source: str, reason: str) -> None:
+    """Evict SOURCE now: the acker fences it and stops waiting for its seals (what it
+    committed stays tracked; a SourceEvicted record goes on the control topics)."""
+    from substreams.acker.agent import AckMessage, Evict, ack_headers, acks_partition, encode_ack
+    from substreams.kafka import client
+
+    config = load_config(config_path)
+    server = client.resolve_bootstrap(config, bootstrap)
+    producer = client.producer(server, config)
+    msg = AckMessage("operator", -1, int(time.time() * 1000), Evict(source, reason))
+    producer.produce(
+        config.acker.acks_topic,
+        encode_ack(msg),
+        # the source's own partition: the eviction is ordered after what it wrote before
+        partition=acks_partition(source, config.acker.acks_partitions),
+        headers=ack_headers(),
+    )
+    if producer.flush(10):
+        raise SubstreamsError(f"could not write the eviction to '{config.acker.acks_topic}'")
+    click.echo(f"eviction of '{source}' sent to the acker (see `substreams acker sources`)")

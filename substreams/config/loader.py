@@ -84,6 +84,8 @@ _ACKER_KEYS: Final = (
     "dead_letter_topic",
     "flush_ms",
     "flush_reports",
+    "source_heartbeat_ms",
+    "source_timeout_ms",
     "heartbeat_ms",
     "standby_timeout_ms",
     "snapshot_every",
@@ -97,6 +99,8 @@ _ACKER_INT_KEYS: Final = (
     "acks_partitions",
     "flush_ms",
     "flush_reports",
+    "source_heartbeat_ms",
+    "source_timeout_ms",
     "heartbeat_ms",
     "standby_timeout_ms",
     "snapshot_every",
@@ -842,6 +846,16 @@ def _acker(ctx: _Ctx, sec: _Section | None) -> AckerConfig:
             f"standby_timeout_ms ({acker.standby_timeout_ms}) must be greater than"
             f" heartbeat_ms ({acker.heartbeat_ms}), or standbys would take over from a"
             " live acker",
+            value=getattr(acker, key),
+        )
+    if acker.source_timeout_ms <= acker.source_heartbeat_ms:
+        key = "source_timeout_ms" if "source_timeout_ms" in sec.entries else "source_heartbeat_ms"
+        raise ctx.error(
+            sec.value_node(key),
+            sec.key_path(key),
+            f"source_timeout_ms ({acker.source_timeout_ms}) must be greater than"
+            f" source_heartbeat_ms ({acker.source_heartbeat_ms}), or live sources would be"
+            " evicted",
             value=getattr(acker, key),
         )
     return acker

@@ -153,9 +153,15 @@ class AckerConfig:
     response_topic: str = "_substreams.responses"
     dead_letter_topic: str = "_substreams.dead_letter"
     flush_ms: int = 5
-    """Tracking agents flush aggregated acks at least this often..."""
+    """Ignored since reports travel inside their writer's transaction (kept so that older
+    files load)."""
     flush_reports: int = 1000
-    """...or after this many reports, whichever comes first."""
+    """Ignored, like ``flush_ms``."""
+    source_heartbeat_ms: int = 1000
+    """A source that committed nothing for this long says it is alive."""
+    source_timeout_ms: int = 30000
+    """A source silent for this long is evicted (fenced; the acker stops waiting for its
+    seals; what it committed stays tracked).  Must exceed ``source_heartbeat_ms``."""
     heartbeat_ms: int = 500
     standby_timeout_ms: int = 3000
     """A standby takes over after this long without a heartbeat (> heartbeat_ms)."""

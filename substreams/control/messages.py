@@ -13,6 +13,8 @@ not care whether the acker or the punctuation aligner wrote it.  The messages:
   what makes a firm bound possible for a reader: it reads exactly those ranges.
 - ``WriterHeartbeat``: liveness of the writer, for standby ackers.
 - ``Checkpoint``: the acker's recoverable state (ignored by subscribers).
+- ``SourceEvicted``: the acker stopped waiting for a source (liveness; hash-chained like the
+  rest, so an eviction is on the record).
 
 Every record also carries (writer, seq, prev_digest, digest): a hash chain per writer.
 """
@@ -95,7 +97,20 @@ class Checkpoint:
     state: bytes
 
 
-ControlBody = FrontierSnapshot | FrontierUpdate | EpochComplete | WriterHeartbeat | Checkpoint
+@dataclass(frozen=True, slots=True)
+class SourceEvicted:
+    """The acker no longer waits for ``source``'s seals in ``substream`` (see the acker)."""
+
+    substream: str
+    source: str
+    incarnation: str
+    last_seen_ms: int
+    reason: str
+
+
+ControlBody = (
+    FrontierSnapshot | FrontierUpdate | EpochComplete | WriterHeartbeat | Checkpoint | SourceEvicted
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +154,14 @@ def body_to_wire(body: ControlBody) -> tuple[str, dict[str, Any]]:
         }
     if isinstance(body, WriterHeartbeat):
         return NS + "WriterHeartbeat", {"substream": body.substream}
+    if isinstance(body, SourceEvicted):
+        return NS + "SourceEvicted", {
+            "substream": body.substream,
+            "source": body.source,
+            "incarnation": body.incarnation,
+            "last_seen_ms": body.last_seen_ms,
+            "reason": body.reason,
+        }
     return NS + "Checkpoint", {
         "acks_offsets": [{"partition": p, "offset": o} for p, o in body.acks_offsets],
         "state": body.state,
@@ -170,6 +193,10 @@ def body_from_wire(name: str, d: Mapping[str, Any]) -> ControlBody:
         )
     if short == "WriterHeartbeat":
         return WriterHeartbeat(d.get("substream"))
+    if short == "SourceEvicted":
+        return SourceEvicted(
+            d["substream"], d["source"], d["incarnation"], int(d["last_seen_ms"]), d["reason"]
+        )
     if short == "Checkpoint":
         return Checkpoint(
             tuple((int(x["partition"]), int(x["offset"])) for x in d["acks_offsets"]),
