@@ -13,8 +13,12 @@ The stage registers with role STAGE: it never seals, and the acker does not wait
 A cycle (``input == output``) needs nothing special: the transform must stop emitting at
 some point (e.g. a counter in the payload), then the XOR reaches zero.
 
-Input positions are kept in memory only (every partition from ``start_offsets``, default 0):
-a restarted stage re-reads its input, so stage restarts are not exactly-once yet.
+Exactly once across restarts: the stage's input positions are committed *in its output
+transaction* (``send_offsets_to_transaction``, consumer group ``substreams.stage.<name>``,
+never joined: the partitions are assigned), together with the outputs and the reports.  A
+restarted stage (a new incarnation, which fences the old one) resumes from the committed
+positions: an input whose outputs committed is never processed again, one whose outputs were
+aborted is processed again, and its reports went with the outputs either way.
 Stage outputs carry the input's order keys as they come; the publisher's per-source
 order-key check is not applied to them (inputs of several partitions interleave).
 """
@@ -124,12 +128,22 @@ class Stage:
         self.output.commit()  # the Register, before any report
         self.out_partitions = self.output.partitions
         self.decoder = StreamDecoder(config, self.stage.input)
-        self.consumer = client.consumer(self.bootstrap, config, **{"enable.partition.eof": True})
+        self.group = f"substreams.stage.{name}"
+        self.consumer = client.consumer(
+            self.bootstrap, config, **{"enable.partition.eof": True, "group.id": self.group}
+        )
         parts = config.stream(self.stage.input).partitions
-        starts = start_offsets or {}
+        starts = dict(start_offsets or {})
+        committed = self.consumer.committed(
+            [TopicPartition(self.stage.input, p) for p in range(parts)], timeout=30
+        )
+        for tp in committed:
+            if tp.offset >= 0 and tp.partition not in starts:
+                starts[tp.partition] = tp.offset
         self.consumer.assign(
             [TopicPartition(self.stage.input, p, int(starts.get(p, 0))) for p in range(parts)]
         )
+        self._positions: dict[int, int] = {}
         self.processed = 0
         self.emitted = 0
         self._closed = False
@@ -150,6 +164,7 @@ class Stage:
                 raise SubstreamsError(
                     f"stage '{self.stage.name}': input '{self.stage.input}': {err}"
                 )
+            self._positions[msg.partition()] = msg.offset() + 1
             entry = self.decoder.decode(msg)
             if not isinstance(entry, Entry):
                 continue
@@ -168,6 +183,10 @@ class Stage:
             # durable", and a terminal output's SND meets its RCV inside the agent.
             self.agent.report_many(reports)
         if n:
+            self.output.send_offsets(
+                [TopicPartition(self.stage.input, p, o) for p, o in self._positions.items()],
+                self.consumer.consumer_group_metadata(),
+            )
             self.output.commit()
             self.processed += n
         return n

@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from substreams.config import Config, StreamConfig
 from substreams.errors import (
@@ -347,6 +347,13 @@ class Publisher:
                 return
             except BufferError:
                 self._producer.poll(0.05)
+
+    def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
+        """Commit a reader's input positions inside the open transaction (Kafka's
+        exactly-once read-process-write): they become the group's committed offsets exactly
+        when this publisher's records do."""
+        self._begin()
+        self._guard(self._producer.send_offsets_to_transaction, offsets, group_metadata, 30)
 
     def punctuation_headers(self) -> list[tuple[str, bytes]]:
         return protocol_codec("punctuation").headers(TYPE_PUNCTUATION)

@@ -10,6 +10,9 @@ invisible to this recovery, and its restart would write into a sealed epoch).
 One partition per source: a ``read_committed`` reader stops at the first open transaction of
 a partition, so another source's open transaction would hide this one's later commits.
 
+``stage CONFIG NAME``: run the configured stage NAME (each input becomes two outputs, url
+suffixed ``#a`` and ``#b``) until killed.
+
 ``serve CONFIG STREAM SOURCE``: a publisher driven by JSON lines on stdin
 (``["publish", url, ts]``, ``["flush"]``, ``["seal", substream, t]``, ``["close"]``), one answer
 line per command: ``ok`` or ``error <ExceptionClass>: <message>``.
@@ -65,6 +68,22 @@ def epochs(
     print("done", flush=True)
 
 
+def stage(path: str, name: str) -> None:
+    import threading
+    from collections.abc import Iterable, Mapping
+    from typing import Any
+
+    from substreams.acker.stage import Stage
+
+    def twice(entry: Entry) -> Iterable[Mapping[str, Any]]:
+        p = entry.payload
+        return [{**p, "url": f"{p['url']}#a"}, {**p, "url": f"{p['url']}#b"}]
+
+    with Stage(load_config(path), name, twice, max_batch=7) as st:
+        print("running", flush=True)
+        st.run(threading.Event())
+
+
 def serve(path: str, stream: str, source: str) -> None:
     config = load_config(path)
     pub = Publisher(config, stream, source)
@@ -89,5 +108,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "epochs":
         a = sys.argv[2:]
         epochs(a[0], a[1], a[2], a[3], int(a[4]), int(a[5]), int(a[6]))
+    elif sys.argv[1] == "stage":
+        stage(sys.argv[2], sys.argv[3])
     else:
         serve(*sys.argv[2:5])
