@@ -78,8 +78,7 @@ class AckerClient:
         self.response_topic = acker.response_topic
         ensure_topics(
             client.admin(self.bootstrap, config),
-            [(self.command_topic, 1), (self.response_topic, 1)],
-            config.kafka.replication_factor,
+            [config.topic_spec(self.command_topic), config.topic_spec(self.response_topic)],
         )
         fast: dict[str, Any] = {"linger.ms": 0}
         self._producer = client.producer(self.bootstrap, config, **fast)

@@ -142,8 +142,10 @@ class CommandHandler:
         acker = self.config.acker
         ensure_topics(
             client.admin(self.bootstrap, self.config),
-            [(acker.command_topic, 1), (acker.response_topic, 1)],
-            self.config.kafka.replication_factor,
+            [
+                self.config.topic_spec(acker.command_topic),
+                self.config.topic_spec(acker.response_topic),
+            ],
         )
         answered: set[tuple[str, str, int]] = set()
         responses = self._tail(acker.response_topic)

@@ -169,8 +169,7 @@ class AckerService:
             return
         ensure_topics(
             client.admin(self.bootstrap, self.config),
-            [(self.checkpoint_topic, 1)],
-            self.config.kafka.replication_factor,
+            [self.config.topic_spec(self.checkpoint_topic)],
         )
         topics = [*self.control_topics.values(), self.checkpoint_topic]
         try:
@@ -234,8 +233,7 @@ class AckerService:
         timeout = self.config.acker.standby_timeout_ms / 1000.0
         ensure_topics(
             client.admin(self.bootstrap, self.config),
-            [(self.checkpoint_topic, 1)],
-            self.config.kafka.replication_factor,
+            [self.config.topic_spec(self.checkpoint_topic)],
         )
         with ControlTail(self.bootstrap, self.checkpoint_topic, 0, self.config) as tail:
             last_seen = time.monotonic()

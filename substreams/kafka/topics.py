@@ -12,6 +12,7 @@ settings are compared with the wanted ones and every difference is reported
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -143,6 +144,8 @@ def ensure_topics(
                     to_check.append(name)
                 else:
                     raise BrokerError(f"cannot create topic '{name}': {err}") from exc
+    if report.created:
+        _wait_served(admin, report.created, timeout)
     checked = [n for n in to_check if specs[n].kind != "other"]
     if checked:
         _compare(admin, [report.wanted[n] for n in checked], meta, report, timeout)
@@ -150,6 +153,31 @@ def ensure_topics(
         for diff in report.differences:
             log.warning("topic settings differ (left unchanged): %s", diff)
     return report
+
+
+def _wait_served(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """Wait until every partition of the new topics has a leader.
+
+    Why: CreateTopics returns once the controller recorded the topic, and the brokers learn
+    of it a moment later; a client that asks for offsets in between gets
+    NOT_LEADER_FOR_PARTITION (seen here on Apache Kafka 4.1 under load)."""
+    deadline = time.monotonic() + timeout
+    waiting = set(names)
+    while waiting:
+        meta = admin.list_topics(timeout=10.0)
+        for name in list(waiting):
+            t = meta.topics.get(name)
+            if t is not None and t.error is None and t.partitions and all(
+                p.leader >= 0 and p.error is None for p in t.partitions.values()
+            ):
+                waiting.discard(name)
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise BrokerError(
+                f"topics {sorted(waiting)} were created but have no leader after {timeout:.0f} s"
+            )
+        time.sleep(0.05)
 
 
 def _as_spec(topic: tuple[str, int]) -> TopicSpec:

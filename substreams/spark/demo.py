@@ -190,9 +190,7 @@ def run_demo(
         else:
             server = client.resolve_bootstrap(config, bootstrap)
             console.print(f"[bold]broker[/] {server}")
-        ensure_topics(
-            client.admin(server, config), config.topics(), config.kafka.replication_factor
-        )
+        ensure_topics(client.admin(server, config), config.topics())
         stack.enter_context(_tracker(config, server, sub, report))
         console.print(f"[bold]tracking[/] {sub.name} ({sub.mechanism}) by {report.tracker}")
         console.print("[bold]spark[/] starting a local session...")
