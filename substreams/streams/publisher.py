@@ -154,12 +154,19 @@ class Publisher:
         self._hooks: dict[str, PublishHook] = {}
         self._hook_list: list[PublishHook] = []
         self._delivery_hooks: list[PublishHook] = []
-        if hooks:
-            self._install_hooks()
-        if self._hook_list:
-            # The hooks' registrations, committed before any record: a source counts from
-            # the moment the acker reads its Register.
-            self.commit()
+        try:
+            if hooks:
+                self._install_hooks()
+            if self._hook_list:
+                # The hooks' registrations, committed before any record: a source counts
+                # from the moment the acker reads its Register.
+                self.commit()
+        except BaseException:
+            # E.g. the registration could not commit during a broker outage: without this
+            # the (stream, source) stayed acquired and every later Publisher for it in this
+            # process was refused.  Hooks already attached let go of their resources.
+            self.abort()
+            raise
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -359,7 +366,12 @@ class Publisher:
         return protocol_codec("punctuation").headers(TYPE_PUNCTUATION)
 
     def flush(self) -> None:
-        """Commit the open transaction: its records become visible to readers at once."""
+        """Commit the open transaction: its records become visible to readers at once.
+
+        A ``KafkaException`` whose error is ``retriable()`` (the commit timed out while the
+        brokers were away) leaves the transaction committing: call ``flush()`` again.  It
+        cannot be aborted any more (librdkafka refuses with ``_CONFLICT``, which
+        :meth:`abort` swallows), so giving up on it leaves its outcome unknown."""
         if self._in_txn:
             if self._delivery_hooks:
                 # Every delivery callback (offsets) before the hooks' last word.
