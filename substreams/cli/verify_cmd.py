@@ -24,6 +24,8 @@ def _table(reports: list[TopicReport]) -> Table:
         status = "[green]OK[/]" if r.broken is None else (
             f"[red]BROKEN at offset {r.broken.offset}: {r.broken.kind}[/]"
         )
+        if r.start_offset:
+            status += f" (from offset {r.start_offset}: earlier records deleted by retention)"
         table.add_row(r.topic, str(r.records), seqs, status)
     return table
 

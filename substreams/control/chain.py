@@ -125,7 +125,9 @@ class ChainVerifier:
 class TrustingVerifier:
     """A :class:`ChainVerifier` for one topic that, when started mid-topic (not ``strict``),
     trusts each writer's chain from the first record it sees of that writer (that record's
-    own digest is still checked); from offset 0 every chain must start at genesis."""
+    own digest is still checked); from offset 0 every chain must start at genesis.  A reader
+    whose topic lost its head to retention (log start > 0) cannot be strict: nothing before
+    the log start can be checked any more, so the chain is proven from there on."""
 
     def __init__(self, strict: bool) -> None:
         self.strict = strict

@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from substreams.config import Config
 from substreams.control.chain import TrustingVerifier
-from substreams.control.io import decode_control
+from substreams.control.io import ControlTail, decode_control
 from substreams.control.messages import (
     ControlRecord,
     EpochComplete,
@@ -131,6 +131,11 @@ def find_latest_snapshot(
         consumer.close()
 
 
+def _log_start(bootstrap: str, topic: str, config: Config | None) -> int:
+    with ControlTail(bootstrap, topic, 0, config) as tail:
+        return tail.log_start()
+
+
 # --- the subscriber ------------------------------------------------------------------------------
 
 
@@ -211,7 +216,8 @@ class Subscriber:
                 if self.start == "latest_snapshot"
                 else None
             )
-            self.verifiers[topic] = TrustingVerifier(strict=found is None)
+            strict = found is None and _log_start(self.bootstrap, topic, self.config) == 0
+            self.verifiers[topic] = TrustingVerifier(strict=strict)
             if found is None:
                 self.frontiers.start(topic, (), ())
                 self._data_from[topic] = {}

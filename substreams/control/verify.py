@@ -1,9 +1,11 @@
 """`substreams verify`: prove that each control topic is an unbroken, untampered timeline.
 
 Why from offset 0: a hash chain only proves continuity from a point one trusts, and the only
-point everyone trusts is the genesis digest.  The walk stops judging a topic at its FIRST
-break (everything after it is unprovable) but keeps counting records so the report shows
-how much of the topic is affected.
+point everyone trusts is the genesis digest.  Once retention moved a topic's log start past 0
+the genesis is gone: each writer's chain is then proven from its first remaining record (whose
+own digest is still checked), and the report says from which offset (``start_offset``).
+The walk stops judging a topic at its FIRST break (everything after it is unprovable) but
+keeps counting records so the report shows how much of the topic is affected.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class TopicReport:
     records: int = 0
     last_seq: dict[str, int] = field(default_factory=dict)
     broken: Break | None = None
+    start_offset: int = 0
+    """Where the walk started: the log start (0 unless retention deleted the head)."""
 
     @property
     def ok(self) -> bool:
@@ -72,6 +76,7 @@ def verify_topic(bootstrap: str, topic: str, substream: str, config: Config | No
     report = TopicReport(topic, substream)
     verifier = ChainVerifier()
     with ControlTail(bootstrap, topic, 0, config) as tail:
+        report.start_offset = tail.log_start()
         deadline = time.monotonic() + idle_timeout
         while not tail.at_end:
             batch = tail.poll(0.2, max_records=5000)
@@ -83,6 +88,12 @@ def verify_topic(bootstrap: str, topic: str, substream: str, config: Config | No
                 )
             for offset, rec in batch:
                 report.records += 1
+                if (
+                    report.start_offset
+                    and not isinstance(rec, Corrupt)
+                    and rec.writer not in verifier.heads
+                ):  # the head was deleted by retention: anchor on the first remaining record
+                    verifier.heads[rec.writer] = ChainHead(rec.seq, rec.prev_digest)
                 if report.broken is None:
                     report.broken = _judge(verifier, report, offset, rec)
     return report

@@ -101,8 +101,8 @@ class ControlScanner:
         self.close()
         self.base = self.scanned_to = start
         self.notes = {}
-        self.verifier = TrustingVerifier(strict=start == 0)
         self._tail = ControlTail(self.bootstrap, self.topic, start, load_config(self.config_path))
+        self.verifier = TrustingVerifier(strict=start == 0 and self._tail.log_start() == 0)
 
     def _take(self, offset: int, rec: object) -> None:
         if isinstance(rec, Corrupt):
