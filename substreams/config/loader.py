@@ -837,27 +837,20 @@ def _acker(ctx: _Ctx, sec: _Section | None) -> AckerConfig:
         defaults.checkpoint_retention_bytes,
     )
     acker = AckerConfig(**values)
-    if acker.standby_timeout_ms <= acker.heartbeat_ms:
-        # Blame the key the user wrote; if both are written, the timeout.
-        key = "standby_timeout_ms" if "standby_timeout_ms" in sec.entries else "heartbeat_ms"
-        raise ctx.error(
-            sec.value_node(key),
-            sec.key_path(key),
-            f"standby_timeout_ms ({acker.standby_timeout_ms}) must be greater than"
-            f" heartbeat_ms ({acker.heartbeat_ms}), or standbys would take over from a"
-            " live acker",
-            value=getattr(acker, key),
-        )
-    if acker.source_timeout_ms <= acker.source_heartbeat_ms:
-        key = "source_timeout_ms" if "source_timeout_ms" in sec.entries else "source_heartbeat_ms"
-        raise ctx.error(
-            sec.value_node(key),
-            sec.key_path(key),
-            f"source_timeout_ms ({acker.source_timeout_ms}) must be greater than"
-            f" source_heartbeat_ms ({acker.source_heartbeat_ms}), or live sources would be"
-            " evicted",
-            value=getattr(acker, key),
-        )
+    for timeout, beat, why in (
+        ("standby_timeout_ms", "heartbeat_ms", "standbys would take over from a live acker"),
+        ("source_timeout_ms", "source_heartbeat_ms", "live sources would be evicted"),
+    ):
+        if getattr(acker, timeout) <= getattr(acker, beat):
+            # Blame the key the user wrote; if both are written, the timeout.
+            key = timeout if timeout in sec.entries else beat
+            raise ctx.error(
+                sec.value_node(key),
+                sec.key_path(key),
+                f"{timeout} ({getattr(acker, timeout)}) must be greater than"
+                f" {beat} ({getattr(acker, beat)}), or {why}",
+                value=getattr(acker, key),
+            )
     return acker
 
 

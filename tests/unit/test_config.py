@@ -975,3 +975,12 @@ def test_dead_letters_must_outlive_punctuated_data(project: Path) -> None:
     assert load(project, text + "acker:\n  dead_letter_retention_ms: -1\n")
     acked = substream("kind: epoch", "field: epoch")
     assert load(project, acked + "acker:\n  dead_letter_retention_ms: 60000\n")
+
+
+
+def test_source_timeout_must_exceed_the_source_heartbeat(project: Path) -> None:
+    text = STREAM + "acker:\n  source_heartbeat_ms: 1000\n  source_timeout_ms: 500\n"
+    err = fail(project, text)
+    assert (err.line, err.key, err.value) == (7, "acker.source_timeout_ms", 500)
+    assert "source_timeout_ms (500) must be greater than source_heartbeat_ms (1000)" in str(err)
+    assert "live sources would be evicted" in str(err)
