@@ -147,7 +147,19 @@ class Publisher:
         self._hook_list: list[PublishHook] = []
         self._delivery_hooks: list[PublishHook] = []
         if hooks:
-            self._install_hooks()
+            try:
+                self._install_hooks()
+            except BaseException:
+                # E.g. the acker hook could not register within its timeout (the acks
+                # partition had no leader during a broker outage): without this the
+                # (stream, source) stayed acquired and every later Publisher for it in this
+                # process was refused.  Hooks already attached let go of their resources.
+                self._closed = True
+                for hook in self._hook_list:
+                    with contextlib.suppress(SubstreamsError, KafkaException):
+                        hook.abort(self)
+                self._release()
+                raise
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -330,7 +342,12 @@ class Publisher:
         return protocol_codec("punctuation").headers(TYPE_PUNCTUATION)
 
     def flush(self) -> None:
-        """Commit the open transaction: its records become visible to readers at once."""
+        """Commit the open transaction: its records become visible to readers at once.
+
+        A ``KafkaException`` whose error is ``retriable()`` (the commit timed out while the
+        brokers were away) leaves the transaction committing: call ``flush()`` again.  It
+        cannot be aborted any more (librdkafka refuses with ``_CONFLICT``, which
+        :meth:`abort` swallows), so giving up on it leaves its outcome unknown."""
         if self._in_txn:
             self._guard(self._producer.commit_transaction, 30)
             self._in_txn = False
