@@ -188,7 +188,8 @@ class ControlWriter:
                     partition=0,
                     headers=self.codec.headers(),
                 )
-            self._guard(self._producer.commit_transaction, 30)
+            what = f"control writer '{self.writer}'"
+            self._guard(client.commit_transaction, self._producer, what)
         except BaseException:
             with contextlib.suppress(KafkaException):
                 self._producer.abort_transaction(10)

@@ -11,12 +11,14 @@ fenced), and readers must never see an aborted write.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from substreams.config import Config
@@ -24,6 +26,8 @@ from substreams.errors import BrokerError
 from substreams.kafka.embedded import read_state
 
 ENV_BOOTSTRAP = "SUBSTREAMS_BOOTSTRAP"
+
+log = logging.getLogger(__name__)
 
 
 def resolve_bootstrap(config: Config | None = None, override: str | None = None) -> str:
@@ -92,6 +96,48 @@ def admin(bootstrap: str, config: Config | None = None) -> AdminClient:
     settings: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 3}
     settings.update(_extra(config))
     return AdminClient(settings)
+
+
+COMMIT_PATIENCE_S = 120.0
+"""How long a transactional writer waits out a broker outage before giving up on a commit
+(longer than a whole-cluster restart; the coordinator aborts a transaction that outlives
+``transaction.timeout.ms`` anyway, and the retried commit then fails as abortable)."""
+
+
+def commit_transaction(
+    producer: Producer, what: str, patience: float = COMMIT_PATIENCE_S
+) -> None:
+    """Deliver everything and commit the open transaction, waiting out a broker outage.
+
+    Why here and only here: a ``commit_transaction`` that timed out is *still in progress*
+    (librdkafka marks the error retriable) -- it may yet commit, so it must be called again,
+    never aborted (an abort is refused with ``_CONFLICT`` and the outcome stays unknown).
+    Every other error is raised: abortable ones for the caller to abort, fatal ones (a
+    fenced producer) for it to stop."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            producer.commit_transaction(max(1.0, min(30.0, deadline - time.monotonic())))
+            return
+        except KafkaException as exc:
+            err = exc.args[0]
+            retriable = isinstance(err, KafkaError) and err.retriable()
+            if not retriable or time.monotonic() >= deadline:
+                raise
+            log.warning("%s: commit still in progress (%s); calling it again", what, err)
+
+
+def flush_producer(producer: Producer, what: str, patience: float = COMMIT_PATIENCE_S) -> None:
+    """Wait until every produced message is delivered (delivery callbacks served), through
+    a broker outage of up to ``patience`` seconds; a ``BrokerError`` after that."""
+    deadline = time.monotonic() + patience
+    while True:
+        left = producer.flush(max(1.0, min(30.0, deadline - time.monotonic())))
+        if not left:
+            return
+        if time.monotonic() >= deadline:
+            raise BrokerError(f"{what}: {left} messages not delivered within {patience:.0f} s")
+        log.warning("%s: %d messages not delivered yet; waiting on", what, left)
 
 
 def headers_dict(headers: list[tuple[str, bytes]] | None) -> Mapping[str, bytes]:

@@ -35,6 +35,9 @@ from substreams.streams.records import SentRecord
 from substreams.streams.schemas import TYPE_PUNCTUATION, Codec, envelope_schema, protocol_codec
 from substreams.streams.times import TimeAssigner
 
+REGISTER_PATIENCE_S = 30.0
+"""How long a starting publisher waits for its registration to commit before it fails."""
+
 _ACQUIRED: set[tuple[str, str, str]] = set()
 _ACQUIRED_LOCK = threading.Lock()
 
@@ -160,11 +163,18 @@ class Publisher:
             if self._hook_list:
                 # The hooks' registrations, committed before any record: a source counts
                 # from the moment the acker reads its Register.
-                self.commit()
+                self.commit(patience=REGISTER_PATIENCE_S)
+        except KafkaException as exc:
+            self.abort()
+            raise SubstreamsError(
+                f"the publisher of stream '{stream}' for source '{source_id}' could not "
+                f"register within {REGISTER_PATIENCE_S:.0f} s (is the acks topic "
+                f"'{config.acker.acks_topic}' there and served?): {exc}"
+            ) from exc
         except BaseException:
-            # E.g. the registration could not commit during a broker outage: without this
-            # the (stream, source) stayed acquired and every later Publisher for it in this
-            # process was refused.  Hooks already attached let go of their resources.
+            # E.g. a broker outage at start: without this the (stream, source) stayed
+            # acquired and every later Publisher for it in this process was refused.
+            # Hooks already attached let go of their resources.
             self.abort()
             raise
 
@@ -365,35 +375,31 @@ class Publisher:
     def punctuation_headers(self) -> list[tuple[str, bytes]]:
         return protocol_codec("punctuation").headers(TYPE_PUNCTUATION)
 
-    def flush(self) -> None:
+    def flush(self, patience: float = client.COMMIT_PATIENCE_S) -> None:
         """Commit the open transaction: its records become visible to readers at once.
 
-        A ``KafkaException`` whose error is ``retriable()`` (the commit timed out while the
-        brokers were away) leaves the transaction committing: call ``flush()`` again.  It
-        cannot be aborted any more (librdkafka refuses with ``_CONFLICT``, which
-        :meth:`abort` swallows), so giving up on it leaves its outcome unknown."""
+        A broker outage is waited out (``client.COMMIT_PATIENCE_S``): a commit that timed out
+        is still in progress and is called again, never aborted.  A ``KafkaException``
+        that escapes after that is either abortable (abort and write again) or, if still
+        ``retriable()``, leaves the outcome unknown (call ``flush()`` again)."""
         if self._in_txn:
+            what = f"stream '{self.stream}', source '{self.source_id}'"
             if self._delivery_hooks:
                 # Every delivery callback (offsets) before the hooks' last word.
-                left = self._guard(self._producer.flush, 30)
-                if left:
-                    raise SubstreamsError(
-                        f"stream '{self.stream}', source '{self.source_id}': {left} records "
-                        "not delivered within 30 s; the transaction is not committed"
-                    )
+                self._guard(client.flush_producer, self._producer, what, patience)
             for hook in self._hook_list:
                 hook.before_commit(self)
-            self._guard(self._producer.commit_transaction, 30)
+            self._guard(client.commit_transaction, self._producer, what, patience)
             self._in_txn = False
             self._pending = 0
             for hook in self._hook_list:
                 hook.on_commit(self)
 
-    def commit(self) -> None:
+    def commit(self, patience: float = client.COMMIT_PATIENCE_S) -> None:
         """Commit now, even with no record pending: the hooks' messages (registrations,
-        seals, heartbeats) are written in a transaction of their own."""
+        seals) are written in a transaction of their own."""
         self._begin()
-        self.flush()
+        self.flush(patience)
 
     def seal(self, substream: str, time: Time, *, commit: bool = True) -> None:
         """Promise that this source writes no more records at times <= ``time`` of
