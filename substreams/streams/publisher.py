@@ -387,8 +387,15 @@ class Publisher:
             if self._delivery_hooks:
                 # Every delivery callback (offsets) before the hooks' last word.
                 self._guard(client.flush_producer, self._producer, what, patience)
-            for hook in self._hook_list:
-                hook.before_commit(self)
+            try:
+                for hook in self._hook_list:
+                    hook.before_commit(self)
+            except KafkaException:
+                # Refused because the transaction already failed (a record's delivery timed
+                # out during an outage: "Erroneous state").  The commit names the real error
+                # -- abortable or fatal; it cannot succeed in that state.
+                self._guard(client.commit_transaction, self._producer, what, patience)
+                raise
             self._guard(client.commit_transaction, self._producer, what, patience)
             self._in_txn = False
             self._pending = 0
