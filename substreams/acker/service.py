@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from substreams.acker.agent import (
     AckReport,
@@ -147,6 +147,7 @@ class AckerService:
         self.duplicates = 0
         self.stale = 0
         self.evictions = 0
+        self.recoveries = 0
         self._evicting: dict[str, tuple[int, int, str]] = {}
         """Sources being evicted: source -> (acks partition, offset to read up to, reason)."""
         self._evicted_items: list[tuple[str, ControlBody]] = []
@@ -252,7 +253,22 @@ class AckerService:
         self.start()
         try:
             while not stop.is_set():
-                self.step(0.05)
+                try:
+                    self.step(0.05)
+                except KafkaException as exc:
+                    # Not a fence (that is AckerFencedError): our own transaction was lost,
+                    # e.g. the coordinator aborted it during a long outage and bumped the
+                    # producer epoch.  Everything since the last checkpoint is replayed.
+                    log.error(
+                        "acker '%s': transaction failed (%s); recovering from the latest "
+                        "checkpoint", self.name, exc,
+                    )
+                    self.recoveries += 1
+                    self.close()
+                    self.state = AckerState()
+                    self._evicting.clear()
+                    self._evicted_items = []
+                    self.start()
         finally:
             self.close()
 

@@ -69,7 +69,9 @@ def producer(
     }
     if transactional_id:
         settings["transactional.id"] = transactional_id
-        settings["transaction.timeout.ms"] = 60000
+        # Longer than COMMIT_PATIENCE_S: a transaction open when the brokers went away is
+        # not aborted by its coordinator while its writer still waits the outage out.
+        settings["transaction.timeout.ms"] = 180000
     settings.update(_extra(config))
     settings.update(overrides)
     return Producer(settings)
