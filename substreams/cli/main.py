@@ -9,6 +9,7 @@ print one ``error:`` line with exit code 2, never a traceback.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from typing import Any
 
@@ -34,9 +35,21 @@ class _Main(click.Group):
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="substreams")
-def cli() -> None:
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="WARNING",
+    show_default=True,
+    help="What the services log to stderr (evictions, recoveries and retries are WARNING).",
+)
+def cli(log_level: str) -> None:
     """Substream management on Kafka: punctuations, the trAcker acker, frontiers and
     firm-bound epoch notifications for Python and PySpark."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def _register() -> None:
