@@ -83,9 +83,7 @@ class AckerClient:
         fast: dict[str, Any] = {"linger.ms": 0}
         self._producer = client.producer(self.bootstrap, config, **fast)
         self._consumer = client.consumer(self.bootstrap, config)
-        _, high = self._consumer.get_watermark_offsets(
-            TopicPartition(self.response_topic, 0), timeout=10
-        )
+        _, high = client.watermarks(self._consumer, self.response_topic, 0)
         self._consumer.assign([TopicPartition(self.response_topic, 0, max(0, high))])
 
     # -- raw protocol --------------------------------------------------------------------
@@ -173,9 +171,7 @@ class AckerClient:
         position; with transactional writers the count includes commit markers)."""
         lags: dict[int, int] = {}
         for a in status.acks:
-            _, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self.config.acker.acks_topic, a.partition), timeout=5
-            )
+            _, high = client.watermarks(self._consumer, self.config.acker.acks_topic, a.partition)
             lags[a.partition] = max(0, high - a.offset)
         return lags
 

@@ -153,6 +153,7 @@ class AckerService:
         self._evicted_items: list[tuple[str, ControlBody]] = []
         self._source_timeout_ms = config.acker.source_timeout_ms
         self._last_liveness = 0.0
+        self._last_step_ms = 0
         self.notifications = 0
         self.started = False
         self.fenced = False
@@ -193,15 +194,13 @@ class AckerService:
             self.state = AckerState.loads(latest.state, dict(latest.acks_offsets), every)
         for sub in self.segments:
             self.state.ensure(sub, every)
-        start_ms = _now_ms()
+        start_ms = self._last_step_ms = _now_ms()
         for session in self.state.sessions.values():
             session.last_seen_ms = start_ms  # the acker's own downtime evicts no one
         self._out = DeadLetterWriter(self.config, self.bootstrap)
         self._consumer = client.consumer(self.bootstrap, self.config)
         for p in range(self.config.acker.acks_partitions):
-            low, _ = self._consumer.get_watermark_offsets(
-                TopicPartition(self.acks_topic, p), timeout=10
-            )
+            low, _ = client.watermarks(self._consumer, self.acks_topic, p)
             if p not in self.state.acks_offsets:  # never read: the partition's start
                 self.state.acks_offsets[p] = max(0, int(low))
             elif self.state.acks_offsets[p] < low:
@@ -320,6 +319,7 @@ class AckerService:
             self.state.acks_offsets[msg.partition()] = msg.offset() + 1
             self._apply(msg, now)
             applied += 1
+        self._excuse_own_stall(now)
         self._liveness(now)
         items = self._evicted_items + self._terminations(now)
         self._evicted_items = []
@@ -419,6 +419,17 @@ class AckerService:
                 del self._evicting[source]
                 self._finish_eviction(source, reason)
 
+    def _excuse_own_stall(self, now: int) -> None:
+        """Time the acker itself could not hear anyone (a broker outage blocks its commits
+        and fetches; a long GC pause) does not count as a source's silence: every source's
+        liveness is moved on by the stall, or an outage of the cluster would evict every
+        source the moment it ends."""
+        last, self._last_step_ms = self._last_step_ms, now
+        stall = now - last - 2 * self.config.acker.heartbeat_ms
+        if last and stall > 0:
+            for session in self.state.sessions.values():
+                session.last_seen_ms += stall
+
     def _evict(self, source: str, reason: str) -> bool:
         """Begin evicting ``source``: fence its writer (a stopped process that resumes can
         commit nothing more), then read its acks partition up to where it stands now, so
@@ -436,9 +447,7 @@ class AckerService:
             fence(self.bootstrap, self.config, session.writer)
         partition = acks_partition(source, self.config.acker.acks_partitions)
         assert self._consumer is not None
-        _, high = self._consumer.get_watermark_offsets(
-            TopicPartition(self.acks_topic, partition), timeout=10, cached=False
-        )
+        _, high = client.watermarks(self._consumer, self.acks_topic, partition)
         log.warning("evicting source '%s' (%s): fenced, reading acks up to %d", source,
                     reason, high)
         self._evicting[source] = (partition, int(high), reason)

@@ -58,10 +58,8 @@ class ControlTail:
     def log_start(self) -> int:
         """The topic's first offset: past 0 once retention (or ``delete_records``) removed
         its oldest records.  A reader asked to start below it starts there instead."""
-        low, _ = self._consumer.get_watermark_offsets(
-            TopicPartition(self.topic, 0), timeout=10, cached=False
-        )
-        return max(0, int(low))
+        low, _ = client.watermarks(self._consumer, self.topic, 0)
+        return max(0, low)
 
     def poll(
         self, timeout: float = 0.1, max_records: int = 500

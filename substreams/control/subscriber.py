@@ -118,7 +118,7 @@ def find_latest_snapshot(
     """
     consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        low, high = client.watermarks(consumer, topic, 0)
         end: int | None = None
         start = max(low, high - window)
         while True:

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from substreams.config import Config
@@ -140,6 +140,33 @@ def flush_producer(producer: Producer, what: str, patience: float = COMMIT_PATIE
         if time.monotonic() >= deadline:
             raise BrokerError(f"{what}: {left} messages not delivered within {patience:.0f} s")
         log.warning("%s: %d messages not delivered yet; waiting on", what, left)
+
+
+def watermarks(
+    consumer: Consumer, topic: str, partition: int, timeout: float = 30.0
+) -> tuple[int, int]:
+    """(low, high) offsets of a partition, asked of its leader (never cached).
+
+    Retries retriable errors until ``timeout``: right after a topic is created, or while a
+    leader moves, the broker answers NOT_LEADER_FOR_PARTITION for a moment (seen on
+    Apache Kafka 4.1 under load)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=max(1.0, min(10.0, timeout)),
+                cached=False,
+            )
+            return int(low), int(high)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (isinstance(err, KafkaError) and err.retriable()):
+                raise
+            if time.monotonic() >= deadline:
+                raise BrokerError(
+                    f"no offsets for {topic}[{partition}] within {timeout:.0f} s: {err}"
+                ) from exc
+            time.sleep(0.1)
 
 
 def headers_dict(headers: list[tuple[str, bytes]] | None) -> Mapping[str, bytes]:

@@ -158,9 +158,7 @@ class Listener:
     def _search(self, partition: int, key: int) -> int:
         probe = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
         try:
-            low, high = probe.get_watermark_offsets(
-                TopicPartition(self.stream, partition), timeout=10
-            )
+            low, high = client.watermarks(probe, self.stream, partition)
             lo, hi = low, high  # invariant: every entry before lo has order key < key
             while lo < hi:
                 mid = (lo + hi) // 2
