@@ -142,6 +142,18 @@ def flush_producer(producer: Producer, what: str, patience: float = COMMIT_PATIE
         log.warning("%s: %d messages not delivered yet; waiting on", what, left)
 
 
+_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
+"""Errors of a partition that is being created or whose leader moves: they pass."""
+
+
 def watermarks(
     consumer: Consumer, topic: str, partition: int, timeout: float = 30.0
 ) -> tuple[int, int]:
@@ -160,7 +172,7 @@ def watermarks(
             return int(low), int(high)
         except KafkaException as exc:
             err = exc.args[0]
-            if not (isinstance(err, KafkaError) and err.retriable()):
+            if not (isinstance(err, KafkaError) and (err.retriable() or err.code() in _MOVING)):
                 raise
             if time.monotonic() >= deadline:
                 raise BrokerError(
