@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -55,12 +55,13 @@ from substreams.acker.deadletter import (
     DeadLetterWriter,
 )
 from substreams.acker.state import AckerState, AckerView, SourceSession
-from substreams.acker.table import SOURCE, Segment, SegmentTable, Violation, acker_segments
+from substreams.acker.table import Segment, SegmentTable, Violation, acker_segments
 from substreams.config import Config
 from substreams.control.io import ControlTail, ControlWriter, Corrupt
 from substreams.control.messages import (
     Checkpoint,
     ControlBody,
+    ControlRecord,
     FrontierSnapshot,
     SourceEvicted,
     WriterHeartbeat,
@@ -101,15 +102,23 @@ def latest_state(
 
     name = name or config.acker.name
     server = client.resolve_bootstrap(config, bootstrap)
-    latest: tuple[Checkpoint, int] | None = None
-    for _, rec in read_control(server, checkpoint_topic(config, name), config):
-        if rec.writer == name and isinstance(rec.body, Checkpoint):
-            latest = (rec.body, rec.written_at_ms)
-    if latest is None:
+    found = latest_checkpoint(read_control(server, checkpoint_topic(config, name), config), name)
+    if found is None:
         return None
-    body, written = latest
+    body, written = found
     state = AckerState.loads(body.state, dict(body.acks_offsets), config.acker.snapshot_every)
     return state, written
+
+
+def latest_checkpoint(
+    records: Iterable[tuple[int, ControlRecord]], name: str
+) -> tuple[Checkpoint, int] | None:
+    """The last Checkpoint written by acker ``name`` among ``records``, and when."""
+    latest: tuple[Checkpoint, int] | None = None
+    for _, rec in records:
+        if rec.writer == name and isinstance(rec.body, Checkpoint):
+            latest = (rec.body, rec.written_at_ms)
+    return latest
 
 
 def transactional_id(name: str) -> str:
@@ -185,12 +194,10 @@ class AckerService:
         except PublisherFencedError as exc:
             raise self._fenced() from exc
         seen = self._writer.recover()
-        latest: Checkpoint | None = None
-        for _, rec in seen.get(self.checkpoint_topic, ()):
-            if rec.writer == self.name and isinstance(rec.body, Checkpoint):
-                latest = rec.body
+        found = latest_checkpoint(seen.get(self.checkpoint_topic, ()), self.name)
         every = self.config.acker.snapshot_every
-        if latest is not None:
+        if found is not None:
+            latest = found[0]
             self.state = AckerState.loads(latest.state, dict(latest.acks_offsets), every)
         for sub in self.segments:
             self.state.ensure(sub, every)
@@ -438,10 +445,7 @@ class AckerService:
         session = self.state.sessions.get(source)
         if session is None or session.evicted or source in self._evicting:
             return False
-        if not any(
-            (st := t.sources.get(source)) is not None and st.active and st.role == SOURCE
-            for t in self.state.tables.values()
-        ):
+        if not any(t.is_active_source(source) for t in self.state.tables.values()):
             return False
         if session.writer:
             fence(self.bootstrap, self.config, session.writer)
@@ -458,8 +462,7 @@ class AckerService:
         session.evicted = True
         self.evictions += 1
         for sub, table in self.state.tables.items():
-            st = table.sources.get(source)
-            if st is None or not st.active or st.role != SOURCE:
+            if not table.is_active_source(source):
                 continue
             table.unregister(source)
             self._evicted_items.append(

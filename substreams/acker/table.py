@@ -183,6 +183,11 @@ class SegmentTable:
         state = self.sources.get(source)
         return state is not None and state.active
 
+    def is_active_source(self, source: str) -> bool:
+        """Registered with role SOURCE: a process whose seals this table waits for."""
+        state = self.sources.get(source)
+        return state is not None and state.active and state.role == SOURCE
+
     # -- reports -------------------------------------------------------------------------
 
     def _check_open(self, t: Time) -> None:
