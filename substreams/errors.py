@@ -95,6 +95,11 @@ class OrderKeyRegressionError(SubstreamsError):
     """
 
 
+class SealedTimeError(SubstreamsError):
+    """A record at a time its source already sealed: it would arrive after its
+    substream's end (refused before anything is written)."""
+
+
 class PublisherFencedError(SubstreamsError):
     """This publisher was fenced: another instance took over its transactional id.
 

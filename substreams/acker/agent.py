@@ -69,6 +69,8 @@ class SealEntry:
     substream: str
     time: Time
     sealed_at_ms: int
+    all_keys: bool = False
+    """The keyed seal: ``time`` is an event time T covering ``Keyed(k, t <= T)`` for every k."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,7 @@ def _body_to_wire(body: AckBody) -> tuple[str, dict[str, Any]]:
                     "substream": s.substream,
                     "time": time_to_wire(s.time),
                     "sealed_at_ms": s.sealed_at_ms,
+                    "all_keys": s.all_keys,
                 }
                 for s in body.seals
             ],
@@ -170,7 +173,12 @@ def _body_from_wire(name: str, d: Mapping[str, Any]) -> AckBody:
                 for e in d["entries"]
             ),
             tuple(
-                SealEntry(s["substream"], time_from_wire(s["time"]), int(s["sealed_at_ms"]))
+                SealEntry(
+                    s["substream"],
+                    time_from_wire(s["time"]),
+                    int(s["sealed_at_ms"]),
+                    bool(s.get("all_keys", False)),
+                )
                 for s in d.get("seals", ())
             ),
         )
@@ -333,6 +341,12 @@ class TrackingAgent:
         """No more records at times <= ``t`` from this source, from the next commit on
         (the seal travels after the reports of that commit's records)."""
         self._seals.append(SealEntry(substream, t, now_ms()))
+
+    def seal_keys(self, substream: str, upto: int) -> None:
+        """The keyed seal: no more records at ``Keyed(k, t)``, ``t <= upto``, for any key, from
+        the next commit on.  Only the highest per commit travels (they are monotone)."""
+        self._seals = [s for s in self._seals if not (s.all_keys and s.substream == substream)]
+        self._seals.append(SealEntry(substream, upto, now_ms(), all_keys=True))
 
     # -- membership ----------------------------------------------------------------------
 

@@ -116,6 +116,9 @@ class AckerHook:
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
         self.agent.seal(substream, time)
 
+    def seal_keys(self, publisher: Publisher, substream: str, upto: int) -> None:
+        self.agent.seal_keys(substream, upto)
+
     def before_commit(self, publisher: Publisher) -> None:
         write_agent(publisher, self.agent)
 

@@ -200,7 +200,7 @@ class AckerService:
             latest = found[0]
             self.state = AckerState.loads(latest.state, dict(latest.acks_offsets), every)
         for sub in self.segments:
-            self.state.ensure(sub, every)
+            self.state.ensure(sub, every, self.config.substream(sub).gap_ms)
         start_ms = self._last_step_ms = _now_ms()
         for session in self.state.sessions.values():
             session.last_seen_ms = start_ms  # the acker's own downtime evicts no one
@@ -505,7 +505,11 @@ class AckerService:
             if table is None:
                 continue
             try:
-                if table.seal(source, s.time, s.sealed_at_ms, now):
+                if s.all_keys:
+                    if type(s.time) is not int:
+                        raise Violation(f"keyed seal with a non-integer time {s.time!r}")
+                    table.seal_keys(source, s.time, s.sealed_at_ms)
+                elif table.seal(source, s.time, s.sealed_at_ms, now):
                     trackers[s.substream].activate(s.time)
             except Violation as v:
                 problems.append((REASON_UNREGISTERED, v.reason))
@@ -535,7 +539,12 @@ class AckerService:
             topic = self.control_topics[sub]
             for term in terms:
                 bodies = tracker.complete(
-                    term.time, term.ranges, term.records, term.sealed_at_ms or now
+                    term.time,
+                    term.ranges,
+                    term.records,
+                    term.sealed_at_ms or now,
+                    until=term.until,
+                    members=term.members,
                 )
                 for body in bodies:
                     if isinstance(body, FrontierSnapshot):  # with the open times' starts

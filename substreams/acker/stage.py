@@ -68,7 +68,10 @@ class _StageHook:
                 )
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
-        pass
+        """Stages do not seal: their outputs keep their inputs' times."""
+
+    def seal_keys(self, publisher: Publisher, substream: str, upto: int) -> None:
+        """Stages do not seal."""
 
     def before_commit(self, publisher: Publisher) -> None:
         write_agent(publisher, self.agent)

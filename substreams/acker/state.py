@@ -94,9 +94,12 @@ class AckerState:
     last_notification: dict[str, tuple[Time, int] | None] = field(default_factory=dict)
     checkpoints: int = 0
 
-    def ensure(self, substream: str, snapshot_every: int) -> None:
-        if substream not in self.tables:
-            self.tables[substream] = SegmentTable(substream)
+    def ensure(self, substream: str, snapshot_every: int, gap_ms: int | None = None) -> None:
+        """Tables and trackers for ``substream`` (``gap_ms`` for a session substream)."""
+        if substream in self.tables:
+            self.tables[substream].gap_ms = gap_ms  # the configuration decides, not the past
+        else:
+            self.tables[substream] = SegmentTable(substream, gap_ms)
             self.trackers[substream] = ProgressTracker(substream, snapshot_every)
             self.last_notification.setdefault(substream, None)
 

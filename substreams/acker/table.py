@@ -21,6 +21,15 @@ seal of ``t`` promises no more records at times ``<= t``: seals are downward clo
 2. ``xor(t) == 0`` (every record sent at ``t`` was received), and
 3. every open time ``t' < t`` terminated — so the order is consistent by construction.
 
+Session segments (``gap_ms`` set) terminate *sessions*, not times: records carry
+``Keyed(key, event_ts)`` and the open times of one key are cut into runs whose neighbours are
+at most ``gap_ms`` apart (:mod:`substreams.frontier.sessions`).  The first run ``[s, e]`` of a
+key terminates when every registered source covers ``Keyed(key, e + gap_ms)`` (no record can
+join it any more) and every time of the run has ``xor == 0``; its termination is announced
+as ``Keyed(key, s)`` with ``until = Keyed(key, e)``.  A source covers a keyed time by an
+explicit seal of that key or by a *keyed seal* ("every key's times up to event time T"),
+which also covers keys it never wrote: that is how several sources sharing keys close them.
+
 A time known only from a seal ("a sealed time closes whether or not data arrived") is an
 open time too.  Simultaneous terminations are emitted in :func:`sort_key` order, a linear
 extension of the partial order.  Reports for a time that already terminated (anything at or
@@ -36,6 +45,7 @@ from typing import Any
 from substreams.config import Config
 from substreams.control.messages import OffsetRange
 from substreams.frontier import (
+    Keyed,
     Time,
     UpperAntichain,
     less_equal,
@@ -44,6 +54,7 @@ from substreams.frontier import (
     time_from_wire,
     time_to_wire,
 )
+from substreams.frontier.sessions import session_runs
 
 SOURCE = "SOURCE"
 STAGE = "STAGE"
@@ -117,13 +128,26 @@ class SourceState:
     seals: UpperAntichain = field(default_factory=UpperAntichain)
     seal_ms: dict[Time, int] = field(default_factory=dict)
     active: bool = True
+    keys_upto: int | None = None
+    """The keyed seal: no more records at ``Keyed(k, t)``, ``t <= keys_upto``, for any ``k``."""
+    keys_upto_ms: int = 0
+
+    def _keyed_covers(self, t: Time) -> bool:
+        return (
+            self.keys_upto is not None
+            and type(t) is Keyed
+            and type(t.time) is int
+            and t.time <= self.keys_upto
+        )
 
     def covers(self, t: Time) -> bool:
-        return self.seals.covers(t)
+        return self._keyed_covers(t) or self.seals.covers(t)
 
     def covered_at(self, t: Time) -> int:
         """When this source's seals first covered ``t`` (as far as the antichain remembers)."""
         times = [ms for s, ms in self.seal_ms.items() if less_equal(t, s)]
+        if self._keyed_covers(t):
+            times.append(self.keys_upto_ms)
         return min(times) if times else 0
 
 
@@ -137,6 +161,10 @@ class Termination:
     records: int
     sealed_at_ms: int
     first_seen_ms: int
+    until: Time | None = None
+    """A session's last time (``time`` is its first); None for a single time."""
+    members: tuple[Time, ...] = ()
+    """Every open time the termination retired (a session's times; else just ``time``)."""
 
 
 class Violation(Exception):
@@ -150,8 +178,10 @@ class Violation(Exception):
 class SegmentTable:
     """XOR tables, sources and seals of one segment."""
 
-    def __init__(self, substream: str) -> None:
+    def __init__(self, substream: str, gap_ms: int | None = None) -> None:
         self.substream = substream
+        self.gap_ms = gap_ms
+        """Set for a session substream: terminate sessions of keyed times (module doc)."""
         self.open: dict[Time, OpenEntry] = {}
         self.sources: dict[str, SourceState] = {}
         self.had_source = False
@@ -218,7 +248,13 @@ class SegmentTable:
         now_ms: int,
     ) -> bool:
         """Apply one aggregated entry; True iff ``t`` was not known before (newly open).
-        Raises :class:`Violation` for a time that already terminated."""
+        Raises :class:`Violation` for a time that already terminated, and for a session
+        substream's time that is not ``Keyed(key, event_ms)``."""
+        if self.gap_ms is not None and not (type(t) is Keyed and type(t.time) is int):
+            raise Violation(
+                f"substream '{self.substream}' is a session substream: times must be "
+                f"Keyed(key, event_ms), got {t!r}"
+            )
         self._check_open(t)
         entry, new = self._entry(t, now_ms)
         entry.xor ^= xor
@@ -244,11 +280,28 @@ class SegmentTable:
         state.seal_ms = {s: ms for s, ms in state.seal_ms.items() if s in state.seals}
         state.seal_ms[t] = sealed_at_ms
         self.dirty = True
-        if t in self.open or self.terminated.covers(t):
-            return False
+        if self.gap_ms is not None or t in self.open or self.terminated.covers(t):
+            return False  # a session exists only by its records: a seal opens none
         entry, _ = self._entry(t, now_ms)
         entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
         return True
+
+    def seal_keys(self, source: str, upto: int, sealed_at_ms: int) -> None:
+        """The keyed seal: ``source`` writes nothing more at ``Keyed(k, t)``, ``t <= upto``,
+        for any key ``k`` (also keys it never wrote).  Monotone: a lower one changes nothing."""
+        state = self.sources.get(source)
+        if state is None:
+            raise Violation(
+                f"substream '{self.substream}': keyed seal from unregistered source '{source}'"
+            )
+        if state.keys_upto is not None and upto <= state.keys_upto:
+            return
+        for t, entry in self.open.items():
+            if type(t) is Keyed and type(t.time) is int and t.time <= upto and not state.covers(t):
+                entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
+        state.keys_upto = upto
+        state.keys_upto_ms = sealed_at_ms
+        self.dirty = True
 
     def _newly_covered(self, state: SourceState, t: Time) -> list[OpenEntry]:
         """The open entries at times ``<= t`` that ``state``'s seals did not cover yet.
@@ -282,6 +335,8 @@ class SegmentTable:
         if not self.had_source:
             return []
         sources = [s for s in self.sources.values() if s.role == SOURCE and s.active]
+        if self.gap_ms is not None:
+            return self._session_terminations(sources, self.gap_ms)
         out: list[Termination] = []
         # Blocked (still open) times: for totally ordered classes the minimum per class is
         # enough; partially ordered ones (tuples) keep a list.
@@ -316,7 +371,49 @@ class SegmentTable:
             self.terminated.insert(term.time)
         return out
 
+    def _session_terminations(
+        self, sources: list[SourceState], gap: int
+    ) -> list[Termination]:
+        """Close the leading sessions of every key (module doc); in :func:`sort_key` order."""
+        by_key: dict[str, list[int]] = {}
+        for t in self.open:
+            if type(t) is Keyed and type(t.time) is int:  # report() admits nothing else
+                by_key.setdefault(t.key, []).append(t.time)
+        out: list[Termination] = []
+        for key, times in sorted(by_key.items()):
+            for start, end in session_runs(times, gap):
+                bound = Keyed(key, end + gap)
+                if not self._sealed(bound, sources):
+                    break
+                members = [Keyed(key, t) for t in sorted(times) if start <= t <= end]
+                entries = [self.open[m] for m in members]
+                if any(e.xor != 0 for e in entries):
+                    break
+                hull = OpenEntry()
+                for e in entries:
+                    hull.add_ranges(e.offset_ranges())
+                sealed_at = max((s.covered_at(bound) for s in sources), default=0)
+                out.append(
+                    Termination(
+                        self.substream,
+                        Keyed(key, start),
+                        hull.offset_ranges(),
+                        sum(e.records for e in entries),
+                        sealed_at or max(e.sealed_at_ms for e in entries),
+                        min(e.first_seen_ms for e in entries),
+                        until=Keyed(key, end),
+                        members=tuple(members),
+                    )
+                )
+                for m in members:
+                    del self.open[m]
+                self.terminated.insert(Keyed(key, end))
+        out.sort(key=lambda term: sort_key(term.time))
+        return out
+
     def unsealed_sources(self, t: Time) -> list[str]:
+        if self.gap_ms is not None and type(t) is Keyed and type(t.time) is int:
+            t = Keyed(t.key, t.time + self.gap_ms)  # what closes a session ending at t
         return sorted(
             name
             for name, s in self.sources.items()
@@ -344,16 +441,19 @@ class SegmentTable:
                     "role": s.role,
                     "active": s.active,
                     "seals": [[time_to_wire(t), s.seal_ms.get(t, 0)] for t in s.seals.elements()],
+                    "keys_upto": None if s.keys_upto is None else [s.keys_upto, s.keys_upto_ms],
                 }
                 for name, s in self.sources.items()
             },
             "had_source": self.had_source,
+            "gap_ms": self.gap_ms,
             "terminated": [time_to_wire(t) for t in self.terminated.elements()],
         }
 
     @classmethod
     def from_state(cls, substream: str, state: Mapping[str, Any]) -> SegmentTable:
-        table = cls(substream)
+        gap = state.get("gap_ms")
+        table = cls(substream, None if gap is None else int(gap))
         for wire, xor, records, reports, ranges, first, sealed in state["open"]:
             table.open[time_from_wire(wire)] = OpenEntry(
                 int(xor),
@@ -369,6 +469,9 @@ class SegmentTable:
                 t = time_from_wire(wire)
                 src.seals.insert(t)
                 src.seal_ms[t] = int(ms)
+            keyed = s.get("keys_upto")
+            if keyed is not None:
+                src.keys_upto, src.keys_upto_ms = int(keyed[0]), int(keyed[1])
             table.sources[name] = src
         table.had_source = bool(state["had_source"])
         table.terminated = UpperAntichain(time_from_wire(w) for w in state["terminated"])

@@ -757,6 +757,17 @@ def _substreams(
                 key, "key", _KEY_TYPES,
             )  # fmt: skip
         mechanism = cast(Mechanism, sec.get("mechanism", ctx.choice(_MECHANISMS), "acker"))
+        if kind == "session" and mechanism != "acker":
+            # Sessions are cut from every source's keyed event times where all reports meet
+            # (docs/design.md, "Keyed substreams with many sources"); punctuations have no
+            # such place.
+            raise ctx.error(
+                sec.value_node("mechanism"),
+                sec.key_path("mechanism"),
+                "a session substream is tracked by the acker (sessions are cut from every "
+                "source's records where their reports meet); use mechanism: acker",
+                value=mechanism,
+            )
         bound = cast(Bound, sec.get("bound", ctx.choice(_BOUNDS), "firm"))
         ordered = sec.get("ordered", ctx.boolean, True)
         out.append(

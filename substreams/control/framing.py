@@ -54,5 +54,7 @@ def encode_unsigned_epoch_complete(record: ControlRecord) -> bytes:
             zigzag_long(body.records),
             zigzag_long(body.sealed_at_ms),
             avro_array([avro_time(t) + zigzag_long(d) for t, d in body.lower_updates]),
+            # until: ["null", Time], branch 0 or 1 (zig-zag 0 / 2)
+            _ZERO if body.until is None else b"\x02" + avro_time(body.until),
         )
     )

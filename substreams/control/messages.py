@@ -25,7 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from substreams.frontier import Antichain, Time, UpperAntichain, time_from_wire, time_to_wire
+from substreams.frontier import (
+    Antichain,
+    Time,
+    UpperAntichain,
+    less_equal,
+    time_from_wire,
+    time_to_wire,
+)
 
 NS = "substreams."
 
@@ -84,6 +91,20 @@ class EpochComplete:
     records: int
     sealed_at_ms: int
     lower_updates: tuple[tuple[Time, int], ...] = ()
+    until: Time | None = None
+    """A session's last time (``time`` is its first); None: the notification is ``time``."""
+
+    def covers(self, t: Time) -> bool:
+        """True iff a record at time ``t`` belongs to this notification."""
+        return epoch_covers(self.time, self.until, t)
+
+
+def epoch_covers(time: Time, until: Time | None, t: Time) -> bool:
+    """Whether a record at ``t`` belongs to the epoch announced as ``time`` (``until``: the
+    last time of a session, whose records have every time of its key in between)."""
+    if until is None:
+        return t == time
+    return less_equal(time, t) and less_equal(t, until)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +172,7 @@ def body_to_wire(body: ControlBody) -> tuple[str, dict[str, Any]]:
             "records": body.records,
             "sealed_at_ms": body.sealed_at_ms,
             "lower_updates": [{"time": time_to_wire(t), "delta": d} for t, d in body.lower_updates],
+            "until": None if body.until is None else time_to_wire(body.until),
         }
     if isinstance(body, WriterHeartbeat):
         return NS + "WriterHeartbeat", {"substream": body.substream}
@@ -166,6 +188,13 @@ def body_to_wire(body: ControlBody) -> tuple[str, dict[str, Any]]:
         "acks_offsets": [{"partition": p, "offset": o} for p, o in body.acks_offsets],
         "state": body.state,
     }
+
+
+def _optional_time(value: Any) -> Time | None:
+    """A ``["null", Time]`` union as decoded with record names: None or (name, time)."""
+    if value is None:
+        return None
+    return time_from_wire(value[1] if isinstance(value, tuple) else value)
 
 
 def body_from_wire(name: str, d: Mapping[str, Any]) -> ControlBody:
@@ -190,6 +219,7 @@ def body_from_wire(name: str, d: Mapping[str, Any]) -> ControlBody:
             int(d["records"]),
             int(d["sealed_at_ms"]),
             tuple((time_from_wire(u["time"]), int(u["delta"])) for u in d.get("lower_updates", ())),
+            _optional_time(d.get("until")),
         )
     if short == "WriterHeartbeat":
         return WriterHeartbeat(d.get("substream"))

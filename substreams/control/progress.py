@@ -61,12 +61,19 @@ class ProgressTracker:
         records: int,
         sealed_at_ms: int,
         open_starts: Mapping[tuple[str, int], int] | None = None,
+        *,
+        until: Time | None = None,
+        members: Iterable[Time] = (),
     ) -> list[ControlBody]:
         """The control records announcing that ``time`` is complete (plus a snapshot every
-        ``snapshot_every`` completions; ``open_starts`` as for `snapshot`)."""
-        self.activate(time)
-        self.active.discard(time)
-        self._pending.extend(self.lower.update_iter([(time, -1)]))
+        ``snapshot_every`` completions; ``open_starts`` as for `snapshot`).  A session is
+        announced as its first time with ``until`` its last; ``members`` are its times, all
+        retired from the lower frontier with it."""
+        retired = [time, *(m for m in members if m != time)]
+        for t in retired:
+            self.activate(t)
+            self.active.discard(t)
+        self._pending.extend(self.lower.update_iter([(t, -1) for t in retired]))
         merged = merge_ranges(list(ranges))
         for r in merged:
             key = (r.stream, r.partition)
@@ -75,7 +82,13 @@ class ProgressTracker:
         self.last_completed = time
         out: list[ControlBody] = [
             EpochComplete(
-                self.substream, time, merged, records, sealed_at_ms, tuple(self._pending.drain())
+                self.substream,
+                time,
+                merged,
+                records,
+                sealed_at_ms,
+                tuple(self._pending.drain()),
+                until,
             )
         ]
         if self.completed % self.snapshot_every == 0:

@@ -9,16 +9,43 @@ from __future__ import annotations
 
 import time as _time
 from collections.abc import Iterable
+from typing import Generic, TypeVar
 
 from confluent_kafka import KafkaError, TopicPartition
 
 from substreams.config import Config
-from substreams.control.messages import OffsetRange
+from substreams.control.messages import OffsetRange, epoch_covers
 from substreams.errors import SubstreamsError
-from substreams.frontier import Time
+from substreams.frontier import Keyed, Time
 from substreams.kafka import client
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
+
+N = TypeVar("N")
+
+
+class EpochIndex(Generic[N]):
+    """Which announced epochs hold a record at a given time: single times by hash, sessions
+    (a span of one key's times, ``until`` set) by key.  What every firm reader asks of each
+    record it reads, so that one rule (:func:`epoch_covers`) decides membership."""
+
+    def __init__(self) -> None:
+        self._exact: dict[Time, list[N]] = {}
+        self._spans: dict[str, list[tuple[Time, Time, N]]] = {}
+
+    def add(self, time: Time, until: Time | None, item: N) -> None:
+        if until is None or type(time) is not Keyed:
+            self._exact.setdefault(time, []).append(item)
+        else:
+            self._spans.setdefault(time.key, []).append((time, until, item))
+
+    def get(self, t: Time) -> list[N]:
+        found = self._exact.get(t, [])
+        if type(t) is Keyed and t.key in self._spans:
+            found = found + [
+                item for lo, hi, item in self._spans[t.key] if epoch_covers(lo, hi, t)
+            ]
+        return found
 
 
 def read_ranges(
@@ -28,9 +55,11 @@ def read_ranges(
     substream: str | None = None,
     time: Time | None = None,
     timeout: float = 30.0,
+    until: Time | None = None,
 ) -> list[Entry]:
     """Every data entry inside ``ranges`` (per partition in offset order), keeping only those
-    whose time in ``substream`` is ``time`` when both are given."""
+    whose time in ``substream`` belongs to the epoch ``time`` (a session: up to ``until``)
+    when both are given."""
     wanted = [r for r in ranges if r.end > r.start]
     if not wanted:
         return []
@@ -63,7 +92,10 @@ def read_ranges(
                 )
                 entry = decoder.decode(msg)
                 if isinstance(entry, Entry) and (
-                    substream is None or time is None or entry.times.get(substream) == time
+                    substream is None
+                    or time is None
+                    or ((t := entry.times.get(substream)) is not None
+                        and epoch_covers(time, until, t))
                 ):
                     out.append(entry)
                 if msg.offset() >= rng.end - 1:

@@ -35,7 +35,7 @@ from substreams.control.messages import (
     OffsetRange,
     merge_ranges,
 )
-from substreams.control.ranges import read_ranges
+from substreams.control.ranges import EpochIndex, read_ranges
 from substreams.control.subscription import SubscriptionFrontiers
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
 from substreams.errors import ProtocolError, SubstreamsError
@@ -346,19 +346,21 @@ class Subscriber:
         """Firm mode: the records of every epoch announced in ``ready`` (by position), read
         in one pass over the hull of their ranges: one consumer per batch, not per epoch."""
         wanted: dict[int, tuple[OffsetRange, ...]] = {}
-        by_time: dict[tuple[str, Time], list[int]] = {}
+        index: dict[str, EpochIndex[int]] = {}
         for i, (topic, rec) in enumerate(ready):
             if isinstance(rec.body, EpochComplete):
                 wanted[i] = tuple(
                     r for r in rec.body.ranges if self.stream is None or r.stream == self.stream
                 )
-                by_time.setdefault((self.topics[topic], rec.body.time), []).append(i)
+                index.setdefault(self.topics[topic], EpochIndex()).add(
+                    rec.body.time, rec.body.until, i
+                )
         out: dict[int, list[Entry]] = {i: [] for i in wanted}
         hull = merge_ranges([r for rs in wanted.values() for r in rs])
         for entry in read_ranges(self.bootstrap, self.config, hull) if hull else ():
-            for sub in self.substreams:
+            for sub, epochs in index.items():
                 t = entry.times.get(sub)
-                for i in by_time.get((sub, t), ()) if t is not None else ():
+                for i in epochs.get(t) if t is not None else ():
                     if any(
                         r.stream == entry.stream and r.partition == entry.partition
                         and r.start <= entry.index < r.end

@@ -58,6 +58,14 @@ class PunctuationHook:
         self._check(substream)
         self._write_all(publisher, "SEAL", substream, time)
 
+    def seal_keys(self, publisher: Publisher, substream: str, upto: int) -> None:
+        """Refused: a punctuation names one time, and the aligner has no "every key" form
+        (per_key substreams with punctuations are sealed key by key)."""
+        raise SubstreamsError(
+            f"substream '{substream}' uses punctuations: seal each key with seal(); keyed "
+            "seals (every key up to a time) need mechanism: acker"
+        )
+
     def before_commit(self, publisher: Publisher) -> None:
         """Nothing to add to the transaction."""
 

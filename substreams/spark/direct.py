@@ -16,7 +16,8 @@ from substreams.control.io import ControlWriter, now_ms
 from substreams.control.messages import ControlBody, OffsetRange
 from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
-from substreams.frontier import Time, less_equal, sort_key
+from substreams.frontier import Keyed, Time, less_equal, sort_key
+from substreams.frontier.sessions import closed_runs
 from substreams.streams import publisher as publisher_module
 from substreams.streams.publisher import HOOK_FACTORIES, HookFactory, Publisher
 from substreams.streams.records import SentRecord
@@ -45,7 +46,8 @@ class DirectProgress:
         self.spans: dict[str, dict[Time, dict[int, tuple[int, int]]]] = {
             s: {} for s in self.substreams
         }
-        self._sealed: list[tuple[str, Time]] = []
+        self.gaps = {s: config.substream(s).gap_ms for s in self.substreams}
+        self._sealed: list[tuple[str, Time, bool]] = []
 
     def on_send(self, record: SentRecord) -> None:
         for s in self.substreams:
@@ -61,15 +63,28 @@ class DirectProgress:
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
         """Complete every time <= ``time`` this source wrote, and ``time`` itself, once the
         records written before the seal are committed (:meth:`on_commit`)."""
-        self._sealed.append((substream, time))
+        self._sealed.append((substream, time, False))
+
+    def seal_keys(self, publisher: Publisher, substream: str, upto: int) -> None:
+        """Complete the sessions the keyed seal closes (session substreams; this source is
+        the only one, so its own times are all there is) or every key up to ``upto``."""
+        self._sealed.append((substream, upto, True))
 
     def before_commit(self, publisher: Publisher) -> None:
         """Nothing to add to the transaction."""
 
     def on_commit(self, publisher: Publisher) -> None:
         sealed, self._sealed = self._sealed, []
-        for substream, time in sealed:
-            self._announce(publisher, substream, time)
+        for substream, time, all_keys in sealed:
+            if all_keys:
+                assert type(time) is int
+                self._announce_keys(publisher, substream, time)
+            else:
+                self._announce(publisher, substream, time)
+
+    def _ranges(self, publisher: Publisher, substream: str, t: Time) -> list[OffsetRange]:
+        spans = self.spans[substream].pop(t, {})
+        return [OffsetRange(publisher.stream, p, lo, hi) for p, (lo, hi) in sorted(spans.items())]
 
     def _announce(self, publisher: Publisher, substream: str, time: Time) -> None:
         sent = self.sent[substream]
@@ -77,11 +92,43 @@ class DirectProgress:
         tracker = self.trackers[substream]
         bodies: list[ControlBody] = []
         for t in due:
-            spans = self.spans[substream].pop(t, {})
-            ranges = [
-                OffsetRange(publisher.stream, p, lo, hi) for p, (lo, hi) in sorted(spans.items())
-            ]
+            ranges = self._ranges(publisher, substream, t)
             bodies += tracker.complete(t, ranges, sent.pop(t, 0), now_ms())
+        self._write(substream, bodies)
+
+    def _announce_keys(self, publisher: Publisher, substream: str, upto: int) -> None:
+        sent = self.sent[substream]
+        gap = self.gaps[substream]
+        tracker = self.trackers[substream]
+        bodies: list[ControlBody] = []
+        by_key: dict[str, list[int]] = {}
+        for t in sent:
+            if type(t) is Keyed and type(t.time) is int:
+                by_key.setdefault(t.key, []).append(t.time)
+        if gap is None:  # per_key: every key this source wrote, up to ``upto``
+            runs = {k: [(t, t) for t in sorted(ts) if t <= upto] for k, ts in by_key.items()}
+        else:
+            runs = {k: closed_runs(ts, gap, upto) for k, ts in by_key.items()}
+        closed = sorted(
+            ((Keyed(k, a), Keyed(k, b)) for k, rs in runs.items() for a, b in rs),
+            key=lambda run: sort_key(run[0]),
+        )
+        for first, last in closed:
+            assert type(first.time) is int and type(last.time) is int
+            members = [
+                Keyed(first.key, t)
+                for t in sorted(by_key[first.key])
+                if first.time <= t <= last.time
+            ]
+            ranges = [r for m in members for r in self._ranges(publisher, substream, m)]
+            records = sum(sent.pop(m) for m in members)
+            until = last if gap is not None else None
+            bodies += tracker.complete(
+                first, ranges, records, now_ms(), until=until, members=members
+            )
+        self._write(substream, bodies)
+
+    def _write(self, substream: str, bodies: list[ControlBody]) -> None:
         self.writer.write([(self.topics[substream], b) for b in bodies])
         TRAFFIC.add(CONTROL_WRITTEN, substream, len(bodies))
 

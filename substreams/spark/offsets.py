@@ -65,10 +65,14 @@ class Notification:
     ranges: tuple[OffsetRange, ...]
     records: int
     sealed_at_ms: int
+    until: Time | None = None
+    """A session's last time (its records span ``time`` to ``until``)."""
 
 
 def _notification(offset: int, body: EpochComplete) -> Notification:
-    return Notification(offset, body.time, body.ranges, body.records, body.sealed_at_ms)
+    return Notification(
+        offset, body.time, body.ranges, body.records, body.sealed_at_ms, body.until
+    )
 
 
 class ControlScanner:

@@ -27,7 +27,7 @@ from pyspark.sql.types import StructType
 
 from substreams.config import load_config
 from substreams.control.messages import OffsetRange, merge_ranges
-from substreams.control.ranges import read_ranges
+from substreams.control.ranges import EpochIndex, read_ranges
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.spark.epochs import epoch_int, epoch_key, format_time
@@ -197,17 +197,17 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _read_epochs(self, notes: Sequence[Notification]) -> Iterator[tuple[Any, ...]]:
         opts = self.opts
         config = load_config(opts.config_path)
-        wanted = {n.time: n for n in notes}
+        index: EpochIndex[int] = EpochIndex()
+        for i, n in enumerate(notes):
+            index.add(n.time, n.until, i)
         hull = merge_ranges([r for n in notes for r in n.ranges if r.stream == opts.stream])
-        by_time: dict[Time, list[Entry]] = {}
+        by_note: dict[int, list[Entry]] = {}
         for e in read_ranges(opts.bootstrap, config, hull):
             t = e.times.get(opts.substream)
-            if t is not None and t in wanted:
-                by_time.setdefault(t, []).append(e)
-        for n in notes:
-            entries = sorted(
-                by_time.get(n.time, ()), key=lambda e: (e.order_key, e.partition, e.index)
-            )
+            for i in index.get(t) if t is not None else ():
+                by_note.setdefault(i, []).append(e)
+        for i, n in enumerate(notes):
+            entries = sorted(by_note.get(i, ()), key=lambda e: (e.order_key, e.partition, e.index))
             only_ours = all(r.stream == opts.stream for r in n.ranges)
             if opts.verify and only_ours and len(entries) != n.records:
                 raise SubstreamsError(

@@ -71,6 +71,8 @@ class PublishHook(Protocol):
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None: ...
 
+    def seal_keys(self, publisher: Publisher, substream: str, upto: int) -> None: ...
+
     def before_commit(self, publisher: Publisher) -> None: ...
 
     def on_commit(self, publisher: Publisher) -> None: ...
@@ -408,6 +410,15 @@ class Publisher:
         self._begin()
         self.flush(patience)
 
+    def _hook_for(self, substream: str) -> PublishHook:
+        hook = self._hooks.get(substream)
+        if hook is None:
+            known = ", ".join(self.assigners) or "none"
+            raise SubstreamsError(
+                f"stream '{self.stream}' has no tracked substream '{substream}' (known: {known})"
+            )
+        return hook
+
     def seal(self, substream: str, time: Time, *, commit: bool = True) -> None:
         """Promise that this source writes no more records at times <= ``time`` of
         ``substream``; the substream's mechanism makes that known downstream.
@@ -415,24 +426,39 @@ class Publisher:
         The seal takes effect with the commit of the records written before it: at once
         (``commit=True``), or with the next commit (batch boundary, ``flush()``, ``close()``)
         so that many fine-grained seals share one transaction."""
-        hook = self._hooks.get(substream)
-        if hook is None:
-            known = ", ".join(self.assigners) or "none"
-            raise SubstreamsError(
-                f"stream '{self.stream}' has no tracked substream '{substream}' (known: {known})"
-            )
+        hook = self._hook_for(substream)
         self._begin()
         hook.seal(self, substream, time)
         if commit:
             self.flush()
 
-    def expired_sessions(self, now_ms: int) -> dict[str, list[Time]]:
-        """Sessions that the event time ``now_ms`` closes, by substream (to be sealed)."""
-        return {
-            n: list(a.expired_sessions(now_ms))
-            for n, a in self.assigners.items()
-            if a.substream.kind == "session"
-        }
+    def seal_keys(self, substream: str, upto: int, *, commit: bool = True) -> None:
+        """The keyed seal: this source writes no more records at ``Keyed(k, t)`` with
+        ``t <= upto`` of ``substream``, for **every** key ``k`` -- also keys it never wrote.
+
+        Why it exists: a session or per-key substream written by several sources ends only
+        when every source promises to add nothing to it, and a source cannot seal one by
+        one the keys it does not know.  For a session substream ``upto`` is an event time
+        (a session ending at ``e`` closes once every source sealed keys up to ``e +
+        gap_ms``); for per_key it closes every key at once.  A lower seal than before is a
+        no-op; a later record at a sealed time raises :class:`SealedTimeError`.  Takes
+        effect with a commit, as :meth:`seal`."""
+        hook = self._hook_for(substream)
+        if not self.assigners[substream].seal_keys(upto):
+            return
+        self._begin()
+        hook.seal_keys(self, substream, upto)
+        if commit:
+            self.flush()
+
+    def watermark(self, event_ms: int, *, commit: bool = False) -> None:
+        """Event time has reached ``event_ms`` for this source: every later record of it has
+        an event time ``>= event_ms``.  Seals keys up to ``event_ms - 1`` in each session
+        substream of the stream (what closes sessions; cheap to call per record: one keyed
+        seal per substream travels with the next commit)."""
+        for name, assigner in self._assigner_items:
+            if assigner.substream.kind == "session" and name in self._hooks:
+                self.seal_keys(name, event_ms - 1, commit=commit)
 
     def close(self) -> None:
         """Commit what is pending and leave: the hooks' last words (an Unregister) go into

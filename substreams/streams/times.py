@@ -1,44 +1,43 @@
 """From a record to its time in each substream (the substream predicates of seed 001).
 
 Why the publisher computes times (and writes them into the envelope) instead of every reader
-recomputing them: a session's identity depends on the records that came before it for the
-same key, which only the publisher has seen.  Readers, the acker and Spark then agree on
-every record's time by construction.
+recomputing them: readers, the acker and Spark then agree on every record's time by
+construction, whatever configuration they were started with.
 
 Mapping of the configured kinds onto logical times:
 - ``epoch``: the int value of ``field``.
 - ``tumbling``: ``field // size_ms`` (the window index; window start = index * size_ms).
-- ``session``: ``Keyed(str(key), start_ms)`` where start_ms is the event time of the
-  session's first record; a new session starts for a key when its event time moves more
-  than ``gap_ms`` past the key's previous record.  Sessions of different keys are
-  incomparable, so they terminate independently.  Session substreams assume a key is
-  written by one publisher (key-partitioned sources), as sessionization usually does.
+- ``session``: ``Keyed(str(key), event_ms)``, the record's own keyed event time.  Sessions
+  (runs of one key's times at most ``gap_ms`` apart) are cut where every source's records
+  meet -- the acker -- not here: with several sources writing one key, none of them sees a
+  whole session (:mod:`substreams.frontier.sessions`).  So a publisher keeps no session
+  state, and a restarted one has none to lose.
 - ``per_key``: ``Keyed(str(key), 0)``: one substream per key, sealed explicitly.
+
+A *keyed seal* (:meth:`TimeAssigner.seal_keys`) promises no more records at ``Keyed(k, t)``,
+``t <= T``, for every key: afterwards a record at such a time is refused here, before
+anything is written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from substreams.config import SubstreamConfig
+from substreams.errors import SealedTimeError, SubstreamsError
 from substreams.frontier import Keyed, Time
 
 
 @dataclass
-class SessionState:
-    start: int
-    last: int
-
-
-@dataclass
 class TimeAssigner:
-    """Computes a record's time in one substream; keeps session state for ``session``."""
+    """Computes a record's time in one substream, and refuses one below its keyed seal."""
 
     substream: SubstreamConfig
     order_key: str
-    sessions: dict[str, SessionState] = field(default_factory=dict)
+    keys_sealed: int | None = None
+    """This source's keyed seal (session/per_key), if any."""
 
     def _field(self) -> str:
         return self.substream.field or self.order_key
@@ -52,27 +51,24 @@ class TimeAssigner:
             return int(payload[self._field()]) // self.substream.size_ms
         assert self.substream.key is not None
         key = str(payload[self.substream.key])
-        if kind == "per_key":
-            return Keyed(key, 0)
-        assert self.substream.gap_ms is not None
-        ts = int(payload[self._field()])
-        state = self.sessions.get(key)
-        if state is None or ts - state.last > self.substream.gap_ms:
-            state = SessionState(start=ts, last=ts)
-            self.sessions[key] = state
-        else:
-            state.last = max(state.last, ts)
-        return Keyed(key, state.start)
+        t = 0 if kind == "per_key" else int(payload[self._field()])
+        if self.keys_sealed is not None and t <= self.keys_sealed:
+            what = "" if kind == "per_key" else f" at event time {t}"
+            raise SealedTimeError(
+                f"substream '{self.substream.name}': a record of key {key!r}{what} after this "
+                f"source sealed every key up to {self.keys_sealed}"
+            )
+        return Keyed(key, t)
 
-    def expired_sessions(self, now_ms: int) -> list[Keyed]:
-        """Sessions whose gap has passed at event time ``now_ms``: they can be sealed.
-
-        They are forgotten here, so a later record of the same key opens a new session."""
-        if self.substream.kind != "session":
-            return []
-        assert self.substream.gap_ms is not None
-        done = [k for k, s in self.sessions.items() if now_ms - s.last > self.substream.gap_ms]
-        return [Keyed(k, self.sessions.pop(k).start) for k in done]
-
-    def open_sessions(self) -> list[Keyed]:
-        return [Keyed(k, s.start) for k, s in self.sessions.items()]
+    def seal_keys(self, upto: int) -> bool:
+        """Remember the keyed seal ``upto``; False if it seals nothing new (not above the
+        previous one)."""
+        if self.substream.kind not in ("session", "per_key"):
+            raise SubstreamsError(
+                f"substream '{self.substream.name}' is of kind '{self.substream.kind}': keyed "
+                "seals are for session and per_key substreams"
+            )
+        if self.keys_sealed is not None and upto <= self.keys_sealed:
+            return False
+        self.keys_sealed = upto
+        return True

@@ -10,6 +10,12 @@ invisible to this recovery, and its restart would write into a sealed epoch).
 One partition per source: a ``read_committed`` reader stops at the first open transaction of
 a partition, so another source's open transaction would hide this one's later commits.
 
+``sessions CONFIG STREAM SOURCE PARTITION N SEED``: N records of users u0..u3 (keys shared
+with the other sources) at strictly increasing event times drawn from SEED (the same plan in
+every incarnation of a source: pass the same SEED), the watermark moved before each record,
+committed at random points; a restart resumes after the highest ``ts`` its source committed.
+Nothing else is recovered: a publisher keeps no session state (the acker cuts sessions).
+
 ``stage CONFIG NAME``: run the configured stage NAME (each input becomes two outputs, url
 suffixed ``#a`` and ``#b``) until killed.
 
@@ -68,6 +74,35 @@ def epochs(
     print("done", flush=True)
 
 
+def session_plan(n: int, seed: int) -> list[tuple[int, str]]:
+    """(ts, user) for one source: gaps mostly inside a 50 ms session gap, sometimes wider."""
+    rng = random.Random(seed)
+    ts, out = 0, []
+    for _ in range(n):
+        ts += rng.choice((1, 5, 20, 40, 120, 300))
+        out.append((ts, f"u{rng.randrange(4)}"))
+    return out
+
+
+def sessions(path: str, stream: str, source: str, partition: int, n: int, seed: int) -> None:
+    config = load_config(path)
+    rng = random.Random()
+    with Publisher(config, stream, source, batch_size=rng.randint(1, 4)) as pub:
+        done = committed_max(path, stream, source, partition)
+        print(f"start after {done}", flush=True)
+        for ts, user in session_plan(n, seed):
+            if ts <= done:
+                continue
+            pub.watermark(ts)
+            pub.publish({"user": user, "url": f"/{source}/{ts}", "ts": ts}, partition=partition)
+            if rng.random() < 0.3:
+                pub.flush()
+                print("committed", flush=True)
+            time.sleep(rng.uniform(0, 0.01))
+        pub.watermark(10**9, commit=True)
+    print("done", flush=True)
+
+
 def stage(path: str, name: str) -> None:
     import threading
     from collections.abc import Iterable, Mapping
@@ -108,6 +143,9 @@ if __name__ == "__main__":
     if sys.argv[1] == "epochs":
         a = sys.argv[2:]
         epochs(a[0], a[1], a[2], a[3], int(a[4]), int(a[5]), int(a[6]))
+    elif sys.argv[1] == "sessions":
+        a = sys.argv[2:]
+        sessions(a[0], a[1], a[2], int(a[3]), int(a[4]), int(a[5]))
     elif sys.argv[1] == "stage":
         stage(sys.argv[2], sys.argv[3])
     else:

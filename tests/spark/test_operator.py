@@ -210,8 +210,7 @@ def test_sessionize_emits_one_summary_per_closed_session(
     ]
     with direct_progress(), Publisher(config, clicks, "src") as pub:
         for user, ts, url in events:
-            for t in pub.expired_sessions(ts).get(s, []):
-                pub.seal(s, t)
+            pub.watermark(ts)
             pub.publish({"user": user, "url": url, "ts": ts})
         pub.flush()  # a@1600 and b@2500 stay open
         run(

@@ -102,8 +102,7 @@ def test_firm_sessions_interleaved_with_open_sessions(
     ]
     with direct_progress(), Publisher(config, stream, "src") as pub:
         for user, ts in events:
-            for t in pub.expired_sessions(ts).get(s, []):
-                pub.seal(s, t)
+            pub.watermark(ts)  # event time reached ts: closes sessions ended > gap before
             pub.publish({"user": user, "url": "/", "ts": ts})
         pub.flush()
         notes = [
@@ -128,8 +127,7 @@ def test_firm_sessions_interleaved_with_open_sessions(
         ]
         assert markers == [("a", 0, 3), ("b", 100, 3)]
         # open sessions a@1600 and b@2500 complete later, and only then are read
-        for t in pub.expired_sessions(10_000)[s]:
-            pub.seal(s, t)
+        pub.watermark(10_000, commit=True)
     later = drain(spark, config.path, s, tmp_path / "ck")
     assert sorted((r["epoch"], r["ts"]) for _, b in later for r in b) == [
         ("a@1600", 1600),

@@ -93,6 +93,7 @@ epoch_completes = st.builds(
     LONG,
     LONG,
     st.lists(st.tuples(times, st.sampled_from([-1, 1])), max_size=3).map(tuple),
+    st.one_of(st.none(), times),
 )
 
 

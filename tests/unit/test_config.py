@@ -984,3 +984,11 @@ def test_source_timeout_must_exceed_the_source_heartbeat(project: Path) -> None:
     assert (err.line, err.key, err.value) == (7, "acker.source_timeout_ms", 500)
     assert "source_timeout_ms (500) must be greater than source_heartbeat_ms (1000)" in str(err)
     assert "live sources would be evicted" in str(err)
+
+
+def test_session_substreams_need_the_acker(project: Path) -> None:
+    text = substream("kind: session", "gap_ms: 1", "key: user", "mechanism: punctuations")
+    err = fail(project, text)
+    assert (err.key, err.value) == ("substreams[0].mechanism", "punctuations")
+    assert err.line == line_of(text, "    mechanism:")
+    assert "a session substream is tracked by the acker" in str(err)
