@@ -1,7 +1,8 @@
 """Sessions per user with an inactivity gap: one summary per closed session.
 
-The ``sessions`` substream makes each session its own substream (time = (user, start));
-the operator is called once per session, after its last click, with all of its clicks.
+The ``sessions`` substream makes each session its own substream: the acker cuts a user's
+clicks from every source into sessions, announced as (user, start) with their last time; the
+operator is called once per session, after its last click, with all of its clicks.
 
     substreams submit -c jobs/substreams.jobs.yaml jobs/sessionize.py
 """
