@@ -1,14 +1,15 @@
 """The acker's publisher hook: a publisher becomes a registered SOURCE of its substreams.
 
-Registered as ``HOOK_FACTORIES["acker"]``.  Per record it reports SND at the record's time in
-each acker substream of the stream; when the stream is terminal in that substream's segment
-(no stage reads it: the topic is the sink) the record is sent and received at once, and the
-delivery callback reports both, with the record's count and offset (its SND and RCV cancel
-in the XOR, so the id is not even carried).  Everything aggregated since the last commit is
-written to the acks topic *inside* the publisher's transaction, right before it commits
-(:meth:`AckerHook.before_commit`): records, their reports and the seals made after them
-become visible together or not at all.  A seal of ``t`` (this source writes no more records
-at times ``<= t``, downward closed) goes out with the commit that follows it.
+The ``acker`` entry of the composition root's mechanisms (:mod:`substreams.app`). Per record it
+reports SND at the record's time in each acker substream of the stream; when the stream is
+terminal in that substream's segment (no stage reads it: the topic is the sink) the record is
+sent and received at once, and the delivery callback reports both, with the record's count and
+offset (its SND and RCV cancel in the XOR, so the id is not even carried). Everything
+aggregated since the last commit is written to the acks topic *inside* the publisher's
+transaction, right before it commits (:meth:`AckerHook.before_commit`): records, their reports
+and the seals made after them become visible together or not at all. A seal of ``t`` (this
+source writes no more records at times ``<= t``, downward closed) goes out with the commit that
+follows it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from substreams.acker.agent import TrackingAgent, encode_ack
 from substreams.acker.table import SOURCE, Segment
 from substreams.frontier import Time
 from substreams.kafka import client
-from substreams.streams.publisher import HOOK_FACTORIES, Publisher, transactional_id
+from substreams.streams.publisher import Publisher, transactional_id
 from substreams.streams.records import SentRecord
 
 
@@ -137,10 +138,3 @@ class AckerHook:
         same source seals them (or the source is evicted for silence)."""
         self.heartbeat.close()
         self.agent.discard()
-
-
-def _factory(publisher: Publisher, substreams: list[str]) -> AckerHook:
-    return AckerHook(publisher, substreams)
-
-
-HOOK_FACTORIES["acker"] = _factory

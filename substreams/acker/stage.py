@@ -122,7 +122,7 @@ class Stage:
             self.stage.output,
             self.source_id,
             bootstrap=self.bootstrap,
-            hooks=False,
+            mechanisms={},  # the stage's own hook (below) reports for every substream
             batch_size=1 << 62,
         )
         self.agent = TrackingAgent(config, self.source_id, self.output.incarnation)

@@ -40,6 +40,7 @@ from substreams.acker.agent import (
 )
 from substreams.acker.handler import CommandHandler
 from substreams.acker.service import AckerService
+from substreams.app import Application
 from substreams.bench.harness import (
     BenchContext,
     BenchResult,
@@ -54,7 +55,6 @@ from substreams.bench.harness import (
 from substreams.control.io import ControlTail
 from substreams.control.messages import EpochComplete
 from substreams.kafka import client
-from substreams.streams.publisher import Publisher
 
 NAME = "acker"
 TARGET_P99_MS = 20.0
@@ -169,7 +169,7 @@ def seal_latency(ctx: BenchContext, samples: int, records: int) -> tuple[list[fl
     missed = 0
     tail = ControlTail(ctx.bootstrap, config.acker.control_topic(sub), 0, config)
     try:
-        with Publisher(config, stream, "lat-src", bootstrap=ctx.bootstrap) as pub:
+        with Application(config, ctx.bootstrap).publisher(stream, "lat-src") as pub:
             ts = 0
             for i in range(samples + 1):  # epoch 0 warms up (acker start, registration)
                 for _ in range(records):

@@ -214,6 +214,10 @@ class BenchContext:
         """Configurations given on the command line (``--grid``), replacing the defaults."""
         self.mechanism: str | None = None
         """Only this mechanism's lines (``--mechanism``; latency only), else both."""
+        self.minutes: float | None = None
+        """How long to run (``--minutes``; soak only), else the benchmark's default."""
+        self.sample_s: float | None = None
+        """Seconds between samples (``--sample-s``; soak only), else the default."""
         self._topics: set[str] = set()
         self._schema = workdir / "bench_record.avsc"
         self._schema.write_text(json.dumps(BENCH_SCHEMA))

@@ -5,7 +5,7 @@ producer and is timed from the first write until a reader has seen everything it
 
 - ``raw``: confluent-kafka produce (idempotent, not transactional) and a consumer that
   counts messages -- the ceiling, with the same value bytes as our Avro envelopes;
-- ``untracked publisher``: our Publisher with ``hooks=False`` (the Avro envelope per
+- ``untracked publisher``: our Publisher with no mechanism (``UNTRACKED``) (the Avro envelope per
   record, transactions of ``BATCH`` records) and the same counting consumer: the cost of
   our publisher without any substream mechanism;
 - ``acker``: the Publisher with acker tracking, sealing every g records (``seal(...,
@@ -39,6 +39,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from substreams.app import UNTRACKED
 from substreams.bench.harness import (
     BenchContext,
     BenchResult,
@@ -136,7 +137,9 @@ def run_raw(ctx: BenchContext, n: int, value: bytes) -> float:
 def run_untracked(ctx: BenchContext, n: int) -> float:
     config = _config(ctx, None)
     stream = config.streams[0].name
-    (pub,) = open_publishers(config, stream, ["src0"], ctx.bootstrap, hooks=False, batch_size=BATCH)
+    (pub,) = open_publishers(
+        config, stream, ["src0"], ctx.bootstrap, mechanisms=UNTRACKED, batch_size=BATCH
+    )
     try:
         with RecordCounter(ctx.bootstrap, config, stream, PARTITIONS) as counter:
             t0 = time.time()

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from substreams.app import TRACKED, Application, Mechanisms
 from substreams.bench.harness import BenchError, body, release_clients
 from substreams.config import Config
 from substreams.errors import SubstreamsError
@@ -44,18 +45,17 @@ def open_publishers(
     source_ids: Iterable[str],
     bootstrap: str,
     *,
-    hooks: bool = True,
+    mechanisms: Mechanisms = TRACKED,
     batch_size: int = 500,
 ) -> list[Publisher]:
     """Publishers for ``source_ids`` on ``stream``, opened in parallel, in order."""
+    app = Application(config, bootstrap, mechanisms)
     ids = list(source_ids)
     out: list[Publisher | None] = [None] * len(ids)
     lock = threading.Lock()
 
     def make(i: int) -> None:
-        pub = Publisher(
-            config, stream, ids[i], bootstrap=bootstrap, hooks=hooks, batch_size=batch_size
-        )
+        pub = app.publisher(stream, ids[i], batch_size=batch_size)
         with lock:
             out[i] = pub
 

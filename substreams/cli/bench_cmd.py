@@ -1,4 +1,4 @@
-"""`substreams bench <traffic|latency|throughput|spark|acker> [--quick] [--out DIR]`.
+"""`substreams bench <traffic|latency|throughput|spark|acker|soak> [--quick] [--out DIR]`.
 
 Each benchmark runs its baselines in the same run on the same broker (an embedded one
 unless ``--bootstrap``/``$SUBSTREAMS_BOOTSTRAP`` names another), prints a table with a
@@ -25,7 +25,7 @@ from substreams.bench.harness import (
 )
 from substreams.cli.options import bootstrap_option
 
-BENCHES = ("traffic", "latency", "throughput", "spark", "acker")
+BENCHES = ("traffic", "latency", "throughput", "spark", "acker", "soak")
 
 
 @click.command("bench")
@@ -55,6 +55,19 @@ BENCHES = ("traffic", "latency", "throughput", "spark", "acker")
     default=None,
     help="latency only: run this mechanism's configurations only (default: both).",
 )
+@click.option(
+    "--minutes",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    help="soak only: how long the sustained workload runs (default 30; 1 with --quick).",
+)
+@click.option(
+    "--sample-s",
+    "sample_s",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    help="soak only: seconds between samples (default 30; 5 with --quick).",
+)
 @bootstrap_option
 def command(
     name: str,
@@ -62,6 +75,8 @@ def command(
     out_dir: Path,
     grid: tuple[str, ...],
     mechanism: str | None,
+    minutes: float | None,
+    sample_s: float | None,
     bootstrap: str | None,
 ) -> None:
     """Run one benchmark and write its JSON result and PNG plot."""
@@ -72,6 +87,8 @@ def command(
         raise BenchError(f"--grid applies to 'bench traffic' only, not to 'bench {name}'")
     if mechanism and name != "latency":
         raise BenchError(f"--mechanism applies to 'bench latency' only, not to 'bench {name}'")
+    if (minutes is not None or sample_s is not None) and name != "soak":
+        raise BenchError(f"--minutes/--sample-s apply to 'bench soak' only, not to 'bench {name}'")
     module = importlib.import_module(f"substreams.bench.{name}")
     # SIGTERM unwinds like Ctrl-C, so the embedded broker and the acker process stop too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -79,6 +96,7 @@ def command(
     with bench_context(quick, bootstrap, console) as ctx:
         ctx.grid = dims or None
         ctx.mechanism = mechanism
+        ctx.minutes, ctx.sample_s = minutes, sample_s
         console.print(f"[bold]bench {name}[/]{' (quick)' if quick else ''} on {ctx.bootstrap}")
         result = module.run(ctx)
     result.duration_s = time.perf_counter() - t0

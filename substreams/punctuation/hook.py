@@ -18,7 +18,7 @@ from substreams.control.traffic import PUNCTUATION_WRITTEN, TRAFFIC
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.punctuation.aligner import Punctuation, PunctuationKind
-from substreams.streams.publisher import HOOK_FACTORIES, Publisher
+from substreams.streams.publisher import Publisher
 from substreams.streams.records import SentRecord
 from substreams.streams.schemas import protocol_codec
 
@@ -116,6 +116,3 @@ def hook_of(publisher: Publisher) -> PunctuationHook:
 def register(publisher: Publisher, substream: str, start: Time | None) -> None:
     """Announce that ``publisher`` joins ``substream`` at ``start`` (see ``PunctuationHook``)."""
     hook_of(publisher).register(publisher, substream, start)
-
-
-HOOK_FACTORIES["punctuations"] = PunctuationHook

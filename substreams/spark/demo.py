@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from substreams.app import Application
 from substreams.config import Config, SubstreamConfig, load_config
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
@@ -33,7 +34,6 @@ from substreams.kafka.embedded import KafkaCluster, read_state
 from substreams.kafka.topics import ensure_topics
 from substreams.spark.epochs import format_time
 from substreams.spark.operator import EpochInfo, EpochOperator, Row
-from substreams.streams.publisher import Publisher
 
 
 @dataclass
@@ -260,7 +260,7 @@ def _warm_up_query(
     otherwise be charged to the demo's first windows."""
     assert sub.size_ms is not None
     printer.warm_up = int(time.time() * 1000) // sub.size_ms - 1
-    with Publisher(config, sub.stream, "demo-warm-up", bootstrap=server) as pub:
+    with Application(config, server).publisher(sub.stream, "demo-warm-up") as pub:
         pub.seal(sub.name, printer.warm_up)
     deadline = time.monotonic() + timeout
     with printer.done:
@@ -292,7 +292,7 @@ def _publish(
     per_window: dict[int, int] = {}
     try:
         with (
-            Publisher(config, sub.stream, "demo", bootstrap=server, batch_size=50) as pub,
+            Application(config, server).publisher(sub.stream, "demo", batch_size=50) as pub,
             Progress(*columns, console=console, transient=True) as bar,
         ):
             task = bar.add_task(sub.stream, total=records)

@@ -16,9 +16,9 @@ from types import FrameType
 
 import click
 
+from substreams.app import Application
 from substreams.config import load_config
 from substreams.spark.demo import _pick_substream
-from substreams.streams.publisher import Publisher
 
 
 @click.command("producer", context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,7 +52,7 @@ def main(
     rng = random.Random()
     sent = 0
     window: int | None = None
-    with Publisher(config, sub.stream, source, bootstrap=bootstrap, batch_size=100) as pub:
+    with Application(config, bootstrap).publisher(sub.stream, source, batch_size=100) as pub:
         try:
             while not stopping and (records == 0 or sent < records):
                 ts = int(time.time() * 1000)

@@ -19,11 +19,11 @@ from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
+from substreams.app import TRACKED, Application, Mechanisms
 from substreams.config import Config
 from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.topics import ensure_topics
-from substreams.streams.publisher import Publisher
 
 Row = dict[str, Any]
 UNLIMITED = 1 << 31
@@ -64,7 +64,14 @@ def read_commits(
 class BatchSink:
     """Writes each batch's results once, then seals the given output times."""
 
-    def __init__(self, config: Config, stream: str, source_id: str, bootstrap: str) -> None:
+    def __init__(
+        self,
+        config: Config,
+        stream: str,
+        source_id: str,
+        bootstrap: str,
+        mechanisms: Mechanisms = TRACKED,
+    ) -> None:
         self.config = config
         self.stream = stream
         self.source_id = source_id
@@ -74,8 +81,8 @@ class BatchSink:
             [(commit_topic(stream), 1)],
             config.kafka.replication_factor,
         )
-        self.publisher = Publisher(
-            config, stream, source_id, bootstrap=bootstrap, batch_size=UNLIMITED
+        self.publisher = Application(config, bootstrap, mechanisms).publisher(
+            stream, source_id, batch_size=UNLIMITED
         )
         # After init_transactions (which fenced any zombie): nothing of it can commit later.
         self.committed = read_commits(bootstrap, config, stream).get(source_id, -1)

@@ -83,19 +83,12 @@ class PublishHook(Protocol):
 
 
 HookFactory = Callable[["Publisher", list[str]], PublishHook]
+"""Builds the hook of one mechanism for a publisher and the substream names it tracks."""
 
-# mechanism name -> factory(publisher, substream names); filled by the mechanism packages.
-HOOK_FACTORIES: dict[str, HookFactory] = {}
-
-
-def _load_default_hooks() -> None:
-    """Import the mechanism packages so that they register their hook factories."""
-    for module in ("substreams.punctuation.hook", "substreams.acker.hook"):
-        try:
-            __import__(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+Mechanisms = Mapping[str, HookFactory]
+"""Mechanism name (``acker``, ``punctuations``) -> hook factory.  Chosen by the composition
+root (:class:`substreams.app.Application`), never looked up here: this layer does not know
+the mechanisms' packages, which sit above it."""
 
 
 class Publisher:
@@ -113,9 +106,16 @@ class Publisher:
         *,
         bootstrap: str | None = None,
         batch_size: int = 500,
-        hooks: bool = True,
+        mechanisms: Mechanisms | None = None,
         producer_overrides: Mapping[str, Any] | None = None,
     ) -> None:
+        tracked = sorted({s.mechanism for s in config.substreams_of(stream)})
+        if mechanisms is None and tracked:
+            raise SubstreamsError(
+                f"stream '{stream}' has substreams tracked by {', '.join(tracked)}: build its "
+                "publishers with substreams.app.Application(config).publisher(...), which "
+                "attaches the mechanisms' hooks (or pass mechanisms={} for an untracked one)"
+            )
         self.config = config
         self.stream_config: StreamConfig = config.stream(stream)
         self.stream = stream
@@ -160,8 +160,7 @@ class Publisher:
         self._hook_list: list[PublishHook] = []
         self._delivery_hooks: list[PublishHook] = []
         try:
-            if hooks:
-                self._install_hooks()
+            self._install_hooks(mechanisms or {})
             if self._hook_list:
                 # The hooks' registrations, committed before any record: a source counts
                 # from the moment the acker reads its Register.
@@ -182,13 +181,12 @@ class Publisher:
 
     # -- set-up --------------------------------------------------------------------------
 
-    def _install_hooks(self) -> None:
-        _load_default_hooks()
+    def _install_hooks(self, mechanisms: Mechanisms) -> None:
         by_mechanism: dict[str, list[str]] = {}
         for sub in self.config.substreams_of(self.stream):
             by_mechanism.setdefault(sub.mechanism, []).append(sub.name)
         for mechanism, names in by_mechanism.items():
-            factory = HOOK_FACTORIES.get(mechanism)
+            factory = mechanisms.get(mechanism)
             if factory is None:
                 continue
             hook = factory(self, names)

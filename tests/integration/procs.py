@@ -31,9 +31,9 @@ import random
 import sys
 import time
 
+from substreams.app import Application
 from substreams.config import load_config
 from substreams.streams.listener import Listener
-from substreams.streams.publisher import Publisher
 from substreams.streams.records import Entry
 
 
@@ -53,7 +53,7 @@ def epochs(
 ) -> None:
     config = load_config(path)
     rng = random.Random(seed)
-    with Publisher(config, stream, source, batch_size=rng.randint(1, 4)) as pub:
+    with Application(config).publisher(stream, source, batch_size=rng.randint(1, 4)) as pub:
         # The Publisher's start fenced the previous incarnation (its open transaction is
         # aborted), so what the stream holds now is exactly what was committed.
         start = committed_max(path, stream, source, partition) + 1
@@ -87,7 +87,7 @@ def session_plan(n: int, seed: int) -> list[tuple[int, str]]:
 def sessions(path: str, stream: str, source: str, partition: int, n: int, seed: int) -> None:
     config = load_config(path)
     rng = random.Random()
-    with Publisher(config, stream, source, batch_size=rng.randint(1, 4)) as pub:
+    with Application(config).publisher(stream, source, batch_size=rng.randint(1, 4)) as pub:
         done = committed_max(path, stream, source, partition)
         print(f"start after {done}", flush=True)
         for ts, user in session_plan(n, seed):
@@ -121,7 +121,7 @@ def stage(path: str, name: str) -> None:
 
 def serve(path: str, stream: str, source: str) -> None:
     config = load_config(path)
-    pub = Publisher(config, stream, source)
+    pub = Application(config).publisher(stream, source)
     print("ready", flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)

@@ -25,6 +25,7 @@ from substreams.acker.agent import (
 )
 from substreams.acker.deadletter import read_dead_letters
 from substreams.acker.service import AckerFencedError, AckerService, checkpoint_topic
+from substreams.app import Application
 from substreams.config import Config
 from substreams.control.chain import ChainVerifier
 from substreams.control.io import read_control
@@ -33,7 +34,6 @@ from substreams.control.ranges import read_ranges
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.frontier import Time, sort_key
 from substreams.streams.listener import Listener
-from substreams.streams.publisher import Publisher
 from substreams.streams.records import Entry
 from tests.conftest import ConfigFactory
 
@@ -125,7 +125,7 @@ def run_workload(
     """Sources publish interleaved at random, each with non-decreasing ts, sealing each time
     it moves past; at the end every source seals its last time (and ``empty_time``)."""
     pubs = [
-        Publisher(config, stream, f"src{i}", batch_size=rng.randrange(3, 40))
+        Application(config).publisher(stream, f"src{i}", batch_size=rng.randrange(3, 40))
         for i in range(sources)
     ]
     ts = [0] * sources
@@ -174,7 +174,9 @@ def check_exactly_once(
                 data[(stream, e.partition)].append(e)
     for note in got:
         inside = [
-            e for r in note.ranges for e in data[(r.stream, r.partition)]
+            e
+            for r in note.ranges
+            for e in data[(r.stream, r.partition)]
             if r.start <= e.index < r.end and e.times.get(substream) == note.time
         ]
         want = sorted(sent.get(note.time, []))
@@ -223,7 +225,7 @@ def test_sealed_empty_time_is_notified_and_unsealed_source_blocks(
         acker=FAST,
     )
     stream, sub = config.streams[0].name, config.substreams[0].name
-    pa, pb = Publisher(config, stream, "a"), Publisher(config, stream, "b")
+    pa, pb = Application(config).publisher(stream, "a"), Application(config).publisher(stream, "b")
     with acker(config) as a, pa, pb:
         pa.publish({"user": "x", "url": "/1", "ts": 1})
         pa.seal(sub, 1)
@@ -245,7 +247,7 @@ def test_reports_are_aggregated_locally(make_config: ConfigFactory) -> None:
         acker=FAST,
     )
     stream, sub = config.streams[0].name, config.substreams[0].name
-    with acker(config), Publisher(config, stream, "a") as pub:
+    with acker(config), Application(config).publisher(stream, "a") as pub:
         for k in range(1000):
             pub.publish({"user": "x", "url": f"/{k}", "ts": k // 500})
         pub.seal(sub, 1)
@@ -269,7 +271,10 @@ def test_an_aborted_publisher_drops_its_transaction_and_stops_its_agent(
     )
     stream, sub = config.streams[0].name, config.substreams[0].name
     with acker(config):
-        with pytest.raises(RuntimeError, match="boom"), Publisher(config, stream, "a") as pub:
+        with (
+            pytest.raises(RuntimeError, match="boom"),
+            Application(config).publisher(stream, "a") as pub,
+        ):
             pub.publish({"user": "x", "url": "/committed", "ts": 0})
             pub.flush()
             pub.publish({"user": "x", "url": "/aborted", "ts": 0})
@@ -279,7 +284,7 @@ def test_an_aborted_publisher_drops_its_transaction_and_stops_its_agent(
         assert not agent.pending()
         time.sleep(0.5)
         assert notifications(config, sub) == []  # the aborted seal did not count
-        with Publisher(config, stream, "a") as again:
+        with Application(config).publisher(stream, "a") as again:
             again.seal(sub, 0)
         got = wait_notifications(config, sub, 1)
     assert [(n.time, n.records) for n in got] == [(0, 1)]
@@ -299,8 +304,12 @@ def test_malformed_acks_are_dead_lettered_and_the_acker_keeps_running(
 
     def send(source: str, body: Any, headers: Any = None, seq: int = 1) -> None:
         value = encode_ack(AckMessage(source, seq, 0, body))
-        producer.produce(topic, value, partition=acks_partition(source, 1),
-                         headers=ack_headers() if headers is None else headers)
+        producer.produce(
+            topic,
+            value,
+            partition=acks_partition(source, 1),
+            headers=ack_headers() if headers is None else headers,
+        )
 
     producer.produce(topic, b"\x00garbage", headers=ack_headers())
     producer.produce(topic, b"no fingerprint at all")
@@ -308,7 +317,7 @@ def test_malformed_acks_are_dead_lettered_and_the_acker_keeps_running(
     send("who", Register(("no-such-substream",)))
     producer.flush(10)
     with acker(config) as a:
-        with Publisher(config, stream, "a") as pub:
+        with Application(config).publisher(stream, "a") as pub:
             pub.publish({"user": "x", "url": "/1", "ts": 1})
             pub.seal(sub, 1)
         got = wait_notifications(config, sub, 1)
@@ -327,7 +336,8 @@ def test_malformed_acks_are_dead_lettered_and_the_acker_keeps_running(
         ["malformed", "malformed", "unregistered_source", "unknown_substream", "terminated_time"]
     )
     assert {d.raw for d in letters if d.reason == "malformed"} == {
-        b"\x00garbage", b"no fingerprint at all"
+        b"\x00garbage",
+        b"no fingerprint at all",
     }
     assert all(d.topic == topic and d.offset >= 0 for d in letters)
 
@@ -339,7 +349,7 @@ def test_second_acker_with_the_same_name_fences_the_first(make_config: ConfigFac
         acker=FAST,
     )
     stream, sub = config.streams[0].name, config.substreams[0].name
-    pub = Publisher(config, stream, "a")
+    pub = Application(config).publisher(stream, "a")
     first = AckerThread(config)
     with first:
         for t in range(5):

@@ -36,10 +36,10 @@ from substreams.acker.commands import (
 )
 from substreams.acker.handler import CommandHandler
 from substreams.acker.service import AckerService
+from substreams.app import Application
 from substreams.cli.main import cli
 from substreams.config import Config
 from substreams.kafka import client
-from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
 
 FAST = {"heartbeat_ms": 200, "flush_ms": 2}
@@ -125,7 +125,7 @@ def test_status_and_epochs_show_an_unsealed_open_time(
     stream, sub = config.streams[0].name, config.substreams[0].name
     runner = CliRunner()
     args = ["-c", str(config.path), "--timeout", "10"]
-    with running_acker(config), Publisher(config, stream, "src-a") as pub:
+    with running_acker(config), Application(config).publisher(stream, "src-a") as pub:
         for ts in (100, 200, 300):
             pub.publish({"user": "u", "url": "/", "ts": ts})
         pub.flush()

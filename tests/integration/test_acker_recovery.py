@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from substreams.acker.service import checkpoint_topic
+from substreams.app import Application
 from substreams.control.verify import verify_config
 from substreams.frontier import Time
-from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import (
     AckerThread,
@@ -31,7 +31,8 @@ def test_sigkill_and_restart_loses_and_duplicates_nothing(
     make_config: ConfigFactory, tmp_path: Path
 ) -> None:
     config = make_config(
-        [{"name": "clicks", "partitions": 4}], [SUBSTREAM],
+        [{"name": "clicks", "partitions": 4}],
+        [SUBSTREAM],
         acker={"heartbeat_ms": 100, "flush_ms": 2},
     )
     stream, sub = config.streams[0].name, config.substreams[0].name
@@ -42,7 +43,9 @@ def test_sigkill_and_restart_loses_and_duplicates_nothing(
 
     def workload() -> None:
         try:
-            pubs = [Publisher(config, stream, f"src{i}", batch_size=5) for i in range(3)]
+            pubs = [
+                Application(config).publisher(stream, f"src{i}", batch_size=5) for i in range(3)
+            ]
             for epoch in range(80):
                 for i, pub in enumerate(pubs):
                     for k in range(rng.randrange(4)):
@@ -93,7 +96,7 @@ def test_standby_takes_over_when_the_active_acker_stops(make_config: ConfigFacto
     config = make_config([{"name": "clicks", "partitions": 2}], [SUBSTREAM], acker=acker_cfg)
     stream, sub = config.streams[0].name, config.substreams[0].name
     active = AckerThread(config)
-    with Publisher(config, stream, "a") as pub, active:
+    with Application(config).publisher(stream, "a") as pub, active:
         for t in range(5):
             pub.publish({"user": "u", "url": f"/{t}", "ts": t})
             pub.seal(sub, t)

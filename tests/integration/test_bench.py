@@ -120,6 +120,24 @@ def test_traffic_targets_report_a_miss_as_not_met() -> None:
     assert [t.met for t in unmeasured] == [None, None]
 
 
+def test_soak_targets_report_growth_missed_epochs_and_drift_as_misses() -> None:
+    from substreams.bench.soak import _targets
+
+    def row(i: int, acker: float, p99: float) -> dict[str, float]:
+        return {"acker_rss_mb": acker, "publisher_rss_mb": 100.0 + i * 0.1, "p99_ms": p99}
+
+    steady = [row(i, 100.0, 10.0) for i in range(10)]
+    acker, publisher, missed, drift = _targets(steady, 50, [], [])
+    assert [acker.met, publisher.met, missed.met, drift.met] == [True, True, True, True]
+    grown = [row(i, 100.0 + 10 * i, 10.0 + 10 * i) for i in range(10)]
+    acker, publisher, missed, drift = _targets(grown, 50, [7], [])
+    assert acker.met is False and "+" in acker.value
+    assert publisher.met is True
+    assert missed.met is False and missed.value == "1 / 0 of 50"
+    assert drift.met is False
+    assert [t.met for t in _targets(grown[:2], 0, [], [])] == [None, None, False, None]
+
+
 def test_each_configuration_runs_on_a_fresh_embedded_broker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from substreams.app import Application
 from substreams.config import Config
 from substreams.control.messages import EpochComplete
 from substreams.control.ranges import read_ranges
@@ -21,7 +22,6 @@ from substreams.control.verify import verify_config
 from substreams.frontier import Keyed, sort_key
 from substreams.frontier.sessions import session_runs
 from substreams.streams.listener import Listener
-from substreams.streams.publisher import Publisher
 from substreams.streams.records import Entry
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import AckerThread, acker, notifications, wait_notifications
@@ -124,7 +124,7 @@ def test_four_sources_sharing_keys_close_each_session_once_through_sigkills(
     first.__enter__()
     try:
         for source in SOURCES:  # every source counts from the start
-            Publisher(config, stream, source).abort()
+            Application(config).publisher(stream, source).abort()
         threads = [threading.Thread(target=kill_loop, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
@@ -157,7 +157,7 @@ def test_per_key_substreams_close_only_when_every_sharing_source_sealed_them(
     config = make_config([{"name": "clicks", "partitions": 4}], [spec])
     stream, sub = config.streams[0].name, config.substreams[0].name
     with acker(config):
-        pubs = {s: Publisher(config, stream, s) for s in SOURCES}
+        pubs = {s: Application(config).publisher(stream, s) for s in SOURCES}
         try:
             for i, s in enumerate(SOURCES[:3]):  # d writes nothing
                 for user in ("x", "y")[: 1 + i % 2]:

@@ -19,11 +19,11 @@ from typing import IO
 
 import pytest
 
+from substreams.app import Application
 from substreams.config import Config
 from substreams.control.verify import verify_config
 from substreams.frontier import Time
 from substreams.streams.listener import Listener
-from substreams.streams.publisher import Publisher
 from substreams.streams.records import Entry
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import (
@@ -110,7 +110,7 @@ def test_sigkilled_publishers_restarting_keep_every_epoch_exact(
         # Both sources exist from the start (a source counts from its Register: one whose
         # every early incarnation died before registering would not hold epoch 0 back).
         for source in ("a", "b"):
-            Publisher(config, stream, source).abort()  # registered, never unregistered
+            Application(config).publisher(stream, source).abort()  # registered, never unregistered
         threads = [threading.Thread(target=kill_loop, args=(s,)) for s in ("a", "b")]
         for t in threads:
             t.start()

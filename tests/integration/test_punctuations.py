@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
+from substreams.app import Application
 from substreams.config import Config, load_config
 from substreams.control.io import read_control
 from substreams.control.messages import EpochComplete, FrontierSnapshot
@@ -38,9 +39,16 @@ ROOT = Path(__file__).resolve().parents[2]
 def example_substream() -> dict[str, Any]:
     """The example config's ``clicks_1s_punct``, as make_config wants it."""
     sub = load_config(ROOT / "substreams.yaml").substream("clicks_1s_punct")
-    return {"name": "win", "stream": "clicks", "kind": sub.kind, "field": sub.field,
-            "size_ms": sub.size_ms, "mechanism": sub.mechanism, "bound": sub.bound,
-            "ordered": sub.ordered}
+    return {
+        "name": "win",
+        "stream": "clicks",
+        "kind": sub.kind,
+        "field": sub.field,
+        "size_ms": sub.size_ms,
+        "mechanism": sub.mechanism,
+        "bound": sub.bound,
+        "ordered": sub.ordered,
+    }
 
 
 def setup(
@@ -53,11 +61,18 @@ def setup(
 
 
 def publishers(config: Config, stream: str, n: int = P, first: int = 0) -> list[Publisher]:
-    return [Publisher(config, stream, f"src-{i}", batch_size=7) for i in range(first, first + n)]
+    return [
+        Application(config).publisher(stream, f"src-{i}", batch_size=7)
+        for i in range(first, first + n)
+    ]
 
 
 def workload(
-    pubs: list[Publisher], sub: str, windows: Iterable[int], rng: random.Random, per: int = 8,
+    pubs: list[Publisher],
+    sub: str,
+    windows: Iterable[int],
+    rng: random.Random,
+    per: int = 8,
     seal: bool = True,
 ) -> Counter[Any]:
     """Each producer writes ``per``-ish records per window then seals it; producers' steps are
@@ -87,8 +102,9 @@ def workload(
     return sent
 
 
-def read_until(reader: PunctuatedReader, done: Callable[[list[Event]], bool],
-               timeout: float = 30.0) -> list[Event]:
+def read_until(
+    reader: PunctuatedReader, done: Callable[[list[Event]], bool], timeout: float = 30.0
+) -> list[Event]:
     events: list[Event] = []
     deadline = time.monotonic() + timeout
     while not done(events):
@@ -135,8 +151,9 @@ def test_firm_holds_later_records_until_earlier_time_terminates(make_config: Con
     pubs = publishers(config, stream)
     sent = workload(pubs, sub, [0], rng, seal=False)
     with PunctuatedReader(config, sub) as reader:
-        events = read_until(reader, lambda evs: sum(isinstance(e, Released) for e in evs)
-                            == sent[0])
+        events = read_until(
+            reader, lambda evs: sum(isinstance(e, Released) for e in evs) == sent[0]
+        )
         sent += workload(pubs, sub, [1], rng, seal=False)
         events += read_until(reader, lambda evs: reader.aligner.held() == sent[1])
         events += reader.poll(0.5)
@@ -147,7 +164,7 @@ def test_firm_holds_later_records_until_earlier_time_terminates(make_config: Con
             p.seal(sub, 0)
         events += read_until(reader, lambda evs: 0 in terminated(evs))
     check_firm(events, sent)
-    after = events[next(i for i, e in enumerate(events) if isinstance(e, Terminated)):]
+    after = events[next(i for i, e in enumerate(events) if isinstance(e, Terminated)) :]
     assert sum(isinstance(e, Released) for e in after) == sent[1]
     assert reader.aligner.held() == 0
     for p in pubs:
@@ -160,8 +177,9 @@ def test_soft_bound_releases_before_alignment(make_config: ConfigFactory) -> Non
     pubs = publishers(config, stream)
     sent = workload(pubs, sub, [0, 1], rng, seal=False)
     with PunctuatedReader(config, sub) as reader:
-        events = read_until(reader, lambda evs: sum(isinstance(e, Released) for e in evs)
-                            == sent.total())
+        events = read_until(
+            reader, lambda evs: sum(isinstance(e, Released) for e in evs) == sent.total()
+        )
         assert not terminated(events)  # released although nothing is aligned yet
         for p in pubs:
             p.seal(sub, 1)
@@ -197,7 +215,9 @@ def test_latecomer_registering_with_a_start_time_does_not_hold_back_earlier_time
     rng = random.Random(9)
     pubs = publishers(config, stream)
     sent = workload(pubs, sub, [0], rng, seal=False)
-    late = Publisher(config, stream, "latecomer")  # REGISTER with no start: blocks time 0
+    late = Application(config).publisher(
+        stream, "latecomer"
+    )  # REGISTER with no start: blocks time 0
     register(late, sub, 1)  # ...until it says it only writes times >= 1
     for p in pubs:
         p.seal(sub, 0)
@@ -224,7 +244,7 @@ def test_late_producer_record_goes_to_dead_letter(make_config: ConfigFactory) ->
         while service.tracker.completed < 1:
             assert time.monotonic() < deadline
             service.step()
-        with Publisher(config, stream, "latecomer") as late:
+        with Application(config).publisher(stream, "latecomer") as late:
             late.publish({"user": "late", "url": "/", "ts": 500}, partition=2)
         while service.late < 1:
             assert time.monotonic() < deadline
@@ -263,8 +283,9 @@ def epoch_completes(config: Config, sub: str) -> list[EpochComplete]:
     return [r.body for _, r in recs if isinstance(r.body, EpochComplete)]
 
 
-def run_service(service: PunctuationAligner, until: Callable[[], bool], timeout: float = 30.0
-                ) -> None:
+def run_service(
+    service: PunctuationAligner, until: Callable[[], bool], timeout: float = 30.0
+) -> None:
     deadline = time.monotonic() + timeout
     while not until():
         assert time.monotonic() < deadline
@@ -288,9 +309,11 @@ def test_service_epoch_complete_ranges_hold_exactly_each_time(make_config: Confi
         sent_records += got
     assert len({(e.partition, e.index) for e in sent_records}) == sent.total()
     # the snapshot after the 2nd completion tells a late subscriber where time 2 starts
-    [snap] = [r.body for _, r in read_control(config.kafka.bootstrap,
-                                              config.acker.control_topic(sub), config)
-              if isinstance(r.body, FrontierSnapshot)]
+    [snap] = [
+        r.body
+        for _, r in read_control(config.kafka.bootstrap, config.acker.control_topic(sub), config)
+        if isinstance(r.body, FrontierSnapshot)
+    ]
     data_from = {r.partition: r.start for r in snap.data_from}
     assert all(data_from[r.partition] <= r.start for r in completes[2].ranges)
     assert list(snap.lower) == [] or all(t >= 2 for t in snap.lower)  # type: ignore[operator]
@@ -342,9 +365,21 @@ def test_align_cli_runs_until_interrupted(make_config: ConfigFactory) -> None:
     workload(pubs, sub, [0, 1], random.Random(8))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "substreams", "align", "-c", str(config.path),
-         "--substream", sub, "--verbose"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "substreams",
+            "align",
+            "-c",
+            str(config.path),
+            "--substream",
+            sub,
+            "--verbose",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         assert proc.stdout is not None
@@ -364,7 +399,9 @@ def test_align_cli_refuses_an_acker_substream(make_config: ConfigFactory) -> Non
     config, _, sub = setup(make_config, mechanism="acker")
     result = subprocess.run(
         [sys.executable, "-m", "substreams", "align", "-c", str(config.path), "--substream", sub],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert f"substream '{sub}' is tracked by the acker" in result.stderr
@@ -373,5 +410,9 @@ def test_align_cli_refuses_an_acker_substream(make_config: ConfigFactory) -> Non
 @pytest.mark.parametrize("name", ["clicks_1s_punct"])
 def test_example_config_defines_a_punctuation_substream(name: str) -> None:
     sub = load_config(ROOT / "substreams.yaml").substream(name)
-    assert (sub.mechanism, sub.kind, sub.bound, sub.ordered) == ("punctuations", "tumbling",
-                                                                "firm", True)
+    assert (sub.mechanism, sub.kind, sub.bound, sub.ordered) == (
+        "punctuations",
+        "tumbling",
+        "firm",
+        True,
+    )

@@ -12,11 +12,11 @@ from confluent_kafka import TopicPartition
 
 from substreams.acker.client import AckerClient
 from substreams.acker.service import checkpoint_topic
+from substreams.app import Application
 from substreams.control.io import read_control
 from substreams.control.subscriber import Data, Subscriber
 from substreams.control.verify import verify_config
 from substreams.kafka import client
-from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import FAST, notifications, wait_notifications
 from tests.integration.test_acker_commands import running_acker as acker
@@ -45,7 +45,7 @@ def test_readers_from_the_beginning_work_after_the_head_was_deleted(
     stream, sub = config.streams[0].name, config.substreams[0].name
     bootstrap = config.kafka.bootstrap
     control = config.acker.control_topic(sub)
-    with Publisher(config, stream, "src") as pub:
+    with Application(config).publisher(stream, "src") as pub:
         with acker(config):
             with AckerClient(config) as ctl:  # a command session: the command topic has a head
                 ctl.connect(timeout=20)

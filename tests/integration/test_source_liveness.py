@@ -11,11 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+from substreams.app import Application
 from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.control.messages import SourceEvicted
 from substreams.control.verify import verify_config
-from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import check_exactly_once, notifications, wait_notifications
 from tests.integration.test_publisher_crashes import EPOCH, Remote, committed
@@ -46,7 +46,7 @@ def test_a_dead_source_blocks_no_longer_than_the_timeout(make_config: ConfigFact
 
     config = make_config([{"name": "clicks", "partitions": 2}], [EPOCH], acker=LIVENESS)
     stream, sub = config.streams[0].name, config.substreams[0].name
-    with acker(config), Publisher(config, stream, "live") as live:
+    with acker(config), Application(config).publisher(stream, "live") as live:
         dead = Remote(config, stream, "dead")
         assert dead.do("publish", "/dead", 0) == "ok" and dead.do("flush") == "ok"
         live.publish({"user": "l", "url": "/live", "ts": 0})
@@ -76,7 +76,7 @@ def test_a_stopped_source_is_fenced_before_its_epochs_close(make_config: ConfigF
 
     config = make_config([{"name": "clicks", "partitions": 2}], [EPOCH], acker=LIVENESS)
     stream, sub = config.streams[0].name, config.substreams[0].name
-    with acker(config), Publisher(config, stream, "live") as live:
+    with acker(config), Application(config).publisher(stream, "live") as live:
         zombie = Remote(config, stream, "zombie")
         assert zombie.do("publish", "/zombie", 0) == "ok"  # in an open transaction
         zombie.p.send_signal(signal.SIGSTOP)
@@ -100,8 +100,9 @@ def test_evict_source_by_hand_and_list_sources(make_config: ConfigFactory) -> No
         acker={**LIVENESS, "source_timeout_ms": 600_000},
     )
     stream, sub = config.streams[0].name, config.substreams[0].name
-    with acker(config), Publisher(config, stream, "live") as live:
-        Publisher(config, stream, "gone").abort()  # registered, never sealing, never leaving
+    with acker(config), Application(config).publisher(stream, "live") as live:
+        # registered, never sealing, never leaving
+        Application(config).publisher(stream, "gone").abort()
         live.publish({"user": "l", "url": "/live", "ts": 0})
         live.seal(sub, 0)
         time.sleep(1.0)

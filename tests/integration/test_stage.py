@@ -10,11 +10,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from substreams.acker.stage import Stage, Transform
+from substreams.app import Application
 from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.control.messages import EpochComplete
 from substreams.streams.listener import Listener
-from substreams.streams.publisher import Publisher
 from substreams.streams.records import Entry
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import FAST, acker, check_exactly_once, wait_notifications
@@ -65,7 +65,7 @@ def test_firm_bound_across_a_two_stage_pipeline(make_config: ConfigFactory) -> N
     sent: dict[Any, list[tuple[str, str]]] = {}
     with acker(config), running(config, config.stages[0].name, twice), \
             running(config, config.stages[1].name, twice):
-        pubs = [Publisher(config, clicks, f"src{i}", batch_size=9) for i in range(3)]
+        pubs = [Application(config).publisher(clicks, f"src{i}", batch_size=9) for i in range(3)]
         ts = [0, 0, 0]
         for n in range(120):
             i = rng.randrange(3)
@@ -106,7 +106,7 @@ def test_a_cycle_terminates(make_config: ConfigFactory) -> None:
         return [{**entry.payload, "user": str(n + 1)}]
 
     with acker(config), running(config, config.stages[0].name, hop):
-        with Publisher(config, clicks, "src") as pub:
+        with Application(config).publisher(clicks, "src") as pub:
             for t in range(4):
                 for k in range(5):
                     pub.publish({"user": "0", "url": f"/{t}/{k}", "ts": t})
@@ -163,7 +163,7 @@ def test_sigkilled_stages_restart_exactly_once(make_config: ConfigFactory) -> No
     epochs, kills = 24, 0
     with acker(config):
         procs = {n: start(n) for n in names}
-        with Publisher(config, clicks, "src", batch_size=3) as pub:
+        with Application(config).publisher(clicks, "src", batch_size=3) as pub:
             for t in range(epochs):
                 for k in range(rng.randint(1, 4)):
                     pub.publish({"user": "u", "url": f"/{t}/{k}", "ts": t})

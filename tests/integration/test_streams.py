@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from substreams.app import Application
 from substreams.errors import (
     OrderKeyRegressionError,
     PublisherAlreadyAcquiredError,
@@ -16,7 +17,6 @@ from substreams.errors import (
     SchemaMismatchError,
 )
 from substreams.streams.listener import Listener
-from substreams.streams.publisher import Publisher
 from tests.conftest import CLICK_SCHEMA, ConfigFactory
 
 
@@ -31,7 +31,7 @@ def read_all(listener: Listener, idle: float = 0.5) -> list:
 def test_multi_partition_round_trip_keeps_per_partition_order(make_config: ConfigFactory) -> None:
     config = make_config([{"name": "clicks", "partitions": 4}])
     stream = config.streams[0].name
-    with Publisher(config, stream, "src-a", batch_size=37) as pub:
+    with Application(config).publisher(stream, "src-a", batch_size=37) as pub:
         sent = [pub.publish(c, key=str(c["user"])) for c in clicks(200, users=16)]
     assert len({r.partition for r in sent}) == 4
     with Listener(config, stream) as listener:
@@ -51,7 +51,7 @@ def test_multi_partition_round_trip_keeps_per_partition_order(make_config: Confi
 def test_listener_from_index_and_stop_after_n(make_config: ConfigFactory) -> None:
     config = make_config([{"name": "clicks", "partitions": 1}])
     stream = config.streams[0].name
-    with Publisher(config, stream, "src") as pub:
+    with Application(config).publisher(stream, "src") as pub:
         for c in clicks(50):
             pub.publish(c)
     with Listener(config, stream, from_index=10, max_entries=5) as listener:
@@ -67,7 +67,7 @@ def test_listener_from_index_and_stop_after_n(make_config: ConfigFactory) -> Non
 def test_listener_from_order_key_until_order_key(make_config: ConfigFactory) -> None:
     config = make_config([{"name": "clicks", "partitions": 3}])
     stream = config.streams[0].name
-    with Publisher(config, stream, "src", batch_size=10) as pub:
+    with Application(config).publisher(stream, "src", batch_size=10) as pub:
         for c in clicks(300, start=1000):
             pub.publish(c)
     with Listener(config, stream, from_order_key=1150, until_order_key=1199) as listener:
@@ -78,14 +78,14 @@ def test_listener_from_order_key_until_order_key(make_config: ConfigFactory) -> 
 def test_listener_reports_behind_then_caught_up(make_config: ConfigFactory) -> None:
     config = make_config([{"name": "clicks", "partitions": 2}])
     stream = config.streams[0].name
-    with Publisher(config, stream, "src") as pub:
+    with Application(config).publisher(stream, "src") as pub:
         for c in clicks(20):
             pub.publish(c)
     with Listener(config, stream) as listener:
         assert listener.state == "behind"
         got = read_all(listener, idle=0.3)
         assert len(got) == 20 and listener.state == "caught_up"
-        with Publisher(config, stream, "src2") as pub:
+        with Application(config).publisher(stream, "src2") as pub:
             pub.publish({"user": "x", "url": "/", "ts": 99})
         entry = listener.poll(5.0)
         assert entry is not None and entry.payload["user"] == "x"
@@ -94,25 +94,25 @@ def test_listener_reports_behind_then_caught_up(make_config: ConfigFactory) -> N
 def test_second_publisher_in_process_is_refused(make_config: ConfigFactory) -> None:
     config = make_config([{"name": "clicks"}])
     stream = config.streams[0].name
-    with Publisher(config, stream, "only"):
+    with Application(config).publisher(stream, "only"):
         with pytest.raises(PublisherAlreadyAcquiredError, match="already acquired"):
-            Publisher(config, stream, "only")
-        Publisher(config, stream, "other").close()  # another source id is fine
-    Publisher(config, stream, "only").close()  # released on close
+            Application(config).publisher(stream, "only")
+        Application(config).publisher(stream, "other").close()  # another source id is fine
+    Application(config).publisher(stream, "only").close()  # released on close
 
 
 def test_publisher_in_another_process_fences_this_one(make_config: ConfigFactory) -> None:
     config = make_config([{"name": "clicks"}])
     stream = config.streams[0].name
-    pub = Publisher(config, stream, "shared")
+    pub = Application(config).publisher(stream, "shared")
     pub.publish({"user": "a", "url": "/", "ts": 1})
     pub.flush()
     script = textwrap.dedent(
         f"""
         from substreams.config import load_config
-        from substreams.streams.publisher import Publisher
+        from substreams.app import Application
         cfg = load_config({str(config.path)!r})
-        with Publisher(cfg, {stream!r}, "shared") as p:
+        with Application(cfg).publisher({stream!r}, "shared") as p:
             p.publish({{"user": "b", "url": "/", "ts": 2}})
         """
     )
@@ -129,7 +129,7 @@ def test_publisher_in_another_process_fences_this_one(make_config: ConfigFactory
 def test_order_key_regression_raises_before_writing(make_config: ConfigFactory) -> None:
     config = make_config([{"name": "clicks"}])
     stream = config.streams[0].name
-    with Publisher(config, stream, "src") as pub:
+    with Application(config).publisher(stream, "src") as pub:
         pub.publish({"user": "a", "url": "/", "ts": 10})
         with pytest.raises(OrderKeyRegressionError, match="ts=9 is below the previous 10"):
             pub.publish({"user": "a", "url": "/", "ts": 9})
@@ -141,7 +141,7 @@ def test_order_key_regression_raises_before_writing(make_config: ConfigFactory) 
 def test_reader_refuses_unknown_schema_fingerprint(make_config: ConfigFactory, tmp_path) -> None:
     writer_cfg = make_config([{"name": "clicks"}])
     stream = writer_cfg.streams[0].name
-    with Publisher(writer_cfg, stream, "src") as pub:
+    with Application(writer_cfg).publisher(stream, "src") as pub:
         pub.publish({"user": "a", "url": "/", "ts": 1})
     # A reader whose schema for the same topic has one more field.
     import dataclasses
@@ -159,7 +159,7 @@ def test_payload_not_matching_schema_is_a_clear_error(make_config: ConfigFactory
 
     config = make_config([{"name": "clicks"}])
     with (
-        Publisher(config, config.streams[0].name, "src") as pub,
+        Application(config).publisher(config.streams[0].name, "src") as pub,
         pytest.raises(SubstreamsError, match="does not match schema"),
     ):
         pub.publish({"user": 5, "url": "/", "ts": 1})

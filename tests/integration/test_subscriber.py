@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from confluent_kafka import TopicPartition
 
+from substreams.app import UNTRACKED, Application
 from substreams.config import Config
 from substreams.control.io import ControlWriter, now_ms, read_control
 from substreams.control.messages import FrontierSnapshot, OffsetRange, WriterHeartbeat
@@ -115,7 +116,7 @@ def world(make_config: ConfigFactory) -> Iterator[tuple[Config, str, dict[str, P
         [{"name": "win", "stream": "clicks", "kind": "tumbling", "size_ms": 100}],
     )
     stream = config.streams[0].name
-    pubs = {s: Publisher(config, stream, s, hooks=False) for s in SOURCES}
+    pubs = {s: Application(config, mechanisms=UNTRACKED).publisher(stream, s) for s in SOURCES}
     try:
         yield config, config.substreams[0].name, pubs
     finally:

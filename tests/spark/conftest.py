@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
+from substreams.app import DIRECT, Application
 from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.control.messages import EpochComplete
-from substreams.spark.direct import direct_progress
-from substreams.streams.publisher import Publisher
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -76,7 +75,7 @@ def publish_windows(
     """Publish (window, n) clicks window after window and seal each, then ``open_tail``
     unsealed: the control topic gets one EpochComplete per sealed window."""
     name = stream or config.substream(substream).stream
-    with direct_progress(), Publisher(config, name, source) as pub:
+    with Application(config, mechanisms=DIRECT).publisher(name, source) as pub:
         for window, n in windows:
             for c in window_clicks(window, n):
                 pub.publish(c, key=str(c["user"]))

@@ -49,6 +49,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from substreams.acker.service import checkpoint_topic
+from substreams.app import Application
 from substreams.config import Config
 from substreams.control.verify import verify_config
 from substreams.errors import SubstreamsError
@@ -183,7 +184,7 @@ class Workload:
         deadline = time.monotonic() + 180
         while True:
             try:
-                return Publisher(self.config, self.stream, source, batch_size=1000)
+                return Application(self.config).publisher(self.stream, source, batch_size=1000)
             except (KafkaException, SubstreamsError) as exc:
                 self.events["publisher open failed"] += 1
                 self.log(f"{source}: opening the publisher failed: {exc!r}")
@@ -514,8 +515,8 @@ def test_publisher_that_could_not_register_can_be_opened_again(
     ensure_topics(admin, [t for t in config.topics() if t[0] != acks])
     stream, sub = config.streams[0].name, config.substreams[0].name
     with pytest.raises(SubstreamsError, match="could not register"):
-        Publisher(config, stream, "src")
+        Application(config).publisher(stream, "src")
     ensure_topics(admin, config.topics())
-    with Publisher(config, stream, "src") as pub:
+    with Application(config).publisher(stream, "src") as pub:
         pub.publish({"user": "u", "url": "/", "ts": 0})
         pub.seal(sub, 0)

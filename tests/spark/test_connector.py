@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from substreams.app import Application
 from substreams.config import Config
 from substreams.spark.connector import (
     KAFKA_CONNECTOR,
@@ -24,7 +25,6 @@ from substreams.spark.connector import (
     decode_envelopes,
     merge_packages,
 )
-from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
 from tests.spark.conftest import window_clicks
 
@@ -58,13 +58,13 @@ def _publish(config: Config) -> tuple[list[Key], int]:
     transaction of another source.  Returns the committed records and the aborted count."""
     w, stream = config.substreams[0].name, config.streams[0].name
     sent: list[Key] = []
-    with Publisher(config, stream, "src") as pub:
+    with Application(config).publisher(stream, "src") as pub:
         for window, n in [(0, 5), (1, 3), (2, 4)]:
             for c in window_clicks(window, n):
                 rec = pub.publish(c, key=str(c["user"]))
                 sent.append((str(c["user"]), str(c["url"]), int(c["ts"]), rec.partition))
             pub.seal(w, window)
-    ghost = Publisher(config, stream, "ghost")
+    ghost = Application(config).publisher(stream, "ghost")
     aborted = window_clicks(3, 6)
     for c in aborted:
         ghost.publish(c, key=str(c["user"]))

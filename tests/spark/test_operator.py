@@ -10,14 +10,13 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from substreams.app import DIRECT, Application
 from substreams.config import Config
 from substreams.frontier import Time
-from substreams.spark.direct import direct_progress
 from substreams.spark.operator import Row
 from substreams.spark.runner import run, stop
 from substreams.spark.sink import read_commits
 from substreams.streams.listener import Listener
-from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
 from tests.spark.conftest import running_acker, wait_for_epochs, window_clicks
 from tests.spark.jobs import load_job, out_stream
@@ -58,7 +57,7 @@ def test_windowed_counts_chain_into_a_second_job(
     stage1, stage2 = load_job("pipeline_stage1"), load_job("pipeline_stage2")
     windows = [(0, 10), (1, 6), (2, 9)]
     # the real acker tracks both the clicks and stage 1's output (its sink is a source)
-    with running_acker(config), Publisher(config, clicks, "src") as pub:
+    with running_acker(config), Application(config).publisher(clicks, "src") as pub:
         for window, n in windows:
             for c in window_clicks(window, n):
                 pub.publish(c, key=str(c["user"]))
@@ -163,7 +162,7 @@ def test_exactly_once_output_across_crashes(
             assert "crash" in str(exc)
         return op.seen
 
-    with direct_progress(), Publisher(config, clicks, "src") as pub:
+    with Application(config, mechanisms=DIRECT).publisher(clicks, "src") as pub:
 
         def publish(window: int, n: int) -> None:
             for c in window_clicks(window, n):
@@ -208,7 +207,7 @@ def test_sessionize_emits_one_summary_per_closed_session(
         ("a", 1600, "/y"),
         ("b", 2500, "/x"),
     ]
-    with direct_progress(), Publisher(config, clicks, "src") as pub:
+    with Application(config, mechanisms=DIRECT).publisher(clicks, "src") as pub:
         for user, ts, url in events:
             pub.watermark(ts)
             pub.publish({"user": user, "url": url, "ts": ts})

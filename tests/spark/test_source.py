@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from substreams.app import DIRECT, Application
 from substreams.control.io import read_control
 from substreams.control.messages import EpochComplete
-from substreams.spark.direct import direct_progress
-from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
 from tests.spark.conftest import publish_windows, wait_for_epochs, window_clicks
 
@@ -57,7 +56,7 @@ def test_firm_batch_holds_exactly_the_completed_windows_in_order(
     )
     w = config.substreams[0].name
     ck = tmp_path / "ck"
-    with direct_progress(), Publisher(config, config.streams[0].name, "src") as pub:
+    with Application(config, mechanisms=DIRECT).publisher(config.streams[0].name, "src") as pub:
         # windows 0, 1, 3 with records, window 2 sealed empty, window 4 published, not sealed
         for window, n in [(0, 12), (1, 7), (2, 0), (3, 9)]:
             for c in window_clicks(window, n):
@@ -100,7 +99,7 @@ def test_firm_sessions_interleaved_with_open_sessions(
         ("a", 1600),
         ("b", 2500),
     ]
-    with direct_progress(), Publisher(config, stream, "src") as pub:
+    with Application(config, mechanisms=DIRECT).publisher(stream, "src") as pub:
         for user, ts in events:
             pub.watermark(ts)  # event time reached ts: closes sessions ended > gap before
             pub.publish({"user": user, "url": "/", "ts": ts})
@@ -176,7 +175,7 @@ def test_firm_source_works_with_the_punctuation_mechanism(
     thread = threading.Thread(target=aligner.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        with Publisher(config, stream, "src") as pub:
+        with Application(config).publisher(stream, "src") as pub:
             for window, n in [(0, 5), (1, 3), (2, 4)]:
                 for c in window_clicks(window, n):
                     pub.publish(c, key=str(c["user"]))

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from substreams.app import DIRECT, Application
 from substreams.config import Config
-from substreams.spark.direct import direct_progress
 from substreams.spark.runner import run
 from substreams.streams.listener import Listener
-from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
 from tests.spark.conftest import window_clicks
 from tests.spark.jobs import ROOT, load_job, out_stream
@@ -85,7 +84,10 @@ def test_submitted_job_killed_mid_stream_restarts_exactly_once(
         "200 milliseconds",
     ]
     truth: Counter[tuple[int, str]] = Counter()
-    with direct_progress(), Publisher(config, clicks, "src") as pub, log.open("wb") as out:
+    with (
+        Application(config, mechanisms=DIRECT).publisher(clicks, "src") as pub,
+        log.open("wb") as out,
+    ):
 
         def publish(window: int, n: int) -> None:
             for c in window_clicks(window, n):

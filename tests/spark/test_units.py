@@ -11,6 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from substreams.app import DIRECT, Application
 from substreams.cli.main import cli
 from substreams.errors import SubstreamsError
 from substreams.frontier import Keyed
@@ -185,9 +186,7 @@ def test_control_scanner_refuses_a_broken_hash_chain(make_config: ConfigFactory)
     from substreams.control.io import ControlWriter
     from substreams.control.messages import EpochComplete
     from substreams.errors import ProtocolError
-    from substreams.spark.direct import direct_progress
     from substreams.spark.offsets import ControlScanner
-    from substreams.streams.publisher import Publisher
 
     config = make_config(
         [{"name": "clicks", "partitions": 1}],
@@ -195,7 +194,7 @@ def test_control_scanner_refuses_a_broken_hash_chain(make_config: ConfigFactory)
     )
     w, stream = config.substreams[0].name, config.streams[0].name
     topic = config.acker.control_topic(w)
-    with direct_progress(), Publisher(config, stream, "src") as pub:
+    with Application(config, mechanisms=DIRECT).publisher(stream, "src") as pub:
         pub.publish({"user": "u", "url": "/", "ts": 5})
         pub.seal(w, 0)
     scanner = ControlScanner(config.kafka.bootstrap, topic, w, str(config.path))

@@ -17,8 +17,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from substreams.app import DIRECT, Application
 from substreams.frontier import Time
-from substreams.spark.direct import direct_progress
 from substreams.spark.operator import EpochOperator, Row
 from substreams.spark.runner import run
 from substreams.streams.publisher import Publisher
@@ -118,7 +118,7 @@ def test_firm_bound_keeps_late_records_and_emits_sealed_windows_at_once(
         watermark_query(spark, config.path, w, tmp_path / "wm", spark_windows)
         phases.append((dict(firm.windows), dict(spark_windows)))
 
-    with direct_progress(), Publisher(config, stream, "src") as pub:
+    with Application(config, mechanisms=DIRECT).publisher(stream, "src") as pub:
         send(
             pub,
             list(range(0, 1000, 100)) + list(range(1000, 2000, 125)) + list(range(2000, 3000, 100)),

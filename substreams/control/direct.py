@@ -3,14 +3,14 @@
 Why this exists: with a single source per stream, the source itself knows when a time is
 complete (it sealed it) and which offsets hold its records (delivery reports), so it can
 write the real control-topic protocol (ProgressTracker + ControlWriter, hash chain included)
-without a tracking service.  Tests and the demo use it where the acker is not running; it is
-not a substitute for the acker with several sources or stages.
+without a tracking service.  Tests and the demo use it where the acker is not running
+(``Application(config, mechanisms=DIRECT)``); it is not a substitute for the acker with
+several sources or stages.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from substreams.control.io import ControlWriter, now_ms
 from substreams.control.messages import ControlBody, OffsetRange
@@ -18,8 +18,7 @@ from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.frontier import Keyed, Time, less_equal, sort_key
 from substreams.frontier.sessions import closed_runs
-from substreams.streams import publisher as publisher_module
-from substreams.streams.publisher import HOOK_FACTORIES, HookFactory, Publisher
+from substreams.streams.publisher import Publisher
 from substreams.streams.records import SentRecord
 
 
@@ -137,22 +136,3 @@ class DirectProgress:
 
     def abort(self, publisher: Publisher) -> None:
         self.writer.close()
-
-
-@contextlib.contextmanager
-def direct_progress(mechanisms: Sequence[str] = ("acker", "punctuations")) -> Iterator[None]:
-    """Within the block, publishers of this process track ``mechanisms`` with
-    :class:`DirectProgress` instead of the acker / punctuation hooks."""
-    publisher_module._load_default_hooks()
-    saved = {m: HOOK_FACTORIES.get(m) for m in mechanisms}
-    factory: HookFactory = DirectProgress
-    for m in mechanisms:
-        HOOK_FACTORIES[m] = factory
-    try:
-        yield
-    finally:
-        for m, old in saved.items():
-            if old is None:
-                HOOK_FACTORIES.pop(m, None)
-            else:
-                HOOK_FACTORIES[m] = old

@@ -1,0 +1,71 @@
+"""The composition root: which hook tracks each mechanism, chosen in one place.
+
+Why a root and not a registry: a :class:`~substreams.streams.publisher.Publisher` lives below
+the mechanisms that track its records (the acker, punctuations), so it cannot import them;
+the first version had them register into a global dict on a string import, which made the
+answer to "what tracks this publisher?" depend on what happened to be imported.  Here the
+answer is a value (:data:`Mechanisms`) given to every publisher this application builds;
+tests choose another (:data:`DIRECT`) by building another application, not by patching.
+
+Layering: this module sits above ``acker`` and ``punctuation`` and below ``spark``, ``bench``
+and ``cli``, which build their publishers through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from substreams.acker.hook import AckerHook
+from substreams.config import Config
+from substreams.control.direct import DirectProgress
+from substreams.punctuation.hook import PunctuationHook
+from substreams.streams.publisher import Mechanisms, Publisher
+
+__all__ = ["DIRECT", "TRACKED", "UNTRACKED", "Application", "Mechanisms"]
+
+TRACKED: Mechanisms = MappingProxyType(
+    {"acker": AckerHook, "punctuations": PunctuationHook}
+)
+"""Production: the acker's reports and seals, in-band punctuations."""
+
+DIRECT: Mechanisms = MappingProxyType(
+    {"acker": DirectProgress, "punctuations": DirectProgress}
+)
+"""One source that writes its own control records (tests and demos without an acker)."""
+
+UNTRACKED: Mechanisms = MappingProxyType({})
+"""No mechanism: records only (the untracked baseline of the benchmarks)."""
+
+
+@dataclass(frozen=True)
+class Application:
+    """A configuration, a broker and the mechanisms: what every publisher is built from."""
+
+    config: Config
+    bootstrap: str | None = None
+    """Overrides ``kafka.bootstrap`` (and ``$SUBSTREAMS_BOOTSTRAP``) for every client."""
+    mechanisms: Mechanisms = field(default_factory=lambda: TRACKED)
+
+    def publisher(
+        self,
+        stream: str,
+        source_id: str,
+        *,
+        batch_size: int = 500,
+        bootstrap: str | None = None,
+        producer_overrides: Mapping[str, Any] | None = None,
+    ) -> Publisher:
+        """A publisher of ``stream`` as ``source_id``, tracked by this application's
+        mechanisms (see :class:`~substreams.streams.publisher.Publisher`)."""
+        return Publisher(
+            self.config,
+            stream,
+            source_id,
+            bootstrap=bootstrap or self.bootstrap,
+            batch_size=batch_size,
+            mechanisms=self.mechanisms,
+            producer_overrides=producer_overrides,
+        )
