@@ -553,6 +553,7 @@ class AckerService:
                         items.append((topic, body))
                 self.state.last_notification[sub] = (term.time, now)
                 self.notifications += 1
+            tracker.prune_keyed(table.keyed_floor())
         return items
 
     def _commit(self, items: list[tuple[str, ControlBody]], now: int) -> None:

@@ -30,6 +30,12 @@ as ``Keyed(key, s)`` with ``until = Keyed(key, e)``.  A source covers a keyed ti
 explicit seal of that key or by a *keyed seal* ("every key's times up to event time T"),
 which also covers keys it never wrote: that is how several sources sharing keys close them.
 
+Bounded state: what grows with every key ever seen (the terminated antichain, a source's
+per-key seals) is pruned once every registered source's keyed seal covers it -- the *keyed
+floor* (:meth:`SegmentTable.keyed_floor`).  A keyed time at or below the floor that is not
+open is treated as terminated (a report for it is late: every source promised none), so
+forgetting it cannot reopen it.
+
 A time known only from a seal ("a sealed time closes whether or not data arrived") is an
 open time too.  Simultaneous terminations are emitted in :func:`sort_key` order, a linear
 extension of the partial order.  Reports for a time that already terminated (anything at or
@@ -220,8 +226,39 @@ class SegmentTable:
 
     # -- reports -------------------------------------------------------------------------
 
+    def keyed_floor(self) -> int | None:
+        """The lowest keyed seal of the registered sources: every source promised no record
+        at ``Keyed(k, t)``, ``t <= floor``, for any key.  None while some source has none."""
+        floor: int | None = None
+        for s in self.sources.values():
+            if s.role == SOURCE and s.active:
+                if s.keys_upto is None:
+                    return None
+                floor = s.keys_upto if floor is None else min(floor, s.keys_upto)
+        return floor
+
+    def _below_floor(self, t: Time) -> bool:
+        if type(t) is not Keyed or type(t.time) is not int:
+            return False
+        floor = self.keyed_floor()
+        return floor is not None and t.time <= floor
+
+    def prune(self) -> None:
+        """Forget what no report can touch any more (module doc, "bounded state"): terminated
+        keyed times and per-key seals at or below the keyed floor / the source's own keyed
+        seal.  Called after terminations; cheap when there is nothing keyed."""
+        floor = self.keyed_floor()
+        if floor is not None and len(self.terminated) > 1:
+            self.terminated = self.terminated.retain(lambda u: not self._below_floor(u))
+        for state in self.sources.values():
+            if state.keys_upto is not None and len(state.seals) > 1:
+                keep = state.seals.retain(lambda u, s=state: not s._keyed_covers(u))
+                if len(keep) != len(state.seals):
+                    state.seals = keep
+                    state.seal_ms = {u: ms for u, ms in state.seal_ms.items() if u in keep}
+
     def _check_open(self, t: Time) -> None:
-        if t not in self.open and self.terminated.covers(t):
+        if t not in self.open and (self.terminated.covers(t) or self._below_floor(t)):
             raise Violation(
                 f"substream '{self.substream}': report for time {t!r}, which already terminated"
             )
@@ -280,7 +317,12 @@ class SegmentTable:
         state.seal_ms = {s: ms for s, ms in state.seal_ms.items() if s in state.seals}
         state.seal_ms[t] = sealed_at_ms
         self.dirty = True
-        if self.gap_ms is not None or t in self.open or self.terminated.covers(t):
+        if (
+            self.gap_ms is not None
+            or t in self.open
+            or self.terminated.covers(t)
+            or self._below_floor(t)
+        ):
             return False  # a session exists only by its records: a seal opens none
         entry, _ = self._entry(t, now_ms)
         entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
@@ -369,6 +411,8 @@ class SegmentTable:
         for term in out:
             del self.open[term.time]
             self.terminated.insert(term.time)
+        if out:
+            self.prune()
         return out
 
     def _session_terminations(
@@ -409,6 +453,8 @@ class SegmentTable:
                     del self.open[m]
                 self.terminated.insert(Keyed(key, end))
         out.sort(key=lambda term: sort_key(term.time))
+        if out:
+            self.prune()
         return out
 
     def unsealed_sources(self, t: Time) -> list[str]:

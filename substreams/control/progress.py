@@ -24,6 +24,7 @@ from substreams.control.messages import (
 )
 from substreams.frontier import (
     ChangeBatch,
+    Keyed,
     MutableAntichain,
     Time,
     UpperAntichain,
@@ -94,6 +95,21 @@ class ProgressTracker:
         if self.completed % self.snapshot_every == 0:
             out.append(self.snapshot(open_starts))
         return out
+
+    def prune_keyed(self, floor: int | None) -> None:
+        """Forget upper-frontier keyed times at or below ``floor`` that are complete: every
+        source promised nothing more there (the acker's keyed floor), so no reader needs
+        them to filter; without this the upper frontier grows with every key ever seen."""
+        if floor is None or len(self.upper) < 2:
+            return
+        self.upper = self.upper.retain(
+            lambda u: not (
+                type(u) is Keyed
+                and type(u.time) is int
+                and u.time <= floor
+                and u not in self.active
+            )
+        )
 
     def pending_update(self) -> FrontierUpdate | None:
         """Lower-frontier changes not yet published (for a heartbeat tick), if any."""

@@ -9,7 +9,7 @@ partial order over the inserted times (one element per key for keyed int times).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Self
 
 from substreams.frontier.time import Time, join, less_equal, less_than, sort_key
@@ -205,6 +205,11 @@ class UpperAntichain(_AntichainBase):
         result = self.copy()
         result.extend(other._elements)
         return result
+
+    def retain(self, keep: Callable[[Time], bool]) -> UpperAntichain:
+        """A new upper antichain of the elements ``keep`` accepts (a subset of an antichain
+        is one); ``self`` is left unchanged.  For pruning what can no longer matter."""
+        return UpperAntichain._unchecked([u for u in self._elements if keep(u)])
 
     def retain_not_passed(self, lower: Antichain) -> UpperAntichain:
         """A new upper antichain without the elements the lower frontier has passed.

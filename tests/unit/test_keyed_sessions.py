@@ -212,3 +212,51 @@ def test_keyed_seals_survive_the_checkpoint_form() -> None:
     assert again.terminations() == []
     again.seal_keys("a", 15, 41)
     assert [t.until for t in again.terminations()] == [Keyed("u", 10)]
+
+
+def test_state_does_not_grow_with_keys_once_the_keyed_floor_passes_them() -> None:
+    """Bounded state: a thousand keys' sessions leave nothing behind once every source's
+    keyed seal passed them, and a late report for a forgotten key is still refused."""
+    table = SegmentTable("s", gap_ms=5)
+    for name in ("a", "b"):
+        table.register(name, SOURCE)
+    for i in range(1000):
+        table.report(Keyed(f"user{i}", i), 0, 1, 2, _ranges(i), 0)
+        table.seal("a", Keyed(f"user{i}", i + 5), 0, 0)  # explicit per-key seals pile up
+    table.seal_keys("a", 2000, 1)
+    table.seal_keys("b", 2000, 1)
+    terms = table.terminations()
+    assert len(terms) == 1000
+    assert len(table.terminated) <= 1
+    assert len(table.sources["a"].seals) == 0 and not table.sources["a"].seal_ms
+    with pytest.raises(Violation):  # forgotten, and still terminated
+        table.report(Keyed("user7", 7), 0, 1, 2, (), 0)
+    with pytest.raises(Violation):  # a brand-new key below the floor is late too
+        table.report(Keyed("newcomer", 1999), 0, 1, 2, (), 0)
+    assert table.report(Keyed("newcomer", 2001), 0, 1, 2, (), 0)
+
+
+def test_per_key_seal_of_a_pruned_key_does_not_notify_it_again() -> None:
+    table = SegmentTable("p")
+    table.register("a", SOURCE)
+    for k in ("x", "y"):
+        table.report(Keyed(k, 0), 0, 1, 2, _ranges(0), 0)
+    table.seal_keys("a", 0, 1)
+    assert [t.time for t in table.terminations()] == [Keyed("x", 0), Keyed("y", 0)]
+    assert len(table.terminated) <= 1
+    assert not table.seal("a", Keyed("x", 0), 2, 2)
+    assert table.terminations() == []
+
+
+def test_the_upper_frontier_forgets_complete_keyed_times_below_the_floor() -> None:
+    from substreams.control.progress import ProgressTracker
+
+    tracker = ProgressTracker("s")
+    for i in range(100):
+        tracker.activate(Keyed(f"k{i}", i))
+    for i in range(99):
+        tracker.complete(Keyed(f"k{i}", i), (), 1, 0)
+    tracker.prune_keyed(None)
+    assert len(tracker.upper) == 100
+    tracker.prune_keyed(1000)
+    assert tracker.upper.elements() == (Keyed("k99", 99),)  # still active: kept
