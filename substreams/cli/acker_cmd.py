@@ -24,7 +24,12 @@ from substreams.acker.commands import (
     format_times,
     parse_time,
 )
-from substreams.cli.options import bootstrap_option, config_option
+from substreams.cli.options import (
+    bootstrap_option,
+    config_option,
+    metrics_port_option,
+    serve_metrics,
+)
 from substreams.config import Config, load_config
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
@@ -83,8 +88,14 @@ def _hex(x: int) -> str:
     show_default=True,
     help="Print a line every N notifications.",
 )
+@metrics_port_option
 def run(
-    config_path: str, bootstrap: str | None, standby: bool, name: str | None, every: int
+    config_path: str,
+    bootstrap: str | None,
+    standby: bool,
+    name: str | None,
+    every: int,
+    metrics_port: int | None,
 ) -> None:
     """Run the acker until Ctrl-C or SIGTERM (a clean stop: the last transaction commits)."""
     from substreams.acker.handler import CommandHandler
@@ -109,6 +120,7 @@ def run(
 
     service.command_handler = step_hook
     stop = threading.Event()
+    serve_metrics(metrics_port)
     subs = ", ".join(handler.substreams) or "(none)"
     mode = "standby (takes over when the active acker stops)" if standby else "active"
     click.echo(
