@@ -157,19 +157,24 @@ def record_lag(
     component: str, name: str, consumer: Any, positions: Mapping[tuple[str, int], int]
 ) -> None:
     """Set the lag gauge of every (topic, partition) in ``positions`` (next offset to read)
-    from ``consumer``'s cached high watermarks (updated by every fetch: no broker call)."""
+    from ``consumer``'s cached high watermarks (updated by every fetch: no broker call).
+
+    The consumer's own fetch position is preferred to ``positions`` when it is known: it has
+    moved past transaction markers, which take offsets too, so a reader that is caught up
+    shows a lag of 0 rather than one per commit."""
     from confluent_kafka import TopicPartition
 
     for (topic, partition), position in positions.items():
+        tp = TopicPartition(topic, partition)
         try:
-            _, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), cached=True
-            )
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+            [fetched] = consumer.position([tp])
         except Exception:  # a consumer being closed, a partition not fetched yet
             continue
         if high is None or high < 0:
             continue
-        INPUT_LAG.labels(component, name, topic, str(partition)).set(max(0, high - position))
+        at = max(position, fetched.offset)
+        INPUT_LAG.labels(component, name, topic, str(partition)).set(max(0, high - at))
 
 
 class Periodic:
