@@ -317,6 +317,7 @@ def sources(config_path: str, bootstrap: str | None, name: str | None) -> None:
     """List the sources the acker knows, with their liveness (from its latest checkpoint,
     at most acker.heartbeat_ms old)."""
     from substreams.acker.service import latest_state
+    from substreams.acker.state import source_liveness
 
     config = load_config(config_path)
     found = latest_state(config, bootstrap, name)
@@ -329,24 +330,14 @@ def sources(config_path: str, bootstrap: str | None, name: str | None) -> None:
     for col in ("source", "incarnation", "role", "substreams", "last heard", "state"):
         table.add_column(col)
     timeout = config.acker.source_timeout_ms
-    for source, session in sorted(state.sessions.items()):
-        roles = {st.role for t in state.tables.values() if (st := t.sources.get(source))}
-        subs = [s for s, t in state.tables.items() if t.is_registered(source)]
-        if session.evicted:
-            status = "evicted"
-        elif not subs:
-            status = "left"
-        elif written_ms - session.last_seen_ms > timeout // 2:
-            status = "silent"
-        else:
-            status = "live"
+    for row in source_liveness(state, written_ms, timeout):
         table.add_row(
-            source,
-            session.incarnation,
-            ",".join(sorted(roles)) or "-",
-            ", ".join(subs) or "-",
-            _age(session.last_seen_ms),
-            status,
+            row.source,
+            row.incarnation,
+            ",".join(row.roles) or "-",
+            ", ".join(row.substreams) or "-",
+            _age(row.last_seen_ms),
+            row.status,
         )
     Console().print(table)
     click.echo(f"checkpoint written {_age(written_ms)}; evicted after {timeout} ms of silence")
