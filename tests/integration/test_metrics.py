@@ -46,21 +46,20 @@ def test_acker_metrics_are_scraped_over_http(make_config: ConfigFactory) -> None
     producer = Producer({"bootstrap.servers": config.kafka.bootstrap})
     producer.produce(config.acker.acks_topic, b"\x00garbage", headers=ack_headers())
     producer.flush(10)
-    with acker(config):
-        with Publisher(config, stream, "src") as pub:
-            for t in range(3):
-                pub.publish({"user": "u", "url": f"/{t}", "ts": t})
-                pub.seal(sub, t)
-            pub.publish({"user": "u", "url": "/open", "ts": 3})  # epoch 3 stays open
-            pub.flush()
-            assert len(wait_notifications(config, sub, 3)) == 3
-            deadline = time.monotonic() + 20
-            while True:
-                got = scrape(port)
-                opened = sample(got, "substreams_open_times", writer=name, substream=sub)
-                if opened == 1 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
+    with acker(config), Publisher(config, stream, "src") as pub:
+        for t in range(3):
+            pub.publish({"user": "u", "url": f"/{t}", "ts": t})
+            pub.seal(sub, t)
+        pub.publish({"user": "u", "url": "/open", "ts": 3})  # epoch 3 stays open
+        pub.flush()
+        assert len(wait_notifications(config, sub, 3)) == 3
+        deadline = time.monotonic() + 20
+        while True:
+            got = scrape(port)
+            opened = sample(got, "substreams_open_times", writer=name, substream=sub)
+            if opened == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     assert sample(got, "substreams_notifications_total", writer=name, substream=sub) == 3
     assert sample(got, "substreams_seal_to_notification_seconds_count", writer=name,
                   substream=sub) == 3
