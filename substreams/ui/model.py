@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +41,7 @@ from substreams.control.messages import (
 from substreams.control.subscriber import find_latest_snapshot
 from substreams.control.subscription import SubscriptionFrontiers
 from substreams.errors import ProtocolError, SubstreamsError
-from substreams.frontier import UpperAntichain
+from substreams.frontier import Time, UpperAntichain, sort_key
 from substreams.kafka import client
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ class DashboardModel:
             return False
         if isinstance(body, EpochComplete):
             sub.frontiers.complete(topic, body.time, body.lower_updates)
-            sub.upper.insert(body.time)
+            self._grow_upper(sub, [*body.lower_updates, (body.time, 1)])
             sub.completed += 1
             latency = rec.written_at_ms - body.sealed_at_ms if body.sealed_at_ms > 0 else None
             sub.notifications.appendleft({
@@ -185,15 +186,20 @@ class DashboardModel:
             })
         elif isinstance(body, FrontierUpdate):
             sub.frontiers.apply(topic, body.updates)
-            for t, delta in body.updates:
-                if delta > 0:
-                    sub.upper.insert(t)
+            self._grow_upper(sub, body.updates)
         elif isinstance(body, SourceEvicted):
             sub.evictions.appendleft({"source": body.source, "reason": body.reason,
                                       "written_at_ms": rec.written_at_ms})
         else:
             return False
         return True
+
+    @staticmethod
+    def _grow_upper(sub: _Substream, updates: Iterable[tuple[Time, int]]) -> None:
+        """The upper frontier: the maximal times seen (an activation is a +1 delta)."""
+        for t, delta in updates:
+            if delta > 0:
+                sub.upper.insert(t)
 
     def _load_checkpoint(self, body: Checkpoint, written_ms: int) -> None:
         try:
@@ -224,14 +230,14 @@ class DashboardModel:
                         "unsealed": table.unsealed_sources(t),
                         "first_seen_ms": e.first_seen_ms,
                     }
-                    for t, e in sorted(table.open.items(), key=lambda te: te[1].first_seen_ms)
+                    for t, e in sorted(table.open.items(), key=lambda te: sort_key(te[0]))
                 ]
             out_subs.append({
                 "name": sub.name,
                 "stream": sub.stream,
                 "mechanism": sub.mechanism,
                 "lower": format_times(list(sub.frontiers.lower)),
-                "upper": format_times(sub.upper.elements()),
+                "upper": format_times(self._upper(sub).elements()),
                 "completed_seen": sub.completed,
                 "open": open_times,
                 "notifications": list(sub.notifications),
@@ -264,6 +270,14 @@ class DashboardModel:
             "sources": sources,
             "error": self.error,
         }
+
+    def _upper(self, sub: _Substream) -> UpperAntichain:
+        """The upper frontier: the acker's own (checkpointed) when it tracks ``sub``; else
+        what the control topic shows (snapshots and completed times: activations travel
+        only when they move the lower frontier)."""
+        state = self._acker_state
+        tracker = state.trackers.get(sub.name) if state is not None else None
+        return tracker.upper if tracker is not None else sub.upper
 
     def _publish(self) -> None:
         snap = self._build()

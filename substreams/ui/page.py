@@ -76,7 +76,7 @@ function substreamCard(s) {
     card.append(el("div", {"class": "muted"}, "none: complete up to the frontier"));
   } else {
     card.append(table(["time", "xor", "records", "not sealed by", "first seen"],
-      s.open.slice(0, 15).map(o => el("tr", {"class": "open-time", "data-time": o.time},
+      s.open.slice(0, 8).map(o => el("tr", {"class": "open-time", "data-time": o.time},
         el("td", {"class": "mono"}, o.time),
         el("td", {"class": "mono"}, o.xor === "0000000000000000" ? "0 (balanced)" : o.xor),
         el("td", {}, o.records),
@@ -88,7 +88,7 @@ function substreamCard(s) {
     card.append(el("div", {"class": "muted"}, "none since the dashboard started"));
   } else {
     card.append(table(["time", "records", "seal \\u2192 notification", "written"],
-      s.notifications.slice(0, 10).map(n => el("tr",
+      s.notifications.slice(0, 8).map(n => el("tr",
           {"class": "notification", "data-time": n.time},
         el("td", {"class": "mono"}, n.time), el("td", {}, n.records),
         el("td", {}, n.latency_ms === null ? "-" : n.latency_ms + " ms"),

@@ -99,8 +99,14 @@ def test_a_new_epoch_appears_in_the_browser(
             [source] = wait.until(lambda b: rows(b, 'tr.source[data-source="src"]'))
             assert source[-1] == "live"
             assert "alive" in browser.find_element(By.ID, "acker").text
-            lower = browser.find_element(By.CSS_SELECTOR, f"{card} .frontier.lower").text
-            assert lower == "{2}"
+            script = "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent);"
+            assert wait.until(
+                lambda b: b.execute_script(script, f"{card} .frontier") == ["{2}", "{2}"]
+            )
+            publish_epoch(pub, sub, 3, seal=False)  # the upper frontier moves, the lower not
+            assert wait.until(
+                lambda b: b.execute_script(script, f"{card} .frontier") == ["{2}", "{3}"]
+            )
             shot = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path / "dashboard.png")
             assert browser.save_screenshot(str(shot))
             assert shot.read_bytes().startswith(b"\x89PNG")
