@@ -98,3 +98,63 @@ def test_oldest_open_age_is_computed_at_scrape_time() -> None:
     assert metrics.REGISTRY.get_sample_value(
         "substreams_open_times", {"writer": "writer-age-test", "substream": "s"}
     ) == 0.0
+
+
+def test_stage_counts_records_in_and_out_and_its_input_lag(make_config: ConfigFactory) -> None:
+    from substreams.acker.stage import Stage
+    from substreams.streams.records import Entry
+
+    config = make_config(
+        [{"name": "clicks", "partitions": 2}, {"name": "out", "partitions": 1}],
+        [{"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}],
+        [{"name": "dup", "input": "clicks", "output": "out"}],
+        acker=FAST,
+    )
+    stream, stage_name = config.streams[0].name, config.stages[0].name
+
+    def twice(entry: Entry) -> list[dict[str, object]]:
+        return [dict(entry.payload), dict(entry.payload)]
+
+    with Publisher(config, stream, "src") as pub:
+        for ts in range(5):
+            pub.publish({"user": "u", "url": f"/{ts}", "ts": ts})
+    with Stage(config, stage_name, twice) as stage:
+        assert stage.run_until_idle(1.5) == 5
+    labels = {"component": "stage", "name": stage_name}
+    assert metrics.counter_value(metrics.RECORDS, **labels, direction="in") == 5
+    assert metrics.counter_value(metrics.RECORDS, **labels, direction="out") == 10
+    lags = {
+        p: metrics.REGISTRY.get_sample_value(
+            "substreams_input_lag_records", {**labels, "topic": stream, "partition": str(p)}
+        )
+        for p in (0, 1)
+    }
+    assert lags == {0: 0.0, 1: 0.0}
+
+
+def test_spark_handler_counts_epochs_latency_and_rewinds() -> None:
+    from substreams.spark.operator import EpochInfo, EpochOperator
+    from substreams.spark.runner import EpochBatchHandler
+
+    class Nothing(EpochOperator):
+        def on_epoch(self, epoch: object, rows: list[object]) -> list[object]:
+            return []
+
+    handler = EpochBatchHandler(Nothing(), "unused.yaml", None, "spark.q-metrics", "unused")
+    handler.substream, handler.query_name = "sub", "q-metrics"
+    sealed = int(time.time() * 1000) - 2000
+
+    def batch(batch_id: int) -> None:
+        handler.handle(batch_id, [EpochInfo(t, t, sealed, 0) for t in (1, 2)])
+
+    batch(0)
+    batch(1)
+    batch(1)  # Spark replays the batch it had not committed
+    q = {"query": "q-metrics", "substream": "sub"}
+    assert metrics.counter_value(metrics.EPOCHS_HANDLED, **q) == 6
+    assert metrics.counter_value(
+        metrics.REWINDS, component="spark", name="q-metrics"
+    ) == 1
+    count = metrics.REGISTRY.get_sample_value("substreams_seal_to_operator_seconds_count", q)
+    total = metrics.REGISTRY.get_sample_value("substreams_seal_to_operator_seconds_sum", q)
+    assert count == 6 and total is not None and total >= 6 * 2.0
