@@ -61,7 +61,8 @@ EVICTIONS = Counter(
 )
 RESTARTS = Counter(
     "substreams_restarts",
-    "Times a component recovered from its latest checkpoint after a failure.",
+    "Times a component resumed from its durable state: a process restarted, a recovery after "
+    "a failed transaction, a standby taking over, a Spark query restarted from its checkpoint.",
     ["component", "name"],
 )
 REWINDS = Counter(

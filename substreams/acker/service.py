@@ -202,6 +202,7 @@ class AckerService:
         if found is not None:
             latest = found[0]
             self.state = AckerState.loads(latest.state, dict(latest.acks_offsets), every)
+            metrics.RESTARTS.labels("acker", self.name).inc()
         for sub in self.segments:
             self.state.ensure(sub, every)
         start_ms = self._last_step_ms = _now_ms()
@@ -273,7 +274,6 @@ class AckerService:
                         "checkpoint", self.name, exc,
                     )
                     self.recoveries += 1
-                    metrics.RESTARTS.labels("acker", self.name).inc()
                     self.close()
                     self.state = AckerState()
                     self._evicting.clear()

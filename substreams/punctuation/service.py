@@ -88,6 +88,8 @@ class PunctuationAligner:
                 self._announced.add(body.time)
                 self.tracker.complete(body.time, body.ranges, body.records, body.sealed_at_ms)
         self._dead = self._read_dead_letters()
+        if self._announced:  # resumed where an earlier run of this aligner stopped
+            metrics.RESTARTS.labels("aligner", self.substream).inc()
 
     def _read_dead_letters(self, timeout: float = 10.0) -> set[DeadKey]:
         seen: set[DeadKey] = set()

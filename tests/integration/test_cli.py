@@ -30,7 +30,7 @@ def run(
 def test_help_lists_commands_and_each_has_its_own_help() -> None:
     top = run("--help")
     assert top.returncode == 0
-    for name in ("broker", "topics", "config", "demo"):
+    for name in ("broker", "topics", "config", "demo", "tail", "ui"):
         assert name in top.stdout
         sub = run(name, "--help")
         assert sub.returncode == 0 and "Usage:" in sub.stdout

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from substreams import metrics
 from substreams.acker.agent import ack_headers
+from substreams.acker.service import AckerService
 from substreams.control.traffic import Traffic
 from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
@@ -70,6 +71,12 @@ def test_acker_metrics_are_scraped_over_http(make_config: ConfigFactory) -> None
     lag = sample(got, "substreams_input_lag_records", component="acker", name=name,
                  topic=config.acker.acks_topic, partition="0")
     assert lag == 0
+    restarts = {"component": "acker", "name": name}
+    assert metrics.counter_value(metrics.RESTARTS, **restarts) == 0
+    again = AckerService(config)  # resumes from the first one's checkpoint
+    again.start()
+    again.close()
+    assert metrics.counter_value(metrics.RESTARTS, **restarts) == 1
 
 
 def test_traffic_reads_back_the_prometheus_counter() -> None:
