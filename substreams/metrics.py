@@ -194,20 +194,20 @@ class Periodic:
 
 
 _SERVED: dict[tuple[str, int], Any] = {}
+_SERVED_LOCK = threading.Lock()
 
 
 def serve(port: int, host: str = "127.0.0.1") -> int:
-    """Expose the registry on ``http://host:port/metrics`` from a daemon thread (idempotent
-    per address); returns the port (the chosen one when ``port`` is 0)."""
-    key = (host, port)
-    if key not in _SERVED or port == 0:
+    """Expose the registry on ``http://host:port/metrics`` from a daemon thread (once per
+    address); returns the port (the chosen one when ``port`` is 0)."""
+    with _SERVED_LOCK:
+        if port and (host, port) in _SERVED:
+            return port
         server, _thread = start_http_server(port, addr=host)
         actual = int(server.server_address[1])
-        _SERVED[key] = server
         _SERVED[(host, actual)] = server
-        log.info("metrics on http://%s:%d/metrics", host, actual)
-        return actual
-    return int(_SERVED[key].server_address[1])
+    log.info("metrics on http://%s:%d/metrics", host, actual)
+    return actual
 
 
 def first_seen_min(values: Iterable[int]) -> int | None:

@@ -41,5 +41,8 @@ def serve_metrics(port: int | None) -> None:
         return
     from substreams import metrics
 
-    actual = metrics.serve(port)
+    try:
+        actual = metrics.serve(port)
+    except OSError as exc:
+        raise click.ClickException(f"--metrics-port {port}: {exc.strerror}") from exc
     click.echo(f"metrics on http://127.0.0.1:{actual}/metrics", err=True)
