@@ -165,3 +165,45 @@ def test_spark_handler_counts_epochs_latency_and_rewinds() -> None:
     count = metrics.REGISTRY.get_sample_value("substreams_seal_to_operator_seconds_count", q)
     total = metrics.REGISTRY.get_sample_value("substreams_seal_to_operator_seconds_sum", q)
     assert count == 6 and total is not None and total >= 6 * 2.0
+
+
+def test_acker_run_metrics_port_is_scraped(make_config: ConfigFactory) -> None:
+    """`substreams acker run --metrics-port 0` as an operator runs it, scraped over HTTP."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.integration.test_cli import REPO
+
+    config = make_config(
+        [{"name": "clicks", "partitions": 1}],
+        [{"name": "w", "stream": "clicks", "kind": "epoch", "field": "ts"}],
+        acker=FAST,
+    )
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "substreams", "acker", "run", "-c", str(config.path),
+         "--metrics-port", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith("metrics on http://127.0.0.1:"), line
+        port = int(line.split(":")[2].split("/")[0])
+        with Publisher(config, stream, "src") as pub:
+            pub.publish({"user": "u", "url": "/", "ts": 0})
+            pub.seal(sub, 0)
+        assert len(wait_notifications(config, sub, 1)) == 1
+        deadline = time.monotonic() + 20
+        value = None
+        while value != 1 and time.monotonic() < deadline:
+            value = sample(scrape(port), "substreams_notifications_total", substream=sub)
+            time.sleep(0.2)
+        assert value == 1
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
