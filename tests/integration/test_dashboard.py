@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +21,7 @@ from substreams.streams.publisher import Publisher
 from substreams.ui.server import DashboardServer, serve
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import FAST, acker, wait_notifications
-from tests.integration.test_cli import REPO
+from tests.integration.test_cli import serving
 
 SCREENSHOT_ENV = "SUBSTREAMS_DASHBOARD_PNG"
 """Set to a path to keep the screenshot (how docs/dashboard.png is made)."""
@@ -142,15 +139,7 @@ def test_state_and_events_carry_the_snapshot(epochs: Config, dashboard: Dashboar
 
 
 def test_ui_command_serves_until_interrupted(epochs: Config) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "substreams", "ui", "-c", str(epochs.path), "--port", "0"],
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
+    with serving("ui", "-c", str(epochs.path), "--port", "0") as (_, line):
         assert line.startswith("dashboard on http://127.0.0.1:"), line
         url = line.split()[2]
         with urllib.request.urlopen(url + "state", timeout=30) as resp:
@@ -158,9 +147,3 @@ def test_ui_command_serves_until_interrupted(epochs: Config) -> None:
         assert [s["name"] for s in state["substreams"]] == [epochs.substreams[0].name]
         with urllib.request.urlopen(url, timeout=30) as resp:
             assert b"EventSource" in resp.read()
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

@@ -169,11 +169,7 @@ def test_spark_handler_counts_epochs_latency_and_rewinds() -> None:
 
 def test_acker_run_metrics_port_is_scraped(make_config: ConfigFactory) -> None:
     """`substreams acker run --metrics-port 0` as an operator runs it, scraped over HTTP."""
-    import signal
-    import subprocess
-    import sys
-
-    from tests.integration.test_cli import REPO
+    from tests.integration.test_cli import serving
 
     config = make_config(
         [{"name": "clicks", "partitions": 1}],
@@ -181,14 +177,8 @@ def test_acker_run_metrics_port_is_scraped(make_config: ConfigFactory) -> None:
         acker=FAST,
     )
     stream, sub = config.streams[0].name, config.substreams[0].name
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "substreams", "acker", "run", "-c", str(config.path),
-         "--metrics-port", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
-    )
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
+    args = ("acker", "run", "-c", str(config.path), "--metrics-port", "0")
+    with serving(*args) as (_, line):
         assert line.startswith("metrics on http://127.0.0.1:"), line
         port = int(line.split(":")[2].split("/")[0])
         with Publisher(config, stream, "src") as pub:
@@ -201,9 +191,3 @@ def test_acker_run_metrics_port_is_scraped(make_config: ConfigFactory) -> None:
             value = sample(scrape(port), "substreams_notifications_total", substream=sub)
             time.sleep(0.2)
         assert value == 1
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
