@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from substreams import metrics
 from substreams.acker.agent import (
     AckReport,
     Evict,
@@ -171,6 +172,8 @@ class AckerService:
         self._out: DeadLetterWriter | None = None
         self._last_write = float("-inf")
         self._heartbeat_s = config.acker.heartbeat_ms / 1000.0
+        self._open_gauges = metrics.OpenTimes(self.name)
+        self._gauges_due = metrics.Periodic(1.0)
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -199,6 +202,7 @@ class AckerService:
         if found is not None:
             latest = found[0]
             self.state = AckerState.loads(latest.state, dict(latest.acks_offsets), every)
+            metrics.RESTARTS.labels("acker", self.name).inc()
         for sub in self.segments:
             self.state.ensure(sub, every, self.config.substream(sub).gap_ms)
         start_ms = self._last_step_ms = _now_ms()
@@ -337,7 +341,19 @@ class AckerService:
             assert self._out is not None
             for topic, value in out:
                 self._out.produce(topic, value)
+        if self._gauges_due.due():
+            self._export_gauges()
         return applied
+
+    def _export_gauges(self) -> None:
+        """Refresh the open-times and acks-lag gauges (from the loop: the tables are not
+        safe to read from the scrape thread)."""
+        for sub, table in self.state.tables.items():
+            oldest = metrics.first_seen_min(e.first_seen_ms for e in table.open.values())
+            self._open_gauges.update(sub, len(table.open), oldest)
+        if self._consumer is not None:
+            positions = {(self.acks_topic, p): o for p, o in self.state.acks_offsets.items()}
+            metrics.record_lag("acker", self.name, self._consumer, positions)
 
     def _apply(self, msg: Message, now: int) -> None:
         raw: bytes = msg.value() or b""
@@ -461,6 +477,7 @@ class AckerService:
         session = self.state.sessions[source]
         session.evicted = True
         self.evictions += 1
+        metrics.EVICTIONS.labels(self.name).inc()
         for sub, table in self.state.tables.items():
             if not table.is_active_source(source):
                 continue
@@ -528,6 +545,7 @@ class AckerService:
             )
         )
         self.dead_letters += 1
+        metrics.DEAD_LETTERS.labels(self.name, reason).inc()
 
     def _terminations(self, now: int) -> list[tuple[str, ControlBody]]:
         items: list[tuple[str, ControlBody]] = []
@@ -553,6 +571,7 @@ class AckerService:
                         items.append((topic, body))
                 self.state.last_notification[sub] = (term.time, now)
                 self.notifications += 1
+                metrics.observe_notification(self.name, sub, term.sealed_at_ms, now)
             tracker.prune_keyed(table.keyed_floor())
         return items
 

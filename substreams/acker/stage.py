@@ -32,6 +32,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
+from substreams import metrics
 from substreams.acker.agent import TrackingAgent
 from substreams.acker.hook import write_agent
 from substreams.acker.table import STAGE, acker_segments
@@ -147,6 +148,9 @@ class Stage:
             [TopicPartition(self.stage.input, p, int(starts.get(p, 0))) for p in range(parts)]
         )
         self._positions: dict[int, int] = {}
+        self._gauges_due = metrics.Periodic(1.0)
+        self._records_in = metrics.RECORDS.labels("stage", name, "in")
+        self._records_out = metrics.RECORDS.labels("stage", name, "out")
         self.processed = 0
         self.emitted = 0
         self._closed = False
@@ -180,6 +184,7 @@ class Stage:
                     payload, partition=partition, times=entry.times, check_order=False
                 )
                 self.emitted += 1
+                self._records_out.inc()
                 reports.extend((s, t, rec.tracking_id) for s, t in tracked)
             reports.extend((s, t, entry.tracking_id) for s, t in tracked)
             # Written with the outputs' commit: RCV(input) then means "done with, outputs
@@ -192,6 +197,10 @@ class Stage:
             )
             self.output.commit()
             self.processed += n
+            self._records_in.inc(n)
+        if self._gauges_due.due():
+            positions = {(self.stage.input, p): o for p, o in self._positions.items()}
+            metrics.record_lag("stage", self.stage.name, self.consumer, positions)
         return n
 
     def run(self, stop: threading.Event) -> None:

@@ -154,3 +154,36 @@ class AckerState:
             for s, v in doc["last_notification"].items()
         }
         return state
+
+
+@dataclass(frozen=True)
+class SourceLiveness:
+    """One source as ``acker sources`` and the dashboard show it."""
+
+    source: str
+    incarnation: str
+    roles: list[str]
+    substreams: list[str]
+    last_seen_ms: int
+    status: str
+    """live | silent (quiet for over half the eviction timeout) | left | evicted"""
+
+
+def source_liveness(state: AckerState, written_ms: int, timeout_ms: int) -> list[SourceLiveness]:
+    """The sources of a checkpointed state (written at ``written_ms``), by name."""
+    out: list[SourceLiveness] = []
+    for source, session in sorted(state.sessions.items()):
+        roles = {st.role for t in state.tables.values() if (st := t.sources.get(source))}
+        subs = [s for s, t in state.tables.items() if t.is_registered(source)]
+        if session.evicted:
+            status = "evicted"
+        elif not subs:
+            status = "left"
+        elif written_ms - session.last_seen_ms > timeout_ms // 2:
+            status = "silent"
+        else:
+            status = "live"
+        out.append(SourceLiveness(
+            source, session.incarnation, sorted(roles), subs, session.last_seen_ms, status
+        ))
+    return out

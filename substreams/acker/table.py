@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from substreams.config import Config
@@ -94,6 +95,10 @@ class Segment:
 def acker_segments(config: Config) -> dict[str, Segment]:
     """Every substream tracked by the acker, by name (config order)."""
     return {s.name: Segment.of(config, s.name) for s in config.substreams if s.mechanism == "acker"}
+
+
+def _not_keyed_covered(state: SourceState, t: Time) -> bool:
+    return not state._keyed_covers(t)
 
 
 # -- the table ------------------------------------------------------------------------------
@@ -252,7 +257,7 @@ class SegmentTable:
             self.terminated = self.terminated.retain(lambda u: not self._below_floor(u))
         for state in self.sources.values():
             if state.keys_upto is not None and len(state.seals) > 1:
-                keep = state.seals.retain(lambda u, s=state: not s._keyed_covers(u))
+                keep = state.seals.retain(partial(_not_keyed_covered, state))
                 if len(keep) != len(state.seals):
                     state.seals = keep
                     state.seal_ms = {u: ms for u, ms in state.seal_ms.items() if u in keep}

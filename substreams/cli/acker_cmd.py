@@ -24,7 +24,12 @@ from substreams.acker.commands import (
     format_times,
     parse_time,
 )
-from substreams.cli.options import bootstrap_option, config_option
+from substreams.cli.options import (
+    bootstrap_option,
+    config_option,
+    metrics_port_option,
+    serve_metrics,
+)
 from substreams.config import Config, load_config
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
@@ -83,8 +88,14 @@ def _hex(x: int) -> str:
     show_default=True,
     help="Print a line every N notifications.",
 )
+@metrics_port_option
 def run(
-    config_path: str, bootstrap: str | None, standby: bool, name: str | None, every: int
+    config_path: str,
+    bootstrap: str | None,
+    standby: bool,
+    name: str | None,
+    every: int,
+    metrics_port: int | None,
 ) -> None:
     """Run the acker until Ctrl-C or SIGTERM (a clean stop: the last transaction commits)."""
     from substreams.acker.handler import CommandHandler
@@ -109,6 +120,7 @@ def run(
 
     service.command_handler = step_hook
     stop = threading.Event()
+    serve_metrics(metrics_port)
     subs = ", ".join(handler.substreams) or "(none)"
     mode = "standby (takes over when the active acker stops)" if standby else "active"
     click.echo(
@@ -305,6 +317,7 @@ def sources(config_path: str, bootstrap: str | None, name: str | None) -> None:
     """List the sources the acker knows, with their liveness (from its latest checkpoint,
     at most acker.heartbeat_ms old)."""
     from substreams.acker.service import latest_state
+    from substreams.acker.state import source_liveness
 
     config = load_config(config_path)
     found = latest_state(config, bootstrap, name)
@@ -317,24 +330,14 @@ def sources(config_path: str, bootstrap: str | None, name: str | None) -> None:
     for col in ("source", "incarnation", "role", "substreams", "last heard", "state"):
         table.add_column(col)
     timeout = config.acker.source_timeout_ms
-    for source, session in sorted(state.sessions.items()):
-        roles = {st.role for t in state.tables.values() if (st := t.sources.get(source))}
-        subs = [s for s, t in state.tables.items() if t.is_registered(source)]
-        if session.evicted:
-            status = "evicted"
-        elif not subs:
-            status = "left"
-        elif written_ms - session.last_seen_ms > timeout // 2:
-            status = "silent"
-        else:
-            status = "live"
+    for row in source_liveness(state, written_ms, timeout):
         table.add_row(
-            source,
-            session.incarnation,
-            ",".join(sorted(roles)) or "-",
-            ", ".join(subs) or "-",
-            _age(session.last_seen_ms),
-            status,
+            row.source,
+            row.incarnation,
+            ",".join(row.roles) or "-",
+            ", ".join(row.substreams) or "-",
+            _age(row.last_seen_ms),
+            row.status,
         )
     Console().print(table)
     click.echo(f"checkpoint written {_age(written_ms)}; evicted after {timeout} ms of silence")

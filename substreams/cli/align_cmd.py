@@ -8,7 +8,12 @@ from types import FrameType
 
 import click
 
-from substreams.cli.options import bootstrap_option, config_option
+from substreams.cli.options import (
+    bootstrap_option,
+    config_option,
+    metrics_port_option,
+    serve_metrics,
+)
 from substreams.config import load_config
 from substreams.punctuation.aligner import Terminated
 
@@ -19,7 +24,11 @@ from substreams.punctuation.aligner import Terminated
 @click.option("--substream", "substream", required=True, metavar="NAME",
               help="A substream with mechanism: punctuations.")
 @click.option("-v", "--verbose", is_flag=True, help="Print a line per terminated time.")
-def command(config_path: str, bootstrap: str | None, substream: str, verbose: bool) -> None:
+@metrics_port_option
+def command(
+    config_path: str, bootstrap: str | None, substream: str, verbose: bool,
+    metrics_port: int | None,
+) -> None:
     """Align the punctuations of SUBSTREAM and write its control topic (EpochComplete per
     terminated time), so subscribers and Spark jobs follow it as they follow the acker.
     Stops cleanly on Ctrl-C."""
@@ -38,6 +47,7 @@ def command(config_path: str, bootstrap: str | None, substream: str, verbose: bo
     aligner = PunctuationAligner(
         config, substream, bootstrap=bootstrap, on_terminated=report if verbose else None
     )
+    serve_metrics(metrics_port)
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     click.echo(f"aligning '{substream}' -> {aligner.topic} (Ctrl-C to stop)", err=True)
     try:

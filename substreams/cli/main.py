@@ -18,7 +18,10 @@ from confluent_kafka import KafkaException
 
 from substreams.errors import SubstreamsError
 
-COMMANDS = ("broker", "topics", "config", "demo", "verify", "align", "acker", "submit", "bench")
+COMMANDS = (
+    "broker", "topics", "config", "demo", "verify", "align", "acker", "submit", "bench", "tail",
+    "ui",
+)
 
 
 class _Main(click.Group):

@@ -25,3 +25,24 @@ bootstrap_option = click.option(
     metavar="HOST:PORT",
     help="Kafka bootstrap servers; overrides kafka.bootstrap and $SUBSTREAMS_BOOTSTRAP.",
 )
+
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    metavar="PORT",
+    help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics.",
+)
+
+
+def serve_metrics(port: int | None) -> None:
+    """Start the metrics endpoint when ``--metrics-port`` was given, and say where."""
+    if port is None:
+        return
+    from substreams import metrics
+
+    try:
+        actual = metrics.serve(port)
+    except OSError as exc:
+        raise click.ClickException(f"--metrics-port {port}: {exc.strerror}") from exc
+    click.echo(f"metrics on http://127.0.0.1:{actual}/metrics", err=True)

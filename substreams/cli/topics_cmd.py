@@ -8,6 +8,7 @@ from substreams.cli.options import bootstrap_option, config_option
 from substreams.config import load_config
 from substreams.kafka import client
 from substreams.kafka.topics import ensure_topics, policy
+from substreams.streams.evolution import register_stream
 
 
 @click.group("topics")
@@ -51,3 +52,7 @@ def create(config_path: str, bootstrap: str | None) -> None:
             " the replication factor)"
         )
     click.echo(f"{len(report.created)} created, {len(report.existing)} already existed on {server}")
+    # Each stream's schema joins its history (refused, naming the field, if incompatible).
+    for stream in config.streams:
+        fp = register_stream(config, stream.name, server)
+        click.echo(f"schema   {stream.name:<{width}}  {stream.schema_path} (fingerprint {fp})")

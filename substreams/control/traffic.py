@@ -2,15 +2,17 @@
 
 Why counters in-process (and not broker metrics): the cost that matters in seed 001 is the
 number of service messages *delivered to processes* — a punctuation read by n consumer tasks
-costs n — which only the processes themselves see.  Tests and benchmarks read and reset
-these counters; they are cheap enough to stay on in production.
+costs n — which only the processes themselves see.  The counts live in the Prometheus
+counter ``substreams_service_messages_total{kind, substream}`` (so a scrape sees them);
+:class:`Traffic` is the reading side tests and benchmarks use, including ``reset`` between
+runs (which a long-running process never calls: Prometheus counters only go up).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 from collections.abc import Mapping
+
+from substreams.metrics import SERVICE_MESSAGES, counter_value, label_values
 
 # Kinds of service messages.
 PUNCTUATION_WRITTEN = "punctuation_written"  # one per (punctuation, partition) written
@@ -22,29 +24,26 @@ ACK_REPORTS = "ack_reports"  # SND/RCV reports before aggregation (what no aggre
 
 
 class Traffic:
-    """Thread-safe counters keyed by (kind, substream)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: Counter[tuple[str, str]] = Counter()
+    """Counters keyed by (kind, substream), kept in :data:`SERVICE_MESSAGES`."""
 
     def add(self, kind: str, substream: str, n: int = 1) -> None:
-        with self._lock:
-            self._counts[(kind, substream)] += n
+        SERVICE_MESSAGES.labels(kind, substream).inc(n)
 
     def get(self, kind: str, substream: str | None = None) -> int:
-        with self._lock:
-            if substream is not None:
-                return self._counts[(kind, substream)]
-            return sum(v for (k, _), v in self._counts.items() if k == kind)
+        if substream is not None:
+            return int(counter_value(SERVICE_MESSAGES, kind=kind, substream=substream))
+        return int(sum(label_values(SERVICE_MESSAGES, "substream", kind=kind).values()))
 
     def snapshot(self) -> Mapping[tuple[str, str], int]:
-        with self._lock:
-            return dict(self._counts)
+        out: dict[tuple[str, str], int] = {}
+        for family in SERVICE_MESSAGES.collect():
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    out[(s.labels["kind"], s.labels["substream"])] = int(s.value)
+        return out
 
     def reset(self) -> None:
-        with self._lock:
-            self._counts.clear()
+        SERVICE_MESSAGES.clear()
 
 
 TRAFFIC = Traffic()

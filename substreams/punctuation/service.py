@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError, TopicPartition
 
+from substreams import metrics
 from substreams.config import Config
 from substreams.control.io import ControlWriter, now_ms
 from substreams.control.messages import ControlBody, EpochComplete, FrontierSnapshot
@@ -64,6 +65,9 @@ class PunctuationAligner:
         self._announced: set[Time] = set()
         self._dead: set[DeadKey] = set()
         self._last_heartbeat = time.monotonic()
+        self._first_seen: dict[Time, int] = {}  # open times -> when first seen (a gauge)
+        self._open_gauges = metrics.OpenTimes(self.writer_name)
+        self._gauges_due = metrics.Periodic(1.0)
         # the reader validates the substream (exists, punctuations) before anything is written
         self.reader = PunctuatedReader(config, substream, bootstrap=self.bootstrap)
         self.reader.aligner.track_new_times = True
@@ -84,6 +88,8 @@ class PunctuationAligner:
                 self._announced.add(body.time)
                 self.tracker.complete(body.time, body.ranges, body.records, body.sealed_at_ms)
         self._dead = self._read_dead_letters()
+        if self._announced:  # resumed where an earlier run of this aligner stopped
+            metrics.RESTARTS.labels("aligner", self.substream).inc()
 
     def _read_dead_letters(self, timeout: float = 10.0) -> set[DeadKey]:
         seen: set[DeadKey] = set()
@@ -123,9 +129,11 @@ class PunctuationAligner:
     def step(self, timeout: float = 0.2) -> list[Terminated]:
         """Read what is there, write what terminated; returns the newly announced times."""
         events = self.reader.poll(timeout)
+        now = now_ms()
         for t in self.reader.aligner.take_new_times():
             if t not in self._announced:
                 self.tracker.activate(t)
+                self._first_seen.setdefault(t, now)
         items: list[tuple[str, ControlBody]] = []
         done: list[Terminated] = []
         late = False
@@ -138,6 +146,8 @@ class PunctuationAligner:
                 bodies = self.tracker.complete(ev.time, ev.ranges, ev.records, sealed_at)
                 items += [(self.topic, self._with_open_starts(b, events[i + 1 :])) for b in bodies]
                 done.append(ev)
+                self._first_seen.pop(ev.time, None)
+                metrics.observe_notification(self.writer_name, self.substream, ev.sealed_at_ms, now)
             elif isinstance(ev, Late):
                 late = self._dead_letter(ev) or late
         if late:
@@ -153,7 +163,15 @@ class PunctuationAligner:
         if self.on_terminated is not None:
             for ev in done:
                 self.on_terminated(ev)
+        if self._gauges_due.due():
+            self._export_gauges()
         return done
+
+    def _export_gauges(self) -> None:
+        oldest = metrics.first_seen_min(self._first_seen.values())
+        self._open_gauges.update(self.substream, len(self._first_seen), oldest)
+        positions = {(self.reader.stream, p): o for p, o in self.reader.positions.items()}
+        metrics.record_lag("aligner", self.substream, self.reader._consumer, positions)
 
     def _with_open_starts(self, body: ControlBody, later: list[Event]) -> ControlBody:
         """A snapshot's ``data_from`` must also cover the records of times still open: those
@@ -184,6 +202,7 @@ class PunctuationAligner:
             "substream": self.substream,
         }
         self._dlq.produce(self.dead_letter_topic, json.dumps(value).encode(), partition=0)
+        metrics.DEAD_LETTERS.labels(self.writer_name, ev.reason).inc()
         return True
 
     def run(self, stop: threading.Event) -> None:

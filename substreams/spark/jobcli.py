@@ -50,6 +50,12 @@ def job_command(
     @click.option("--trigger", default="100 milliseconds", show_default=True)
     @click.option("--once", is_flag=True, help="Process what is complete now, then stop.")
     @click.option("--bootstrap", default=None, help="Kafka bootstrap servers override.")
+    @click.option(
+        "--metrics-port",
+        type=click.IntRange(0, 65535),
+        default=None,
+        help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics.",
+    )
     def command(
         config_path: str | None,
         substream: str,
@@ -59,6 +65,7 @@ def job_command(
         trigger: str,
         once: bool,
         bootstrap: str | None,
+        metrics_port: int | None,
     ) -> None:
         from substreams.spark.runner import run
 
@@ -75,6 +82,7 @@ def job_command(
                 once=once,
                 bootstrap=bootstrap,
                 query_name=query_name,
+                metrics_port=metrics_port,
             )
         except SubstreamsError as exc:
             raise click.ClickException(str(exc)) from exc

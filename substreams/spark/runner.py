@@ -16,6 +16,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from substreams import metrics
 from substreams.config import load_config
 from substreams.frontier import Time
 from substreams.kafka import client
@@ -40,6 +41,9 @@ class EpochBatchHandler:
         self.source_id = source_id
         self.bootstrap = bootstrap
         self.sink: BatchSink | None = None
+        self.substream = ""
+        self.query_name = source_id
+        self._last_batch = -1
 
     def _sink(self) -> BatchSink | None:
         if self.output_stream is not None and self.sink is None:
@@ -54,6 +58,11 @@ class EpochBatchHandler:
     def handle(self, batch_id: int, epochs: list[EpochInfo]) -> None:
         op = self.operator
         sink = self._sink()
+        if batch_id <= self._last_batch:  # Spark replays a batch it had not committed
+            metrics.REWINDS.labels("spark", self.query_name).inc()
+        self._last_batch = max(self._last_batch, batch_id)
+        handled = metrics.EPOCHS_HANDLED.labels(self.query_name, self.substream)
+        latency = metrics.EPOCH_LATENCY.labels(self.query_name, self.substream)
         results: list[tuple[Row, str | None]] = []
         per_epoch: list[list[Row]] = []
         seals: list[Mapping[str, Time]] = []
@@ -63,6 +72,9 @@ class EpochBatchHandler:
                 out += list(op.on_record(row) or ())
             info.notified_at_ms = int(time.time() * 1000)
             out += list(op.on_epoch(info.time, info.rows))
+            handled.inc()
+            if info.sealed_at_ms > 0:
+                latency.observe(max(0.0, (info.notified_at_ms - info.sealed_at_ms) / 1000.0))
             per_epoch.append(out)
             key_field = op.key_field
             results += [(r, None if key_field is None else str(r[key_field])) for r in out]
@@ -93,6 +105,7 @@ def run(
     query_name: str | None = None,
     block: bool = True,
     options: Mapping[str, str] | None = None,
+    metrics_port: int | None = None,
 ) -> StreamingQuery:
     """Run ``operator`` over the completed epochs of ``substream``.
 
@@ -100,6 +113,7 @@ def run(
     must stay the same across restarts: they identify the query to Spark and to the output
     sink.  ``once`` processes what is complete now and stops.  With ``block`` the call
     waits for the query to end (Ctrl-C stops it); otherwise it returns the running query.
+    ``metrics_port`` serves Prometheus metrics on ``127.0.0.1:<port>/metrics``.
     """
     from substreams.spark.session import register, session
 
@@ -112,6 +126,11 @@ def run(
     location = Path(checkpoint) if checkpoint else config.path.parent / ".checkpoints" / name
     spark = register(spark) if spark is not None else session(f"substreams:{name}")
     handler = EpochBatchHandler(operator, str(config.path), output_stream, f"spark.{name}", server)
+    handler.substream, handler.query_name = substream, name
+    if metrics_port is not None:
+        metrics.serve(metrics_port)
+    if (location / "commits").is_dir() and any((location / "commits").iterdir()):
+        metrics.RESTARTS.labels("spark", name).inc()  # resumes from its checkpoint
     reader = (
         spark.readStream.format("substreams")
         .option("config", str(config.path))

@@ -45,10 +45,14 @@ class PunctuationEntry:
 class StreamDecoder:
     """Turns data-topic messages of one stream into entries (or punctuations)."""
 
-    def __init__(self, config: Config, stream: str) -> None:
+    def __init__(self, config: Config, stream: str, bootstrap: str | None = None) -> None:
         self.stream = stream
         sc = config.stream(stream)
-        self.codec = Codec(envelope_schema(sc.schema), label=f"stream '{stream}'")
+        self.codec = Codec(
+            envelope_schema(sc.schema),
+            label=f"stream '{stream}'",
+            writers=lambda fp: _registered_writer(config, stream, fp, bootstrap),
+        )
         self.punct = protocol_codec("punctuation")
 
     def decode(self, msg: Message) -> Entry | PunctuationEntry:
@@ -68,6 +72,17 @@ class StreamDecoder:
             times=times_from_wire(rec["times"]),
             payload=rec["payload"],
         )
+
+
+def _registered_writer(
+    config: Config, stream: str, fingerprint_hex: bytes, bootstrap: str | None
+) -> dict[str, Any] | None:
+    """An earlier writer schema of ``stream`` from the schema topic (asked only for a
+    fingerprint that is not the reader's own), as a full envelope schema."""
+    from substreams.streams.evolution import registry
+
+    found = registry(config, bootstrap).writer(stream, fingerprint_hex.decode(errors="replace"))
+    return None if found is None else envelope_schema(found)
 
 
 def track_message(msg: Message, stream: str, positions: dict[int, int], at_eof: set[int]) -> bool:
@@ -114,8 +129,8 @@ class Listener:
             raise SubstreamsError("give from_index or from_order_key, not both")
         self.config = config
         self.stream = stream
-        self.decoder = StreamDecoder(config, stream)
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
+        self.decoder = StreamDecoder(config, stream, self.bootstrap)
         self.partitions = list(partitions or range(config.stream(stream).partitions))
         self.max_entries = max_entries
         self.until_order_key = until_order_key

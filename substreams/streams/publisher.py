@@ -30,6 +30,7 @@ from substreams.errors import (
 )
 from substreams.frontier import Time
 from substreams.kafka import client
+from substreams.streams.evolution import register_stream
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.records import SentRecord
 from substreams.streams.schemas import TYPE_PUNCTUATION, Codec, envelope_schema, protocol_codec
@@ -125,6 +126,7 @@ class Publisher:
         self.codec = Codec(envelope_schema(self.stream_config.schema), label=f"stream '{stream}'")
         self._encoder = EnvelopeEncoder(self.stream_config.schema, source_id)
         self._headers = self.codec.headers()
+        register_stream(config, stream, self.bootstrap)  # refuses an incompatible schema change
         self.partitions = self.stream_config.partitions
         self.incarnation = uuid.uuid4().hex[:16]
         """This start of the source id: fences every earlier one (see the acker's agent)."""

@@ -3,7 +3,9 @@
 Why a fingerprint on every record (Sherlock's "signature of the storage schema"): a reader
 that decodes bytes written with a different schema gets garbage, not an error.  Each record
 carries the 8-byte CRC-64-AVRO (Rabin) fingerprint of its writer schema's parsing canonical
-form in the ``ss.fp`` header; a codec decodes only records whose fingerprint it knows.
+form in the ``ss.fp`` header; a codec decodes only records whose fingerprint it knows: its
+own, or one its ``writers`` lookup resolves (a stream's earlier schemas, see
+:mod:`substreams.streams.evolution`), decoded into its own shape by Avro resolution.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import copy
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,9 @@ HEADER_FINGERPRINT = "ss.fp"
 HEADER_TYPE = "ss.type"
 TYPE_DATA = b"data"
 TYPE_PUNCTUATION = b"punct"
+
+WriterLookup = Callable[[bytes], Mapping[str, Any] | None]
+"""fingerprint (hex, as in the header) -> the full writer schema, or None if unknown."""
 
 # Shared named types, parsed first so that other schemas can refer to them by name.
 _SHARED = ("time", "range")
@@ -97,7 +102,12 @@ class Codec:
     """Schemaless Avro encoding with the writer fingerprint checked on the way back."""
 
     def __init__(
-        self, schema: Mapping[str, Any], label: str | None = None, *, union_names: bool = False
+        self,
+        schema: Mapping[str, Any],
+        label: str | None = None,
+        *,
+        union_names: bool = False,
+        writers: WriterLookup | None = None,
     ) -> None:
         self.schema = expanded(schema)
         self.union_names = union_names
@@ -105,6 +115,8 @@ class Codec:
         self._parsed = parse_schema(self.schema)
         self.fingerprint = fingerprint(self.schema)
         self.fingerprint_hex = self.fingerprint.hex().encode()
+        self._writers = writers
+        self._resolved: dict[bytes, Any] = {}  # fingerprint -> parsed writer schema
 
     def encode(self, record: Mapping[str, Any]) -> bytes:
         buf = io.BytesIO()
@@ -113,21 +125,45 @@ class Codec:
 
     def decode(self, data: bytes, fingerprint_hex: bytes | None = None) -> dict[str, Any]:
         """Decode ``data``; ``fingerprint_hex`` is the record's ``ss.fp`` header value."""
+        writer = self._parsed
         if fingerprint_hex is not None and fingerprint_hex != self.fingerprint_hex:
-            raise SchemaMismatchError(
-                f"{self.label}: record written with schema fingerprint "
-                f"{fingerprint_hex.decode(errors='replace')}, this reader knows "
-                f"{self.fingerprint_hex.decode()}; refusing to decode it"
-            )
+            writer = self._writer(fingerprint_hex)
         try:
             out = fastavro.schemaless_reader(
-                io.BytesIO(data), self._parsed, None, return_record_name=self.union_names
+                io.BytesIO(data),
+                writer,
+                None if writer is self._parsed else self._parsed,
+                return_record_name=self.union_names,
             )
         except Exception as exc:  # fastavro raises many types on truncated/garbled input
+            if writer is not self._parsed:
+                assert fingerprint_hex is not None
+                raise SchemaMismatchError(
+                    f"{self.label}: cannot decode a record written with schema fingerprint "
+                    f"{fingerprint_hex.decode(errors='replace')} into this reader's schema "
+                    f"(fingerprint {self.fingerprint_hex.decode()}): {exc}"
+                ) from exc
             raise SchemaMismatchError(f"{self.label}: cannot decode record: {exc}") from exc
         if not isinstance(out, dict):
             raise SchemaMismatchError(f"{self.label}: not a record: {out!r}")
         return out
+
+    def _writer(self, fingerprint_hex: bytes) -> Any:
+        """The parsed writer schema of another fingerprint, or a SchemaMismatchError."""
+        parsed = self._resolved.get(fingerprint_hex)
+        if parsed is not None:
+            return parsed
+        found = self._writers(fingerprint_hex) if self._writers is not None else None
+        if found is None:
+            raise SchemaMismatchError(
+                f"{self.label}: record written with schema fingerprint "
+                f"{fingerprint_hex.decode(errors='replace')}, this reader knows "
+                f"{self.fingerprint_hex.decode()}"
+                + (" and no registered schema has it" if self._writers is not None else "")
+                + "; refusing to decode it"
+            )
+        parsed = self._resolved[fingerprint_hex] = parse_schema(expanded(found))
+        return parsed
 
     def headers(self, kind: bytes = TYPE_DATA) -> list[tuple[str, bytes]]:
         return [(HEADER_FINGERPRINT, self.fingerprint_hex), (HEADER_TYPE, kind)]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,7 +33,7 @@ def run(
 def test_help_lists_commands_and_each_has_its_own_help() -> None:
     top = run("--help")
     assert top.returncode == 0
-    for name in ("broker", "topics", "config", "demo"):
+    for name in ("broker", "topics", "config", "demo", "tail", "ui"):
         assert name in top.stdout
         sub = run(name, "--help")
         assert sub.returncode == 0 and "Usage:" in sub.stdout
@@ -122,3 +125,23 @@ def test_embedded_without_broker_is_a_clear_error(tmp_path: Path) -> None:
 def test_missing_config_file(missing: str, tmp_path: Path) -> None:
     res = run("config", "check", "-c", str(tmp_path / missing))
     assert res.returncode == 2 and missing in res.stderr and "Traceback" not in res.stderr
+
+
+@contextmanager
+def serving(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A long-running `substreams ARGS` process and the first line it writes to stderr
+    (where it says where it listens).  Leaving the block interrupts it (Ctrl-C) and asserts
+    a clean exit; a process that does not stop is killed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "substreams", *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    try:
+        assert proc.stderr is not None
+        yield proc, proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,215 @@
+"""Prometheus metrics of the long-running components (acker, aligner, stages, Spark runner).
+
+Why one module low in the layering: every component records into the same process-wide
+registry (``prometheus_client``'s default), so a process running several of them (a demo, a
+test) exposes one ``/metrics`` page, and each component only needs ``from substreams import
+metrics``.  Names follow the Prometheus conventions: a ``substreams_`` prefix, base units
+(seconds), ``_total`` on counters (added by the client library), labels for the dimensions
+(``writer``/``substream``, ``topic``/``partition``), never one metric per substream.
+
+Values that are expensive or unsafe to read from the scrape thread (open times live in the
+service's own dicts) are refreshed by the service's loop through :class:`Periodic`, at most
+once a second; ages are computed at scrape time from the recorded timestamps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+# Seal -> notification latency: the paper reports 1.5-4 ms, our benchmarks tens to hundreds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                   30.0, 60.0)
+
+NOTIFICATIONS = Counter(
+    "substreams_notifications",
+    "Substream times announced complete (EpochComplete written) by a progress writer.",
+    ["writer", "substream"],
+)
+NOTIFICATION_LATENCY = Histogram(
+    "substreams_seal_to_notification_seconds",
+    "From the last seal covering a time to its EpochComplete being written.",
+    ["writer", "substream"],
+    buckets=LATENCY_BUCKETS,
+)
+OPEN_TIMES = Gauge(
+    "substreams_open_times",
+    "Times of a substream seen but not yet complete.",
+    ["writer", "substream"],
+)
+OLDEST_OPEN_AGE = Gauge(
+    "substreams_oldest_open_time_age_seconds",
+    "Age of the oldest open time of a substream (0 when none is open).",
+    ["writer", "substream"],
+)
+DEAD_LETTERS = Counter(
+    "substreams_dead_letters",
+    "Messages a service could not apply and wrote to the dead-letter topic.",
+    ["writer", "reason"],
+)
+EVICTIONS = Counter(
+    "substreams_source_evictions",
+    "Sources the acker evicted (silent too long, or by an operator).",
+    ["writer"],
+)
+RESTARTS = Counter(
+    "substreams_restarts",
+    "Times a component resumed from its durable state: a process restarted, a recovery after "
+    "a failed transaction, a standby taking over, a Spark query restarted from its checkpoint.",
+    ["component", "name"],
+)
+REWINDS = Counter(
+    "substreams_rewinds",
+    "Micro-batches replayed after a restart (a batch id at or below one already handled).",
+    ["component", "name"],
+)
+INPUT_LAG = Gauge(
+    "substreams_input_lag_records",
+    "Records of an input partition not yet consumed (high watermark minus position).",
+    ["component", "name", "topic", "partition"],
+)
+RECORDS = Counter(
+    "substreams_records",
+    "Records a component consumed (direction=in) or produced (direction=out).",
+    ["component", "name", "direction"],
+)
+EPOCHS_HANDLED = Counter(
+    "substreams_spark_epochs",
+    "Completed epochs a Spark query handed to its operator (on_epoch calls).",
+    ["query", "substream"],
+)
+EPOCH_LATENCY = Histogram(
+    "substreams_seal_to_operator_seconds",
+    "From the last seal covering an epoch to the Spark operator's on_epoch call.",
+    ["query", "substream"],
+    buckets=LATENCY_BUCKETS,
+)
+SERVICE_MESSAGES = Counter(
+    "substreams_service_messages",
+    "Service messages by kind (punctuations, control records, acks): the traffic of seed 001.",
+    ["kind", "substream"],
+)
+
+
+def counter_value(counter: Counter, **labels: str) -> float:
+    """The current value of one labelled counter (0 when it was never incremented)."""
+    name = f"{counter._name}_total"
+    value = REGISTRY.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def label_values(counter: Counter, label: str, **match: str) -> dict[str, float]:
+    """Values of ``counter`` summed by ``label`` over the children matching ``match``."""
+    out: dict[str, float] = {}
+    for family in counter.collect():
+        for s in family.samples:
+            if not s.name.endswith("_total"):
+                continue
+            if all(s.labels.get(k) == v for k, v in match.items()):
+                key = s.labels[label]
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+class OpenTimes:
+    """The open-times gauges of one progress writer: the age of the oldest open time is
+    computed at scrape time from the first-seen timestamp the service last recorded."""
+
+    def __init__(self, writer: str) -> None:
+        self.writer = writer
+        self._first_seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def update(self, substream: str, open_count: int, oldest_first_seen_ms: int | None) -> None:
+        OPEN_TIMES.labels(self.writer, substream).set(open_count)
+        with self._lock:
+            new = substream not in self._first_seen
+            self._first_seen[substream] = (
+                0.0 if oldest_first_seen_ms is None else oldest_first_seen_ms / 1000.0
+            )
+        if new:
+            OLDEST_OPEN_AGE.labels(self.writer, substream).set_function(
+                lambda: self._age(substream)
+            )
+
+    def _age(self, substream: str) -> float:
+        with self._lock:
+            first = self._first_seen.get(substream, 0.0)
+        return 0.0 if first <= 0 else max(0.0, time.time() - first)
+
+
+def observe_notification(writer: str, substream: str, sealed_at_ms: int, now_ms: int) -> None:
+    """Count one notification and its seal->notification latency (when the seal is known)."""
+    NOTIFICATIONS.labels(writer, substream).inc()
+    if sealed_at_ms > 0:
+        NOTIFICATION_LATENCY.labels(writer, substream).observe(
+            max(0.0, (now_ms - sealed_at_ms) / 1000.0)
+        )
+
+
+def record_lag(
+    component: str, name: str, consumer: Any, positions: Mapping[tuple[str, int], int]
+) -> None:
+    """Set the lag gauge of every (topic, partition) in ``positions`` (next offset to read)
+    from ``consumer``'s cached high watermarks (updated by every fetch: no broker call).
+
+    The consumer's own fetch position is preferred to ``positions`` when it is known: it has
+    moved past transaction markers, which take offsets too, so a reader that is caught up
+    shows a lag of 0 rather than one per commit."""
+    from confluent_kafka import TopicPartition
+
+    for (topic, partition), position in positions.items():
+        tp = TopicPartition(topic, partition)
+        try:
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+            [fetched] = consumer.position([tp])
+        except Exception:  # a consumer being closed, a partition not fetched yet
+            continue
+        if high is None or high < 0:
+            continue
+        at = max(position, fetched.offset)
+        INPUT_LAG.labels(component, name, topic, str(partition)).set(max(0, high - at))
+
+
+class Periodic:
+    """True at most once per ``seconds``: how loops throttle their gauge refreshes."""
+
+    def __init__(self, seconds: float = 1.0) -> None:
+        self.seconds = seconds
+        self._last = float("-inf")
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
+
+
+_SERVED: dict[tuple[str, int], Any] = {}
+_SERVED_LOCK = threading.Lock()
+
+
+def serve(port: int, host: str = "127.0.0.1") -> int:
+    """Expose the registry on ``http://host:port/metrics`` from a daemon thread (once per
+    address); returns the port (the chosen one when ``port`` is 0)."""
+    with _SERVED_LOCK:
+        if port and (host, port) in _SERVED:
+            return port
+        server, _thread = start_http_server(port, addr=host)
+        actual = int(server.server_address[1])
+        _SERVED[(host, actual)] = server
+    log.info("metrics on http://%s:%d/metrics", host, actual)
+    return actual
+
+
+def first_seen_min(values: Iterable[int]) -> int | None:
+    """The smallest positive first-seen timestamp, or None."""
+    return min((v for v in values if v > 0), default=None)

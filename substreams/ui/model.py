@@ -1,0 +1,299 @@
+"""What the dashboard shows, built by following the control topics in a background thread.
+
+Why the control topics (and not questions to the acker): everything an operator needs is
+already on them — each substream's control topic carries its frontier changes and
+notifications (whatever wrote them: the acker or a punctuation aligner), and the acker's own
+checkpoint topic carries, every ``heartbeat_ms``, its whole state (open times with their XOR,
+the sources that have not sealed, every source's liveness): what ``acker sources`` reads and
+``acker status``/``acker epochs`` answer over the command protocol.  Following the topics
+costs the acker nothing, works while it restarts or fails over, and sees punctuation
+substreams too.
+
+:class:`DashboardModel` keeps a JSON-able snapshot and a version number; waiters (the
+server-sent-events handlers) block on :meth:`DashboardModel.wait` until the version moves.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from substreams.acker.commands import format_time, format_times
+from substreams.acker.service import latest_checkpoint
+from substreams.acker.state import AckerState, source_liveness
+from substreams.config import Config
+from substreams.control.io import decode_control
+from substreams.control.messages import (
+    Checkpoint,
+    ControlRecord,
+    EpochComplete,
+    FrontierSnapshot,
+    FrontierUpdate,
+    SourceEvicted,
+)
+from substreams.control.subscriber import find_latest_snapshot
+from substreams.control.subscription import SubscriptionFrontiers
+from substreams.errors import ProtocolError, SubstreamsError
+from substreams.frontier import Time, UpperAntichain, sort_key
+from substreams.kafka import client
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_LOOKBACK = 50
+"""Records of the checkpoint topic read back at start: the latest checkpoint is among them
+while the acker runs (one per transaction, at least one per heartbeat)."""
+
+
+@dataclass
+class _Substream:
+    name: str
+    stream: str
+    mechanism: str
+    topic: str
+    frontiers: SubscriptionFrontiers = field(default_factory=SubscriptionFrontiers)
+    upper: UpperAntichain = field(default_factory=UpperAntichain)
+    notifications: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20))
+    evictions: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=5))
+    completed: int = 0
+
+
+class DashboardModel:
+    """Follows the control topics of ``config`` and keeps the dashboard's snapshot."""
+
+    def __init__(self, config: Config, bootstrap: str | None = None, keep: int = 20) -> None:
+        self.config = config
+        self.bootstrap = client.resolve_bootstrap(config, bootstrap)
+        self.checkpoint_topic = config.acker.checkpoint_topic()
+        self.subs = {
+            s.name: _Substream(s.name, s.stream, s.mechanism, config.acker.control_topic(s.name))
+            for s in config.substreams
+        }
+        for sub in self.subs.values():
+            sub.notifications = deque(maxlen=keep)
+        self._by_topic = {s.topic: s for s in self.subs.values()}
+        self._acker_state: AckerState | None = None
+        self._checkpoint_ms = 0
+        self._acker_seen_ms = 0
+        self._cond = threading.Condition()
+        self.version = 0
+        self._snapshot: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Position on every topic (latest snapshot / latest checkpoint), then follow them
+        from a daemon thread."""
+        consumer = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
+        assignments = [self._position_checkpoints(consumer)]
+        for sub in self.subs.values():
+            found = find_latest_snapshot(self.bootstrap, sub.topic, self.config)
+            start = 0
+            if found is None:
+                sub.frontiers.start(sub.topic, (), ())
+            else:
+                offset, rec = found
+                assert isinstance(rec.body, FrontierSnapshot)
+                sub.frontiers.start(sub.topic, rec.body.lower, ())
+                sub.upper = rec.body.upper.copy()
+                start = offset + 1
+            assignments.append(TopicPartition(sub.topic, 0, start))
+        consumer.assign(assignments)
+        self._publish()
+        self._thread = threading.Thread(
+            target=self._follow, args=(consumer,), name="dashboard-model", daemon=True
+        )
+        self._thread.start()
+
+    def _position_checkpoints(self, consumer: Any) -> TopicPartition:
+        try:
+            low, high = client.watermarks(consumer, self.checkpoint_topic, 0, timeout=5)
+        except (SubstreamsError, KafkaException):  # no acker ran yet: no topic either
+            return TopicPartition(self.checkpoint_topic, 0, 0)
+        return TopicPartition(self.checkpoint_topic, 0, max(low, high - CHECKPOINT_LOOKBACK))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    # -- following -----------------------------------------------------------------------
+
+    def _follow(self, consumer: Any) -> None:
+        try:
+            while not self._stop.is_set():
+                changed = False
+                for msg in consumer.consume(500, 0.2):
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() in (KafkaError._PARTITION_EOF,
+                                          KafkaError.UNKNOWN_TOPIC_OR_PART):
+                            continue
+                        raise SubstreamsError(f"topic '{msg.topic()}': {err}")
+                    try:
+                        rec = decode_control(msg)
+                    except (SubstreamsError, ValueError, KeyError, TypeError):
+                        continue  # `substreams verify` reports corrupt control records
+                    changed = self._apply(msg.topic(), rec) or changed
+                if changed or time.time() * 1000 - self._snapshot.get("generated_ms", 0) > 1000:
+                    self._publish()
+        except Exception as exc:  # shown on the page; the server keeps serving
+            log.exception("dashboard: following the control topics failed")
+            self.error = str(exc)
+            self._publish()
+        finally:
+            consumer.close()
+
+    def _apply(self, topic: str, rec: ControlRecord) -> bool:
+        body = rec.body
+        if topic == self.checkpoint_topic:
+            if rec.writer != self.config.acker.name:
+                return False
+            self._acker_seen_ms = rec.written_at_ms
+            found = latest_checkpoint([(0, rec)], self.config.acker.name)
+            if found is not None:
+                self._load_checkpoint(found[0], found[1])
+            return True
+        sub = self._by_topic.get(topic)
+        if sub is None:
+            return False
+        if isinstance(body, EpochComplete):
+            sub.frontiers.complete(topic, body.time, body.lower_updates)
+            self._grow_upper(sub, [*body.lower_updates, (body.time, 1)])
+            sub.completed += 1
+            latency = rec.written_at_ms - body.sealed_at_ms if body.sealed_at_ms > 0 else None
+            sub.notifications.appendleft({
+                "time": format_time(body.time),
+                "records": body.records,
+                "sealed_at_ms": body.sealed_at_ms,
+                "written_at_ms": rec.written_at_ms,
+                "latency_ms": latency,
+            })
+        elif isinstance(body, FrontierUpdate):
+            sub.frontiers.apply(topic, body.updates)
+            self._grow_upper(sub, body.updates)
+        elif isinstance(body, SourceEvicted):
+            sub.evictions.appendleft({"source": body.source, "reason": body.reason,
+                                      "written_at_ms": rec.written_at_ms})
+        else:
+            return False
+        return True
+
+    @staticmethod
+    def _grow_upper(sub: _Substream, updates: Iterable[tuple[Time, int]]) -> None:
+        """The upper frontier: the maximal times seen (an activation is a +1 delta)."""
+        for t, delta in updates:
+            if delta > 0:
+                sub.upper.insert(t)
+
+    def _load_checkpoint(self, body: Checkpoint, written_ms: int) -> None:
+        try:
+            state = AckerState.loads(
+                body.state, dict(body.acks_offsets), self.config.acker.snapshot_every
+            )
+        except ProtocolError as exc:
+            self.error = f"acker checkpoint: {exc}"
+            return
+        self._acker_state, self._checkpoint_ms = state, written_ms
+
+    # -- the snapshot --------------------------------------------------------------------
+
+    def _build(self) -> dict[str, Any]:
+        now = int(time.time() * 1000)
+        state = self._acker_state
+        acker = self.config.acker
+        out_subs = []
+        for sub in self.subs.values():
+            table = state.tables.get(sub.name) if state is not None else None
+            open_times = None
+            if table is not None:
+                open_times = [
+                    {
+                        "time": format_time(t),
+                        "xor": f"{e.xor:016x}",
+                        "records": e.records,
+                        "unsealed": table.unsealed_sources(t),
+                        "first_seen_ms": e.first_seen_ms,
+                    }
+                    for t, e in sorted(table.open.items(), key=lambda te: sort_key(te[0]))
+                ]
+            out_subs.append({
+                "name": sub.name,
+                "stream": sub.stream,
+                "mechanism": sub.mechanism,
+                "lower": format_times(list(sub.frontiers.lower)),
+                "upper": format_times(self._upper(sub).elements()),
+                "completed_seen": sub.completed,
+                "open": open_times,
+                "notifications": list(sub.notifications),
+                "evictions": list(sub.evictions),
+            })
+        sources = []
+        if state is not None:
+            sources = [
+                {
+                    "source": s.source,
+                    "incarnation": s.incarnation,
+                    "roles": s.roles,
+                    "substreams": s.substreams,
+                    "last_seen_ms": s.last_seen_ms,
+                    "status": s.status,
+                }
+                for s in source_liveness(state, self._checkpoint_ms, acker.source_timeout_ms)
+            ]
+        return {
+            "generated_ms": now,
+            "version": self.version + 1,
+            "acker": {
+                "name": acker.name,
+                "checkpoint_ms": self._checkpoint_ms,
+                "last_heard_ms": self._acker_seen_ms,
+                "alive": bool(self._acker_seen_ms)
+                and now - self._acker_seen_ms < acker.standby_timeout_ms,
+            },
+            "substreams": out_subs,
+            "sources": sources,
+            "error": self.error,
+        }
+
+    def _upper(self, sub: _Substream) -> UpperAntichain:
+        """The upper frontier: the acker's own (checkpointed) when it tracks ``sub``; else
+        what the control topic shows (snapshots and completed times: activations travel
+        only when they move the lower frontier)."""
+        state = self._acker_state
+        tracker = state.trackers.get(sub.name) if state is not None else None
+        return tracker.upper if tracker is not None else sub.upper
+
+    def _publish(self) -> None:
+        snap = self._build()
+        with self._cond:
+            self._snapshot = snap
+            self.version = snap["version"]
+            self._cond.notify_all()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._cond:
+            return self._snapshot
+
+    def wait(self, after: int, timeout: float) -> tuple[int, dict[str, Any]] | None:
+        """The snapshot once its version is past ``after`` (None after ``timeout``)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.version > after or self._stop.is_set(), timeout)
+            if self.version > after:
+                return self.version, self._snapshot
+        return None
