@@ -58,7 +58,7 @@ from substreams.acker.deadletter import (
 from substreams.acker.state import AckerState, AckerView, SourceSession
 from substreams.acker.table import Segment, SegmentTable, Violation, acker_segments
 from substreams.config import Config
-from substreams.control.io import ControlTail, ControlWriter, Corrupt
+from substreams.control.io import ControlTail, ControlWriter, Corrupt, read_control
 from substreams.control.messages import (
     Checkpoint,
     ControlBody,
@@ -99,7 +99,6 @@ def latest_state(
     config: Config, bootstrap: str | None = None, name: str | None = None
 ) -> tuple[AckerState, int] | None:
     """The state in the latest checkpoint of acker ``name`` and when it was written."""
-    from substreams.control.io import read_control
 
     name = name or config.acker.name
     server = client.resolve_bootstrap(config, bootstrap)
@@ -274,6 +273,8 @@ class AckerService:
                         "checkpoint", self.name, exc,
                     )
                     self.recoveries += 1
+                    if self._superseded(stop):
+                        raise self._fenced() from exc
                     self.close()
                     self.state = AckerState()
                     self._evicting.clear()
@@ -294,6 +295,22 @@ class AckerService:
                 self._writer.close()
             self._writer = None
         self.started = False
+
+    def _superseded(self, stop: threading.Event) -> bool:
+        """After a failed commit: did another acker of this name take over?  Kafka 4 may
+        answer the fenced party's EndTxn with an error librdkafka does not know instead of
+        PRODUCER_FENCED; re-taking the transactional id then would fence the newcomer in
+        turn.  So wait two heartbeats and look for checkpoint-topic records of this writer
+        name that this process did not write (the newcomer heartbeats there)."""
+        if self._writer is None:
+            return False
+        ours = self._writer.heads[self.checkpoint_topic].next_seq
+        stop.wait(2 * self._heartbeat_s)
+        try:
+            records = read_control(self.bootstrap, self.checkpoint_topic, self.config)
+        except (KafkaException, SubstreamsError):
+            return False
+        return any(rec.writer == self.name and rec.seq >= ours for _, rec in records)
 
     def _fenced(self) -> AckerFencedError:
         self.fenced = True
