@@ -25,7 +25,7 @@ from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import AckerThread, acker, notifications, wait_notifications
-from tests.integration.test_publisher_crashes import proc
+from tests.integration.test_publisher_crashes import spawn
 
 GAP = 50
 SESSION = {
@@ -97,17 +97,7 @@ def test_four_sources_sharing_keys_close_each_session_once_through_sigkills(
     kills = []
 
     def start(i: int) -> tuple[subprocess.Popen[bytes], queue.Queue[str]]:
-        args = ("sessions", str(config.path), stream, SOURCES[i], str(i), "60", str(100 + i))
-        p = proc(*args)
-        lines: queue.Queue[str] = queue.Queue()
-
-        def pump() -> None:
-            assert p.stdout is not None
-            for raw in p.stdout:
-                lines.put(raw.decode().strip())
-
-        threading.Thread(target=pump, daemon=True).start()
-        return p, lines
+        return spawn("sessions", str(config.path), stream, SOURCES[i], str(i), "60", str(100 + i))
 
     def kill_loop(i: int) -> None:
         for _ in range(3):

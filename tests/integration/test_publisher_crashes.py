@@ -58,6 +58,20 @@ def proc(*args: str, log: IO[bytes] | None = None, stdin: bool = False) -> subpr
     )
 
 
+def spawn(*args: str) -> tuple[subprocess.Popen[bytes], queue.Queue[str]]:
+    """A ``procs`` process and the lines it prints, read by a thread as they come."""
+    p = proc(*args)
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert p.stdout is not None
+        for raw in p.stdout:
+            lines.put(raw.decode().strip())
+
+    threading.Thread(target=pump, daemon=True).start()
+    return p, lines
+
+
 def test_sigkilled_publishers_restarting_keep_every_epoch_exact(
     make_config: ConfigFactory, tmp_path: Path
 ) -> None:
@@ -75,16 +89,7 @@ def test_sigkilled_publishers_restarting_keep_every_epoch_exact(
     def start(source: str) -> tuple[subprocess.Popen[bytes], queue.Queue[str]]:
         part = "0" if source == "a" else "1"
         args = ("epochs", str(config.path), stream, sub, source, part, str(epochs))
-        p = proc(*args, str(next(seeds)))
-        lines: queue.Queue[str] = queue.Queue()
-
-        def pump() -> None:
-            assert p.stdout is not None
-            for raw in p.stdout:
-                lines.put(raw.decode().strip())
-
-        threading.Thread(target=pump, daemon=True).start()
-        return p, lines
+        return spawn(*args, str(next(seeds)))
 
     def kill_loop(source: str) -> None:
         for i in range(10):
