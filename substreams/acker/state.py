@@ -135,11 +135,21 @@ class AckerState:
             doc = json.loads(zlib.decompress(data))
         except (zlib.error, ValueError) as exc:
             raise ProtocolError(f"acker checkpoint is not readable: {exc}") from exc
-        if doc.get("version") != STATE_VERSION:
+        version = doc.get("version") if isinstance(doc, dict) else None
+        if version != STATE_VERSION:
             raise ProtocolError(
-                f"acker checkpoint has version {doc.get('version')!r}; this acker reads "
+                f"acker checkpoint has version {version!r}; this acker reads "
                 f"version {STATE_VERSION}"
             )
+        try:
+            return cls._from_doc(doc, acks_offsets, snapshot_every)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ProtocolError(f"acker checkpoint is malformed: {exc!r}") from exc
+
+    @classmethod
+    def _from_doc(
+        cls, doc: dict[str, Any], acks_offsets: dict[int, int], snapshot_every: int
+    ) -> AckerState:
         state = cls(acks_offsets=dict(acks_offsets), checkpoints=int(doc["checkpoints"]))
         for sub, t in doc["tables"].items():
             state.tables[sub] = SegmentTable.from_state(sub, t)

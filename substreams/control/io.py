@@ -36,9 +36,16 @@ class Corrupt:
 
 
 def decode_control(msg: Message) -> ControlRecord:
+    """The control record in ``msg``; :class:`ProtocolError` (and nothing else) for any bytes
+    that are not one."""
     headers = dict(msg.headers() or ())
     codec = protocol_codec("control")
-    return record_from_wire(codec.decode(msg.value() or b"", headers.get(HEADER_FINGERPRINT)))
+    try:
+        return record_from_wire(codec.decode(msg.value() or b"", headers.get(HEADER_FINGERPRINT)))
+    except ProtocolError:
+        raise
+    except (SubstreamsError, ValueError, KeyError, TypeError) as exc:
+        raise ProtocolError(f"control record is malformed: {exc}") from exc
 
 
 class ControlTail:
