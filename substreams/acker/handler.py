@@ -47,6 +47,7 @@ from substreams.acker.commands import (
     encode_response,
     response_headers,
 )
+from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter
 from substreams.acker.history import CommandHistory, OutcomeKind
 from substreams.config import Config
 from substreams.control.io import decode_control
@@ -105,6 +106,7 @@ class CommandHandler:
         self.keep_completed = keep_completed
         self.completed: dict[str, dict[Time, Completed]] = {s: {} for s in self.substreams}
         self.commands_seen = 0
+        self.dead_letters = 0
         self.responses_sent = 0
         self._started = False
         self._answered: set[tuple[str, str, int]] | None = None
@@ -206,7 +208,13 @@ class CommandHandler:
         try:
             return decode_command(msg.value() or b"", msg.headers())
         except ProtocolError as exc:
-            log.warning("command topic offset %d: %s (skipped)", msg.offset(), exc)
+            # Dead-lettered when read, also on a replay after a restart: at least once, as
+            # the acker's own dead letters (same topic/partition/offset: easy to de-duplicate).
+            letter = DeadLetter.of(msg, REASON_MALFORMED, str(exc))
+            log.warning("dead letter: malformed command at %s@%d: %s", msg.topic(),
+                        msg.offset(), exc)
+            self._produce(self.config.acker.dead_letter_topic, letter.to_json(), None)
+            self.dead_letters += 1
             return None
 
     # -- commands ------------------------------------------------------------------------
@@ -279,15 +287,16 @@ class CommandHandler:
         done = self._answered  # not None while replaying
         if done is not None and (resp.seq < 0 or (resp.controller, resp.nonce, resp.seq) in done):
             return
-        topic = self.config.acker.response_topic
-        value = encode_response(resp)
+        self._produce(self.config.acker.response_topic, encode_response(resp), response_headers())
+        self.responses_sent += 1
+
+    def _produce(self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None) -> None:
         while True:
             try:
-                self._producer.produce(topic, value=value, partition=0, headers=response_headers())
+                self._producer.produce(topic, value=value, partition=0, headers=headers)
                 break
             except BufferError:
                 self._producer.poll(0.05)
-        self.responses_sent += 1
 
     # -- status, frontiers ---------------------------------------------------------------
 

@@ -512,17 +512,7 @@ class AckerService:
 
     def _dead(self, msg: Message, source: str | None, reason: str, detail: str) -> None:
         assert self._out is not None
-        self._out.write(
-            DeadLetter(
-                reason,
-                msg.topic(),
-                msg.partition(),
-                msg.offset(),
-                source,
-                msg.value() or b"",
-                detail,
-            )
-        )
+        self._out.write(DeadLetter.of(msg, reason, detail, source))
         self.dead_letters += 1
 
     def _terminations(self, now: int) -> list[tuple[str, ControlBody]]:

@@ -33,10 +33,11 @@ from typing import Any
 from confluent_kafka import KafkaError, TopicPartition
 
 from substreams.acker.agent import TrackingAgent
+from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter, DeadLetterWriter
 from substreams.acker.hook import write_agent
 from substreams.acker.table import STAGE, acker_segments
 from substreams.config import Config, StageConfig
-from substreams.errors import SubstreamsError
+from substreams.errors import DecodeError, SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.streams.listener import StreamDecoder
@@ -146,7 +147,15 @@ class Stage:
         self._positions: dict[int, int] = {}
         self.processed = 0
         self.emitted = 0
+        self.dead_letters = 0
+        self._dlq: DeadLetterWriter | None = None
         self._closed = False
+
+    def _dead_letters(self) -> DeadLetterWriter:
+        """Created on the first dead letter: most stages never write one."""
+        if self._dlq is None:
+            self._dlq = DeadLetterWriter(self.config, self.bootstrap)
+        return self._dlq
 
     def step(self, timeout: float = 0.1) -> int:
         """Process one batch of input records; returns how many were consumed."""
@@ -165,7 +174,12 @@ class Stage:
                     f"stage '{self.stage.name}': input '{self.stage.input}': {err}"
                 )
             self._positions[msg.partition()] = msg.offset() + 1
-            entry = self.decoder.decode(msg)
+            try:
+                entry = self.decoder.decode(msg)
+            except DecodeError as exc:
+                self._dead_letters().write(DeadLetter.of(msg, REASON_MALFORMED, str(exc)))
+                self.dead_letters += 1
+                continue
             if not isinstance(entry, Entry):
                 continue
             n += 1
@@ -218,6 +232,8 @@ class Stage:
         try:
             self.agent.unregister(self.substreams)
             self.output.close()
+            if self._dlq is not None:
+                self._dlq.close()
         finally:
             self.consumer.close()
 

@@ -14,13 +14,16 @@ re-reads the data topic *from the start* and skips every time already announced.
 is a function of what was read, so the replay re-derives the open times; the cost is a full
 re-read of the data topic on start-up, which retention bounds.  Late records (see
 :mod:`substreams.punctuation.aligner`) go to the dead-letter topic as JSON
-``{"reason", "stream", "partition", "offset", "substream"}``; the ones already there are read
-back on start so that a restart does not report them twice.
+``{"reason", "stream", "partition", "offset", "substream"}``, and so do undecodable
+messages (reason ``malformed``, with ``detail`` and the base64 ``raw`` bytes); the ones already
+there are read back on start so that a restart does not report them twice.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -36,9 +39,11 @@ from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.punctuation.aligner import Event, Late, Terminated
-from substreams.punctuation.reader import PunctuatedReader
+from substreams.punctuation.reader import Malformed, PunctuatedReader
 
 DeadKey = tuple[str, int, int]
+
+log = logging.getLogger(__name__)
 
 
 class PunctuationAligner:
@@ -61,6 +66,7 @@ class PunctuationAligner:
         self.writer_name = f"aligner.{substream}"
         self.tracker = ProgressTracker(substream, config.acker.snapshot_every)
         self.late = 0
+        self.malformed = 0
         self._announced: set[Time] = set()
         self._dead: set[DeadKey] = set()
         self._last_heartbeat = time.monotonic()
@@ -140,6 +146,9 @@ class PunctuationAligner:
                 done.append(ev)
             elif isinstance(ev, Late):
                 late = self._dead_letter(ev) or late
+        for bad in self.reader.malformed:
+            late = self._malformed(bad) or late
+        self.reader.malformed.clear()
         if late:
             self._dlq.flush(10)
         if time.monotonic() - self._last_heartbeat >= self.config.acker.heartbeat_ms / 1000:
@@ -171,18 +180,31 @@ class PunctuationAligner:
 
     def _dead_letter(self, ev: Late) -> bool:
         e = ev.entry
-        key = (e.stream, e.partition, e.index)
         self.late += 1
-        if key in self._dead:
+        return self._write_dead(ev.reason, e.partition, e.index, {})
+
+    def _malformed(self, bad: Malformed) -> bool:
+        """An undecodable data-topic message: dead-lettered with the reason and the raw
+        bytes (base64), like the acker's ``malformed`` dead letters."""
+        self.malformed += 1
+        extra = {"detail": bad.reason, "raw": base64.b64encode(bad.raw).decode()}
+        return self._write_dead("malformed", bad.partition, bad.offset, extra)
+
+    def _write_dead(self, reason: str, partition: int, offset: int, extra: dict[str, str]) -> bool:
+        key = (self.reader.stream, partition, offset)
+        if key in self._dead:  # written before a restart
             return False
         self._dead.add(key)
         value = {
-            "reason": ev.reason,
-            "stream": e.stream,
-            "partition": e.partition,
-            "offset": e.index,
+            "reason": reason,
+            "stream": self.reader.stream,
+            "partition": partition,
+            "offset": offset,
             "substream": self.substream,
+            **extra,
         }
+        log.warning("dead letter: %s at %s[%d]@%d%s", reason, self.reader.stream, partition,
+                    offset, f": {extra['detail']}" if "detail" in extra else "")
         self._dlq.produce(self.dead_letter_topic, json.dumps(value).encode(), partition=0)
         return True
 
