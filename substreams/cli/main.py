@@ -18,7 +18,9 @@ from confluent_kafka import KafkaException
 
 from substreams.errors import SubstreamsError
 
-COMMANDS = ("broker", "topics", "config", "demo", "verify", "align", "acker", "submit", "bench")
+COMMANDS = (
+    "broker", "topics", "config", "demo", "verify", "control", "align", "acker", "submit", "bench"
+)
 
 
 class _Main(click.Group):

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from substreams.config import Config
-from substreams.control.chain import ChainHead
-from substreams.control.messages import ControlBody, ControlRecord, record_from_wire
+from substreams.config import Config, load_config
+from substreams.control.chain import ChainHead, resumes
+from substreams.control.messages import ChainResume, ControlBody, ControlRecord, record_from_wire
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
 from substreams.kafka import client
 from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
@@ -119,6 +119,42 @@ def read_control(
                 raise ProtocolError(f"control topic '{topic}' offset {offset}: {rec.reason}")
             out.append((offset, rec))
         return out
+
+
+def find_resume(
+    bootstrap: str, topic: str, offset: int, record: ControlRecord, config: Config | None = None
+) -> tuple[int, ChainResume] | None:
+    """The operator's :class:`ChainResume` that accepts ``record`` at ``offset`` of ``topic``
+    and its own offset: it can only have been written after the break, so it is looked for
+    from ``offset + 1`` to the end (read only when a chain breaks)."""
+    with ControlTail(bootstrap, topic, offset + 1, config) as tail:
+        for at, rec in tail.read_to_end(30.0):
+            if (
+                isinstance(rec, ControlRecord)
+                and isinstance(rec.body, ChainResume)
+                and resumes(rec.body, offset, record)
+            ):
+                return at, rec.body
+    return None
+
+
+class ResumeLookup:
+    """:data:`~substreams.control.chain.ResumeLookup` on a broker.  Picklable (Spark ships
+    readers): it keeps the config's path and loads the config where it is used."""
+
+    def __init__(self, bootstrap: str, config: Config | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.config_path = None if config is None else str(config.path)
+        self._config = config
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_config": None}
+
+    def __call__(self, topic: str, offset: int, record: ControlRecord) -> ChainResume | None:
+        if self._config is None and self.config_path is not None:
+            self._config = load_config(self.config_path)
+        found = find_resume(self.bootstrap, topic, offset, record, self._config)
+        return None if found is None else found[1]
 
 
 class ControlWriter:

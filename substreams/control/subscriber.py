@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from substreams.config import Config
 from substreams.control.chain import TrustingVerifier
-from substreams.control.io import ControlTail, decode_control
+from substreams.control.io import ControlTail, ResumeLookup, decode_control
 from substreams.control.messages import (
     ControlRecord,
     EpochComplete,
@@ -147,7 +147,8 @@ class Subscriber:
     begins at each topic's latest FrontierSnapshot (offset 0 if it has none), ``beginning``
     at offset 0 with empty frontiers.  ``mode`` defaults to the substreams' configured bound.
     Every control record read counts as one CONTROL_READ of its substream.  A corrupt record
-    or a broken hash chain raises :class:`ProtocolError` naming the topic and offset.
+    or a broken hash chain raises :class:`ProtocolError` naming the topic and offset (a break
+    an operator accepted with ``substreams control resume`` is passed, and logged).
     """
 
     def __init__(
@@ -217,7 +218,9 @@ class Subscriber:
                 else None
             )
             strict = found is None and _log_start(self.bootstrap, topic, self.config) == 0
-            self.verifiers[topic] = TrustingVerifier(strict=strict)
+            self.verifiers[topic] = TrustingVerifier(
+                strict=strict, resume=ResumeLookup(self.bootstrap, self.config)
+            )
             if found is None:
                 self.frontiers.start(topic, (), ())
                 self._data_from[topic] = {}
