@@ -25,6 +25,7 @@ order-key check is not applied to them (inputs of several partitions interleave)
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -43,6 +44,8 @@ from substreams.kafka import client
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.publisher import Publisher
 from substreams.streams.records import Entry, SentRecord
+
+log = logging.getLogger(__name__)
 
 Transform = Callable[[Entry], Iterable[Mapping[str, Any]]]
 
@@ -144,6 +147,12 @@ class Stage:
         self.consumer.assign(
             [TopicPartition(self.stage.input, p, int(starts.get(p, 0))) for p in range(parts)]
         )
+        log.info(
+            "stage '%s' started (incarnation %s): input '%s' from offsets %s (committed by "
+            "group '%s'; a record after them whose outputs were not committed is processed "
+            "again), output '%s'", name, self.output.incarnation, self.stage.input,
+            {p: int(starts.get(p, 0)) for p in range(parts)}, self.group, self.stage.output,
+        )
         self._positions: dict[int, int] = {}
         self.processed = 0
         self.emitted = 0
@@ -229,6 +238,8 @@ class Stage:
         if self._closed:
             return
         self._closed = True
+        log.info("stage '%s' stopped after %d records in, %d out, %d dead letters",
+                 self.stage.name, self.processed, self.emitted, self.dead_letters)
         try:
             self.agent.unregister(self.substreams)
             self.output.close()

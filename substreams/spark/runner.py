@@ -9,6 +9,7 @@ epoch is sealed on the output stream so that a downstream job sees it complete.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,8 @@ from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.spark.operator import EpochInfo, EpochOperator, Row, group_epochs
 from substreams.spark.sink import BatchSink
+
+log = logging.getLogger(__name__)
 
 
 class EpochBatchHandler:
@@ -53,6 +56,10 @@ class EpochBatchHandler:
 
     def handle(self, batch_id: int, epochs: list[EpochInfo]) -> None:
         op = self.operator
+        log.info(
+            "batch %d: %d epochs%s", batch_id, len(epochs),
+            f" ({epochs[0].time!r} .. {epochs[-1].time!r})" if epochs else "",
+        )
         sink = self._sink()
         results: list[tuple[Row, str | None]] = []
         per_epoch: list[list[Row]] = []
@@ -129,6 +136,13 @@ def run(
         .foreachBatch(handler)
     )
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=trigger)
+    resumed = (location / "offsets").is_dir()
+    log.info(
+        "spark runner: query '%s' on substream '%s' starting; checkpoint %s (%s)", name,
+        substream, location,
+        "exists: Spark resumes from its offsets, a batch it replays is skipped by the sink"
+        if resumed else "new: from the control topic's start",
+    )
     query = writer.start()
     _HANDLERS[query.id] = handler
     if block or once:
@@ -138,6 +152,7 @@ def run(
             query.stop()
         finally:
             stop_handler(query)
+            log.info("spark runner: query '%s' stopped", name)
     return query
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import random
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
 from substreams.acker.agent import (
@@ -175,7 +177,14 @@ def test_acker_process_dead_letters_fuzzed_acks_and_commands(make_config: Config
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
-    assert "dead letter: malformed" in err
+    # the process's own account (--log-level INFO): start, recovery, the command handler's
+    # replay, each dead letter
+    name = config.acker.name
+    assert f"acker '{name}' starting" in err
+    assert f"acker '{name}' recovery: no checkpoint" in err
+    assert f"acker '{name}' started in" in err
+    assert f"acker '{name}' command handler recovery in" in err
+    assert err.count("dead letter: malformed") >= len(wanted)
 
 
 def _dead_letters(config: Config) -> list[dict[str, Any]]:
@@ -194,7 +203,10 @@ def _dead_letters(config: Config) -> list[dict[str, Any]]:
         consumer.close()
 
 
-def test_aligner_dead_letters_fuzzed_data_records(make_config: ConfigFactory) -> None:
+def test_aligner_dead_letters_fuzzed_data_records(
+    make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="substreams.punctuation")
     config = make_config(
         [{"name": "clicks", "partitions": 1}],
         [{"name": "win", "stream": "clicks", "kind": "tumbling", "field": "ts", "size_ms": 1000,
@@ -244,3 +256,7 @@ def test_aligner_dead_letters_fuzzed_data_records(make_config: ConfigFactory) ->
     for d in letters:
         assert d["stream"] == stream and d["substream"] == sub and d["detail"]
         assert base64.b64decode(d["raw"]) == raw[d["offset"]]
+    said = [r.getMessage() for r in caplog.records if r.name == "substreams.punctuation.service"]
+    assert any(f"aligner '{sub}' starting" in m for m in said)
+    assert any(f"aligner '{sub}' recovery in" in m and "re-reading data topic" in m for m in said)
+    assert sum("dead letter: malformed" in m for m in said) == len(bad)
