@@ -93,6 +93,11 @@ class AckerState:
     sessions: dict[str, SourceSession] = field(default_factory=dict)
     last_notification: dict[str, tuple[Time, int] | None] = field(default_factory=dict)
     checkpoints: int = 0
+    commands: dict[str, Any] | None = None
+    """The command handler's reduced history and where it stands on the command and response
+    topics (a JSON document the handler writes and reads, :mod:`substreams.acker.handler`);
+    None when no handler ran.  In the checkpoint so that a restarted acker's handler replays
+    a few commands, not the command topic from offset 0."""
 
     def ensure(self, substream: str, snapshot_every: int) -> None:
         if substream not in self.tables:
@@ -127,6 +132,8 @@ class AckerState:
                 for s, v in self.last_notification.items()
             },
         }
+        if self.commands is not None:
+            doc["commands"] = self.commands
         return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
 
     @classmethod
@@ -160,4 +167,8 @@ class AckerState:
             s: None if v is None else (time_from_wire(v[0]), int(v[1]))
             for s, v in doc["last_notification"].items()
         }
+        commands = doc.get("commands")
+        if commands is not None and not isinstance(commands, dict):
+            raise ProtocolError("acker checkpoint: 'commands' is not a JSON object")
+        state.commands = commands
         return state
