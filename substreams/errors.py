@@ -79,7 +79,20 @@ def _rebuild_config_error(
     return ConfigError(file, line, key, problem, value=value, allowed=allowed, column=column)
 
 
-class SchemaMismatchError(SubstreamsError):
+class DecodeError(SubstreamsError):
+    """Bytes read from a topic are not a message of that topic's protocol.
+
+    The one error every decoder raises for any input it cannot read (truncated, garbled,
+    foreign, written with another schema): data envelopes raise the subclass
+    :class:`SchemaMismatchError`, acks / control / command / response / punctuation messages
+    and acker checkpoints raise :class:`ProtocolError`.  A service catches ``DecodeError``
+    and dead-letters the message with ``str(exc)`` as the reason; any other exception out of
+    a decoder is a bug (the property tests in ``tests/unit/test_decoder_fuzz.py`` hold every
+    decoder to this).
+    """
+
+
+class SchemaMismatchError(DecodeError):
     """A record or topic does not match the Avro schema the config declares for its stream.
 
     Raised instead of silently mis-decoding: a writer and a reader that disagree on
@@ -122,8 +135,9 @@ class BrokerError(SubstreamsError):
     """
 
 
-class ProtocolError(SubstreamsError):
-    """A control, ack or command message could not be understood.
+class ProtocolError(DecodeError):
+    """A control, ack, command, response or punctuation message, or a checkpoint, could not
+    be understood.
 
     Signals a version mismatch or a foreign producer on an internal topic; such
     messages are never guessed at, since a wrong guess corrupts substream tracking.

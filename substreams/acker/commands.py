@@ -14,9 +14,9 @@ frozen dataclasses and back; what the commands *mean* lives in :mod:`.history` a
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from substreams.control.messages import OffsetRange
 from substreams.errors import ProtocolError, SubstreamsError
@@ -398,19 +398,29 @@ def encode_command(cmd: Command) -> bytes:
     )
 
 
+T = TypeVar("T")
+
+
 def _decode(
-    schema: str, value: bytes, headers: Sequence[tuple[str, bytes]] | None
-) -> dict[str, Any]:
+    schema: str,
+    value: bytes,
+    headers: Sequence[tuple[str, bytes]] | None,
+    build: Callable[[dict[str, Any]], T],
+) -> T:
+    """``build`` applied to the decoded record; :class:`ProtocolError` (and nothing else) for
+    any bytes that are not one."""
     fp = dict(headers or ()).get(HEADER_FINGERPRINT)
     try:
-        return protocol_codec(schema).decode(value, fp)
+        return build(protocol_codec(schema).decode(value, fp))
+    except ProtocolError:
+        raise
     except SubstreamsError as exc:
         raise ProtocolError(str(exc)) from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProtocolError(f"{schema} message is malformed: {exc}") from exc
 
 
-def decode_command(value: bytes, headers: Sequence[tuple[str, bytes]] | None = None) -> Command:
-    """A command from its bytes (and the message headers, whose fingerprint is checked)."""
-    d = _decode("command", value, headers)
+def _command(d: dict[str, Any]) -> Command:
     name, body = d["body"]
     return Command(
         d["controller"],
@@ -419,6 +429,11 @@ def decode_command(value: bytes, headers: Sequence[tuple[str, bytes]] | None = N
         command_body_from_wire(name, body),
         int(d["sent_at_ms"]),
     )
+
+
+def decode_command(value: bytes, headers: Sequence[tuple[str, bytes]] | None = None) -> Command:
+    """A command from its bytes (and the message headers, whose fingerprint is checked)."""
+    return _decode("command", value, headers, _command)
 
 
 def encode_response(resp: Response) -> bytes:
@@ -434,8 +449,7 @@ def encode_response(resp: Response) -> bytes:
     )
 
 
-def decode_response(value: bytes, headers: Sequence[tuple[str, bytes]] | None = None) -> Response:
-    d = _decode("response", value, headers)
+def _response(d: dict[str, Any]) -> Response:
     name, body = d["body"]
     return Response(
         d["acker"],
@@ -445,6 +459,10 @@ def decode_response(value: bytes, headers: Sequence[tuple[str, bytes]] | None = 
         response_body_from_wire(name, body),
         int(d["sent_at_ms"]),
     )
+
+
+def decode_response(value: bytes, headers: Sequence[tuple[str, bytes]] | None = None) -> Response:
+    return _decode("response", value, headers, _response)
 
 
 def command_headers() -> list[tuple[str, bytes]]:

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
 from substreams.config import Config
 from substreams.kafka import client
+
+log = logging.getLogger(__name__)
 
 REASON_MALFORMED = "malformed"
 REASON_UNKNOWN_SUBSTREAM = "unknown_substream"
@@ -44,6 +47,14 @@ class DeadLetter:
     source: str | None
     raw: bytes
     detail: str = ""
+
+    @classmethod
+    def of(cls, msg: Message, reason: str, detail: str, source: str | None = None) -> DeadLetter:
+        """The dead letter of the Kafka message ``msg`` (its raw value kept)."""
+        return cls(
+            reason, msg.topic() or "", msg.partition() or 0, msg.offset() or 0, source,
+            msg.value() or b"", detail,
+        )
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -81,6 +92,11 @@ class DeadLetterWriter:
         self.written = 0
 
     def write(self, letter: DeadLetter) -> None:
+        log.warning(
+            "dead letter: %s at %s[%d]@%d%s: %s", letter.reason, letter.topic, letter.partition,
+            letter.offset, "" if letter.source is None else f" (source '{letter.source}')",
+            letter.detail,
+        )
         self.produce(self.topic, letter.to_json())
         self.written += 1
 

@@ -2,10 +2,13 @@
 
 Installed as ``AckerService.command_handler`` and called once per service step, so commands
 are served by the thread that owns the acker's state (no locking) and cost two non-blocking
-polls when idle.  On its first call it rebuilds the command state by replaying the command
-topic from offset 0 through a :class:`~substreams.acker.history.CommandHistory` , answering
-only what the response topic shows as not yet answered (commands sent while no acker ran, peeks
-a crashed incarnation still owed), then sends the configured substreams' Frontiers.
+polls when idle.  On its first call it rebuilds the command state through a
+:class:`~substreams.acker.history.CommandHistory`: from the reduced history the acker's latest
+checkpoint holds (:meth:`CommandHandler.capture`, at most every ``capture_interval_ms``) and the
+commands after it -- or, without one, by replaying the command topic from offset 0 --
+answering only what the response topic shows as not yet answered (commands sent while no
+acker ran, peeks a crashed incarnation still owed), then sends the configured substreams'
+Frontiers.
 
 Completed times are kept for peeks (read from the substreams' control topics: their
 ``EpochComplete`` records) until an AllowCompaction lets the acker forget them, as Materialize
@@ -15,6 +18,7 @@ substream, so an acker nobody compacts stays bounded).
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from collections.abc import Callable
@@ -44,9 +48,11 @@ from substreams.acker.commands import (
     SubstreamStatus,
     decode_command,
     decode_response,
+    encode_command,
     encode_response,
     response_headers,
 )
+from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter
 from substreams.acker.history import CommandHistory, OutcomeKind
 from substreams.config import Config
 from substreams.control.io import decode_control
@@ -94,6 +100,7 @@ class CommandHandler:
         reduce_every: int = 1000,
         keep_idle_sessions: int = 64,
         keep_completed: int = 10_000,
+        capture_interval_ms: int = 1000,
     ) -> None:
         self.config = config
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
@@ -105,6 +112,16 @@ class CommandHandler:
         self.keep_completed = keep_completed
         self.completed: dict[str, dict[Time, Completed]] = {s: {} for s in self.substreams}
         self.commands_seen = 0
+        self.dead_letters = 0
+        self.capture_interval = capture_interval_ms / 1000.0
+        self._last_capture = 0.0
+        self._position = 0
+        """The next command-topic offset to read (what a capture covers)."""
+        self._saved_replay = False
+        self.replayed_from = 0
+        """The command-topic offset start-up replayed from (0 without a saved history)."""
+        self.replayed = 0
+        """How many commands of the command topic start-up replayed."""
         self.responses_sent = 0
         self._started = False
         self._answered: set[tuple[str, str, int]] | None = None
@@ -122,7 +139,7 @@ class CommandHandler:
     def __call__(self, service: AckerService) -> list[tuple[str, bytes]]:
         view = _LazyView(service.view)
         if not self._started:
-            self._start(view)
+            self._start(view, service.state.commands)
         assert self._commands is not None
         self._poll_control()
         for msg in self._commands.consume(500, 0):
@@ -133,13 +150,53 @@ class CommandHandler:
         if due and self.history.state.configured is not None:
             self._push_frontiers(view, force=False)
         self._producer.poll(0)
+        if time.monotonic() - self._last_capture >= self.capture_interval:
+            service.state.commands = self.capture()
         return []
 
-    def _start(self, view: _LazyView) -> None:
+    def capture(self) -> dict[str, Any]:
+        """What the acker's next checkpoint keeps of the command side: the reduced history,
+        the command-topic position it covers, and the response-topic offset from which a
+        restarted handler must look for answers.  Why that offset is safe: it is the high
+        watermark *now*, and every response to a command past the position is produced
+        later.  The responses sent so far are flushed first, so that an answer the history
+        counts as given is on the topic."""
+        self._last_capture = time.monotonic()
+        self.history.reduce()
+        self._since_reduce = 0
+        self._producer.flush(5)
+        topic = self.config.acker.response_topic
+        assert self._commands is not None
+        _, high = client.watermarks(self._commands, topic, 0)
+        return {
+            "position": self._position,
+            "responses_from": max(0, int(high)),
+            "commands": [
+                base64.b64encode(encode_command(c)).decode() for c in self.history.commands
+            ],
+        }
+
+    def _start(self, view: _LazyView, saved: dict[str, Any] | None) -> None:
         """Replay the command topic as if live, but send only the responses that the response
         topic does not already hold (so a command sent while no acker ran is answered once,
-        and nothing a previous incarnation answered is answered twice)."""
+        and nothing a previous incarnation answered is answered twice).
+
+        With ``saved`` (the :meth:`capture` in the acker's latest checkpoint) the replay is
+        bounded: its reduced history first (answering only peeks still owed), then the
+        command topic from the saved position, the response topic from the saved offset.
+        Without it (no checkpoint yet, or one written before handlers captured anything),
+        both topics are read from offset 0."""
         acker = self.config.acker
+        position = responses_from = 0
+        kept: list[Command] = []
+        if saved is not None:
+            try:
+                position, responses_from = int(saved["position"]), int(saved["responses_from"])
+                kept = [decode_command(base64.b64decode(c)) for c in saved["commands"]]
+            except (KeyError, TypeError, ValueError, ProtocolError) as exc:
+                raise ProtocolError(
+                    f"acker checkpoint: command history unreadable: {exc}"
+                ) from exc
         ensure_topics(
             client.admin(self.bootstrap, self.config),
             [
@@ -147,8 +204,9 @@ class CommandHandler:
                 self.config.topic_spec(acker.response_topic),
             ],
         )
+        began = time.monotonic()
         answered: set[tuple[str, str, int]] = set()
-        responses = self._tail(acker.response_topic)
+        responses = self._tail(acker.response_topic, responses_from)
         try:
             for msg in _read_to_end(responses, acker.response_topic):
                 try:
@@ -159,11 +217,18 @@ class CommandHandler:
         finally:
             responses.close()
         self._control = client.consumer(self.bootstrap, self.config)
-        self._control.assign([TopicPartition(t, 0, 0) for t in self._topic_sub])
-        self._commands = self._tail(acker.command_topic)
+        self._control.assign(
+            [TopicPartition(t, 0, self._recent(self._control, t)) for t in self._topic_sub]
+        )
+        self._commands = self._tail(acker.command_topic, position)
+        self._position = position
         self._answered = answered
         replayed = 0
         try:
+            self._saved_replay = True
+            for saved_cmd in kept:
+                self._handle(saved_cmd, view)
+            self._saved_replay = False
             for msg in _read_to_end(self._commands, acker.command_topic):
                 cmd = self._decode(msg)
                 if cmd is not None:
@@ -171,13 +236,18 @@ class CommandHandler:
                     replayed += 1
         finally:
             self._answered = None
+            self._saved_replay = False
         self.history.reduce()
         self._started = True
+        self.replayed_from, self.replayed = position, replayed
         log.info(
-            "acker %s: replayed %d commands, %d kept",
-            self.name,
-            replayed,
-            len(self.history.commands),
+            "acker '%s' command handler recovery in %.3f s: %s, then replayed %d commands of "
+            "'%s' from offset %d (%d kept after reduction); %d responses of '%s' read from "
+            "offset %d to skip what was already answered", self.name, time.monotonic() - began,
+            "no saved history" if saved is None
+            else f"{len(kept)} commands of the reduced history in the checkpoint",
+            replayed, acker.command_topic, position, len(self.history.commands), len(answered),
+            acker.response_topic, responses_from,
         )
         controller = self.history.state.configured_by()
         if controller is not None:
@@ -192,10 +262,17 @@ class CommandHandler:
         self._producer.flush(5)
         self._producer.close()
 
-    def _tail(self, topic: str) -> Consumer:
+    def _tail(self, topic: str, offset: int = 0) -> Consumer:
         consumer = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
-        consumer.assign([TopicPartition(topic, 0, 0)])
+        consumer.assign([TopicPartition(topic, 0, offset)])
         return consumer
+
+    def _recent(self, consumer: Consumer, topic: str) -> int:
+        """Where to read a control topic for the completed times peeks may ask about: the
+        last ``keep_completed`` ones at most are kept, so the topic's tail is enough (three
+        offsets per completion cover snapshots, updates and transaction markers)."""
+        low, high = client.watermarks(consumer, topic, 0)
+        return max(0, int(low), int(high) - 3 * self.keep_completed)
 
     def _decode(self, msg: Message) -> Command | None:
         err = msg.error()
@@ -203,10 +280,17 @@ class CommandHandler:
             if err.code() == KafkaError._PARTITION_EOF:
                 return None
             raise SubstreamsError(f"command topic '{self.config.acker.command_topic}': {err}")
+        self._position = msg.offset() + 1
         try:
             return decode_command(msg.value() or b"", msg.headers())
         except ProtocolError as exc:
-            log.warning("command topic offset %d: %s (skipped)", msg.offset(), exc)
+            # Dead-lettered when read, also on a replay after a restart: at least once, as
+            # the acker's own dead letters (same topic/partition/offset: easy to de-duplicate).
+            letter = DeadLetter.of(msg, REASON_MALFORMED, str(exc))
+            log.warning("dead letter: malformed command at %s@%d: %s", msg.topic(),
+                        msg.offset(), exc)
+            self._produce(self.config.acker.dead_letter_topic, letter.to_json(), None)
+            self.dead_letters += 1
             return None
 
     # -- commands ------------------------------------------------------------------------
@@ -279,15 +363,18 @@ class CommandHandler:
         done = self._answered  # not None while replaying
         if done is not None and (resp.seq < 0 or (resp.controller, resp.nonce, resp.seq) in done):
             return
-        topic = self.config.acker.response_topic
-        value = encode_response(resp)
+        if self._saved_replay and not isinstance(resp.body, PeekResponse):
+            return  # the saved history was answered, but for peeks still owed
+        self._produce(self.config.acker.response_topic, encode_response(resp), response_headers())
+        self.responses_sent += 1
+
+    def _produce(self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None) -> None:
         while True:
             try:
-                self._producer.produce(topic, value=value, partition=0, headers=response_headers())
+                self._producer.produce(topic, value=value, partition=0, headers=headers)
                 break
             except BufferError:
                 self._producer.poll(0.05)
-        self.responses_sent += 1
 
     # -- status, frontiers ---------------------------------------------------------------
 

@@ -32,9 +32,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from substreams import metrics
 from substreams.acker.agent import (
@@ -58,7 +65,7 @@ from substreams.acker.deadletter import (
 from substreams.acker.state import AckerState, AckerView, SourceSession
 from substreams.acker.table import Segment, SegmentTable, Violation, acker_segments
 from substreams.config import Config
-from substreams.control.io import ControlTail, ControlWriter, Corrupt, read_control
+from substreams.control.io import ControlTail, ControlWriter, Corrupt, find_last, read_control
 from substreams.control.messages import (
     Checkpoint,
     ControlBody,
@@ -102,23 +109,33 @@ def latest_state(
 
     name = name or config.acker.name
     server = client.resolve_bootstrap(config, bootstrap)
-    found = latest_checkpoint(read_control(server, checkpoint_topic(config, name), config), name)
+    found = latest_checkpoint(server, config, name)
     if found is None:
         return None
-    body, written = found
+    _, rec = found
+    assert isinstance(rec.body, Checkpoint)
+    body = rec.body
     state = AckerState.loads(body.state, dict(body.acks_offsets), config.acker.snapshot_every)
-    return state, written
+    return state, rec.written_at_ms
+
+
+def is_checkpoint_of(name: str) -> Callable[[ControlRecord], bool]:
+    return lambda rec: rec.writer == name and isinstance(rec.body, Checkpoint)
 
 
 def latest_checkpoint(
-    records: Iterable[tuple[int, ControlRecord]], name: str
-) -> tuple[Checkpoint, int] | None:
-    """The last Checkpoint written by acker ``name`` among ``records``, and when."""
-    latest: tuple[Checkpoint, int] | None = None
-    for _, rec in records:
-        if rec.writer == name and isinstance(rec.body, Checkpoint):
-            latest = (rec.body, rec.written_at_ms)
-    return latest
+    bootstrap: str,
+    config: Config,
+    name: str,
+    last: tuple[int, ControlRecord] | None = None,
+) -> tuple[int, ControlRecord] | None:
+    """The last Checkpoint written by acker ``name`` on its checkpoint topic, and its offset:
+    read backwards from the topic's end (every transaction of the acker ends with one, so it
+    is among the last records).  ``last``: the acker's last record there, if known (it is
+    that checkpoint unless the acker wrote something after it)."""
+    if last is not None and is_checkpoint_of(name)(last[1]):
+        return last
+    return find_last(bootstrap, checkpoint_topic(config, name), is_checkpoint_of(name), config)
 
 
 def transactional_id(name: str) -> str:
@@ -180,6 +197,9 @@ class AckerService:
         """Take over the transactional id (fencing any zombie), recover and seek."""
         if self.started:
             return
+        began = time.monotonic()
+        log.info("acker '%s' starting: taking over transactional id '%s'", self.name,
+                 transactional_id(self.name))
         ensure_topics(
             client.admin(self.bootstrap, self.config),
             [self.config.topic_spec(self.checkpoint_topic)],
@@ -195,13 +215,31 @@ class AckerService:
             )
         except PublisherFencedError as exc:
             raise self._fenced() from exc
-        seen = self._writer.recover()
-        found = latest_checkpoint(seen.get(self.checkpoint_topic, ()), self.name)
+        heads = self._writer.recover_heads()
+        found = latest_checkpoint(
+            self.bootstrap, self.config, self.name, heads.get(self.checkpoint_topic)
+        )
         every = self.config.acker.snapshot_every
-        if found is not None:
-            latest = found[0]
+        chains = ", ".join(
+            f"{t}: {'genesis' if h is None else f'seq {h[1].seq} at offset {h[0]}'}"
+            for t, h in heads.items()
+        )
+        if found is None:
+            log.info("acker '%s' recovery: no checkpoint, empty state; chain heads: %s",
+                     self.name, chains)
+        else:
+            at, rec = found
+            assert isinstance(rec.body, Checkpoint)
+            latest = rec.body
             self.state = AckerState.loads(latest.state, dict(latest.acks_offsets), every)
             metrics.RESTARTS.labels("acker", self.name).inc()
+            log.info(
+                "acker '%s' recovery: checkpoint #%d (%d bytes, offset %d of '%s', written at "
+                "%d ms): %d open times, %d sources; chain heads: %s", self.name,
+                self.state.checkpoints, len(latest.state), at, self.checkpoint_topic,
+                rec.written_at_ms, sum(len(t.open) for t in self.state.tables.values()),
+                len(self.state.sessions), chains,
+            )
         for sub in self.segments:
             self.state.ensure(sub, every, self.config.substream(sub).gap_ms)
         start_ms = self._last_step_ms = _now_ms()
@@ -226,6 +264,11 @@ class AckerService:
         self._assign()
         self._last_write = float("-inf")
         self.started = True
+        log.info(
+            "acker '%s' started in %.3f s: reading acks topic '%s' from offsets %s",
+            self.name, time.monotonic() - began, self.acks_topic,
+            dict(sorted(self.state.acks_offsets.items())),
+        )
 
     def _assign(self) -> None:
         """Point the acks consumer at the next expected offset of every partition."""
@@ -245,13 +288,21 @@ class AckerService:
             client.admin(self.bootstrap, self.config),
             [self.config.topic_spec(self.checkpoint_topic)],
         )
-        with ControlTail(self.bootstrap, self.checkpoint_topic, 0, self.config) as tail:
+        # From the end: only heartbeats from now on tell whether the active acker lives
+        # (reading the topic's history first would delay a take-over by its length).
+        with ControlTail(self.bootstrap, self.checkpoint_topic, OFFSET_END, self.config) as tail:
+            log.info("standby acker '%s': following the heartbeats on '%s' from its end "
+                     "(taking over after %.1f s of silence)", self.name, self.checkpoint_topic,
+                     timeout)
             last_seen = time.monotonic()
             while not stop.is_set():
                 for _, rec in tail.poll(0.1):
                     if not isinstance(rec, Corrupt) and rec.writer == self.name:
                         last_seen = time.monotonic()
-                if time.monotonic() - last_seen > timeout:
+                silent = time.monotonic() - last_seen
+                if silent > timeout:
+                    log.warning("standby acker '%s': no heartbeat for %.1f s; taking over",
+                                self.name, silent)
                     return True
         return False
 
@@ -280,8 +331,12 @@ class AckerService:
                     self._evicting.clear()
                     self._evicted_items = []
                     self.start()
+                    log.warning("acker '%s': rewound to its latest checkpoint; acks after it "
+                                "are applied again", self.name)
         finally:
             self.close()
+            log.info("acker '%s' stopped after %d notifications, %d dead letters",
+                     self.name, self.notifications, self.dead_letters)
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -550,17 +605,7 @@ class AckerService:
 
     def _dead(self, msg: Message, source: str | None, reason: str, detail: str) -> None:
         assert self._out is not None
-        self._out.write(
-            DeadLetter(
-                reason,
-                msg.topic(),
-                msg.partition(),
-                msg.offset(),
-                source,
-                msg.value() or b"",
-                detail,
-            )
-        )
+        self._out.write(DeadLetter.of(msg, reason, detail, source))
         self.dead_letters += 1
         metrics.DEAD_LETTERS.labels(self.name, reason).inc()
 

@@ -25,6 +25,7 @@ order-key check is not applied to them (inputs of several partitions interleave)
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -34,15 +35,18 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from substreams import metrics
 from substreams.acker.agent import TrackingAgent
+from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter, DeadLetterWriter
 from substreams.acker.hook import write_agent
 from substreams.acker.table import STAGE, acker_segments
 from substreams.config import Config, StageConfig
-from substreams.errors import SubstreamsError
+from substreams.errors import DecodeError, SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.publisher import Publisher
 from substreams.streams.records import Entry, SentRecord
+
+log = logging.getLogger(__name__)
 
 Transform = Callable[[Entry], Iterable[Mapping[str, Any]]]
 
@@ -147,13 +151,27 @@ class Stage:
         self.consumer.assign(
             [TopicPartition(self.stage.input, p, int(starts.get(p, 0))) for p in range(parts)]
         )
+        log.info(
+            "stage '%s' started (incarnation %s): input '%s' from offsets %s (committed by "
+            "group '%s'; a record after them whose outputs were not committed is processed "
+            "again), output '%s'", name, self.output.incarnation, self.stage.input,
+            {p: int(starts.get(p, 0)) for p in range(parts)}, self.group, self.stage.output,
+        )
         self._positions: dict[int, int] = {}
         self._gauges_due = metrics.Periodic(1.0)
         self._records_in = metrics.RECORDS.labels("stage", name, "in")
         self._records_out = metrics.RECORDS.labels("stage", name, "out")
         self.processed = 0
         self.emitted = 0
+        self.dead_letters = 0
+        self._dlq: DeadLetterWriter | None = None
         self._closed = False
+
+    def _dead_letters(self) -> DeadLetterWriter:
+        """Created on the first dead letter: most stages never write one."""
+        if self._dlq is None:
+            self._dlq = DeadLetterWriter(self.config, self.bootstrap)
+        return self._dlq
 
     def step(self, timeout: float = 0.1) -> int:
         """Process one batch of input records; returns how many were consumed."""
@@ -172,7 +190,12 @@ class Stage:
                     f"stage '{self.stage.name}': input '{self.stage.input}': {err}"
                 )
             self._positions[msg.partition()] = msg.offset() + 1
-            entry = self.decoder.decode(msg)
+            try:
+                entry = self.decoder.decode(msg)
+            except DecodeError as exc:
+                self._dead_letters().write(DeadLetter.of(msg, REASON_MALFORMED, str(exc)))
+                self.dead_letters += 1
+                continue
             if not isinstance(entry, Entry):
                 continue
             n += 1
@@ -227,9 +250,13 @@ class Stage:
         if self._closed:
             return
         self._closed = True
+        log.info("stage '%s' stopped after %d records in, %d out, %d dead letters",
+                 self.stage.name, self.processed, self.emitted, self.dead_letters)
         try:
             self.agent.unregister(self.substreams)
             self.output.close()
+            if self._dlq is not None:
+                self._dlq.close()
         finally:
             self.consumer.close()
 

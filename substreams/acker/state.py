@@ -93,6 +93,11 @@ class AckerState:
     sessions: dict[str, SourceSession] = field(default_factory=dict)
     last_notification: dict[str, tuple[Time, int] | None] = field(default_factory=dict)
     checkpoints: int = 0
+    commands: dict[str, Any] | None = None
+    """The command handler's reduced history and where it stands on the command and response
+    topics (a JSON document the handler writes and reads, :mod:`substreams.acker.handler`);
+    None when no handler ran.  In the checkpoint so that a restarted acker's handler replays
+    a few commands, not the command topic from offset 0."""
 
     def ensure(self, substream: str, snapshot_every: int, gap_ms: int | None = None) -> None:
         """Tables and trackers for ``substream`` (``gap_ms`` for a session substream)."""
@@ -130,6 +135,8 @@ class AckerState:
                 for s, v in self.last_notification.items()
             },
         }
+        if self.commands is not None:
+            doc["commands"] = self.commands
         return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
 
     @classmethod
@@ -138,11 +145,21 @@ class AckerState:
             doc = json.loads(zlib.decompress(data))
         except (zlib.error, ValueError) as exc:
             raise ProtocolError(f"acker checkpoint is not readable: {exc}") from exc
-        if doc.get("version") != STATE_VERSION:
+        version = doc.get("version") if isinstance(doc, dict) else None
+        if version != STATE_VERSION:
             raise ProtocolError(
-                f"acker checkpoint has version {doc.get('version')!r}; this acker reads "
+                f"acker checkpoint has version {version!r}; this acker reads "
                 f"version {STATE_VERSION}"
             )
+        try:
+            return cls._from_doc(doc, acks_offsets, snapshot_every)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ProtocolError(f"acker checkpoint is malformed: {exc!r}") from exc
+
+    @classmethod
+    def _from_doc(
+        cls, doc: dict[str, Any], acks_offsets: dict[int, int], snapshot_every: int
+    ) -> AckerState:
         state = cls(acks_offsets=dict(acks_offsets), checkpoints=int(doc["checkpoints"]))
         for sub, t in doc["tables"].items():
             state.tables[sub] = SegmentTable.from_state(sub, t)
@@ -153,6 +170,10 @@ class AckerState:
             s: None if v is None else (time_from_wire(v[0]), int(v[1]))
             for s, v in doc["last_notification"].items()
         }
+        commands = doc.get("commands")
+        if commands is not None and not isinstance(commands, dict):
+            raise ProtocolError("acker checkpoint: 'commands' is not a JSON object")
+        state.commands = commands
         return state
 
 

@@ -1,4 +1,4 @@
-"""`substreams bench <traffic|latency|throughput|spark|acker|soak> [--quick] [--out DIR]`.
+"""`substreams bench <traffic|latency|throughput|spark|acker|soak|recovery> [--quick] [--out DIR]`.
 
 Each benchmark runs its baselines in the same run on the same broker (an embedded one
 unless ``--bootstrap``/``$SUBSTREAMS_BOOTSTRAP`` names another), prints a table with a
@@ -25,7 +25,7 @@ from substreams.bench.harness import (
 )
 from substreams.cli.options import bootstrap_option
 
-BENCHES = ("traffic", "latency", "throughput", "spark", "acker", "soak")
+BENCHES = ("traffic", "latency", "throughput", "spark", "acker", "recovery", "soak")
 
 
 @click.command("bench")

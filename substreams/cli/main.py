@@ -19,8 +19,8 @@ from confluent_kafka import KafkaException
 from substreams.errors import SubstreamsError
 
 COMMANDS = (
-    "broker", "topics", "config", "demo", "verify", "align", "acker", "submit", "bench", "tail",
-    "ui",
+    "broker", "topics", "config", "demo", "verify", "control", "align", "acker", "submit", "bench",
+    "tail", "ui",
 )
 
 

@@ -24,6 +24,11 @@ def _table(reports: list[TopicReport]) -> Table:
         status = "[green]OK[/]" if r.broken is None else (
             f"[red]BROKEN at offset {r.broken.offset}: {r.broken.kind}[/]"
         )
+        for brk, decision in r.resumed:
+            status += (
+                f"\n[yellow]break at offset {brk.offset} ({brk.kind}) resumed by "
+                f"'{decision.operator}': {decision.reason}[/]"
+            )
         if r.start_offset:
             status += f" (from offset {r.start_offset}: earlier records deleted by retention)"
         table.add_row(r.topic, str(r.records), seqs, status)
@@ -40,11 +45,19 @@ def command(config_path: str, bootstrap: str | None, substreams: tuple[str, ...]
 
     Reports per topic the records, writers and last seq, or the FIRST break: its offset,
     writer and why (undecodable record, seq gap or duplicate, prev_digest mismatch, digest
-    mismatch = modified).  Exit code 0 when all chains hold, 1 when one is broken.
+    mismatch = modified).  Breaks an operator accepted (`substreams control resume`) are
+    listed as RESUMED and do not count.  Exit code 0 when all chains hold, 1 when one is
+    broken.
     """
     config = load_config(config_path)
     reports = verify_config(config, substreams or None, bootstrap)
     Console(file=sys.stdout, soft_wrap=False).print(_table(reports))
+    for r in reports:
+        for brk, decision in r.resumed:
+            click.echo(
+                f"RESUMED {r.topic} offset {brk.offset} writer {brk.writer}: {brk.kind}: "
+                f"accepted by '{decision.operator}': {decision.reason}"
+            )
     broken = [r for r in reports if r.broken is not None]
     for r in broken:
         assert r.broken is not None

@@ -9,15 +9,25 @@ untampered timeline: a dropped, reordered, duplicated or modified record breaks 
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from substreams.control.framing import encode_unsigned_epoch_complete
-from substreams.control.messages import ControlBody, ControlRecord, EpochComplete, record_to_wire
+from substreams.control.messages import (
+    ChainResume,
+    ControlBody,
+    ControlRecord,
+    EpochComplete,
+    record_to_wire,
+)
 from substreams.errors import ProtocolError
 from substreams.streams.framing import avro_string, zigzag_long
 from substreams.streams.schemas import protocol_codec
 
 GENESIS = bytes(32)
+
+log = logging.getLogger(__name__)
 
 
 def _unsigned(record: ControlRecord) -> tuple[bytes, bytes]:
@@ -122,24 +132,58 @@ class ChainVerifier:
         return None
 
 
+ResumeLookup = Callable[[str, int, ControlRecord], ChainResume | None]
+"""Finds the operator's :class:`ChainResume` for the record at (topic, offset), if any."""
+
+
+def resumes(body: ChainResume, offset: int, record: ControlRecord) -> bool:
+    """Whether ``body`` accepts exactly ``record`` at ``offset`` (writer, seq and digest
+    pinned: a different record at that offset is not covered by the decision)."""
+    return (
+        body.offset == offset
+        and body.writer == record.writer
+        and body.seq == record.seq
+        and body.digest == record.digest
+    )
+
+
 class TrustingVerifier:
     """A :class:`ChainVerifier` for one topic that, when started mid-topic (not ``strict``),
     trusts each writer's chain from the first record it sees of that writer (that record's
     own digest is still checked); from offset 0 every chain must start at genesis.  A reader
     whose topic lost its head to retention (log start > 0) cannot be strict: nothing before
-    the log start can be checked any more, so the chain is proven from there on."""
+    the log start can be checked any more, so the chain is proven from there on.
 
-    def __init__(self, strict: bool) -> None:
+    A break raises :class:`ProtocolError` naming the topic, offset and writer -- unless
+    ``resume`` finds an operator's :class:`ChainResume` for exactly that record (``substreams
+    control resume``): then the record is accepted as is, the writer's chain continues from
+    it, and the decision is logged and kept in ``resumed``."""
+
+    def __init__(self, strict: bool, resume: ResumeLookup | None = None) -> None:
         self.strict = strict
         self.verifier = ChainVerifier()
+        self.resume = resume
+        self.resumed: list[tuple[int, ChainResume]] = []
 
     def check(self, topic: str, offset: int, record: ControlRecord) -> None:
         heads = self.verifier.heads
         if not self.strict and record.writer not in heads:
             heads[record.writer] = ChainHead(record.seq, record.prev_digest)
         brk = self.verifier.check(offset, record)
-        if brk is not None:
+        if brk is None:
+            return
+        decision = None if self.resume is None else self.resume(topic, offset, record)
+        if decision is None:
             raise ProtocolError(
                 f"control topic '{topic}' offset {brk.offset}: broken hash chain of writer "
-                f"'{brk.writer}': {brk.reason}"
+                f"'{brk.writer}': {brk.reason}; once the record is judged acceptable, "
+                f"`substreams control resume --topic {topic} --offset {brk.offset} --reason "
+                "...` records that decision and readers continue past it"
             )
+        heads[record.writer] = ChainHead(record.seq + 1, record.digest)
+        self.resumed.append((offset, decision))
+        log.warning(
+            "control topic '%s' offset %d: broken hash chain of writer '%s' (%s) accepted: "
+            "resumed by operator '%s' (%s)", topic, offset, record.writer, brk.reason,
+            decision.operator, decision.reason,
+        )

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from substreams.config import Config
-from substreams.control.chain import ChainHead
-from substreams.control.messages import ControlBody, ControlRecord, record_from_wire
+from substreams.config import Config, load_config
+from substreams.control.chain import ChainHead, resumes
+from substreams.control.messages import ChainResume, ControlBody, ControlRecord, record_from_wire
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
 from substreams.kafka import client
 from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
@@ -36,9 +36,16 @@ class Corrupt:
 
 
 def decode_control(msg: Message) -> ControlRecord:
+    """The control record in ``msg``; :class:`ProtocolError` (and nothing else) for any bytes
+    that are not one."""
     headers = dict(msg.headers() or ())
     codec = protocol_codec("control")
-    return record_from_wire(codec.decode(msg.value() or b"", headers.get(HEADER_FINGERPRINT)))
+    try:
+        return record_from_wire(codec.decode(msg.value() or b"", headers.get(HEADER_FINGERPRINT)))
+    except ProtocolError:
+        raise
+    except (SubstreamsError, ValueError, KeyError, TypeError) as exc:
+        raise ProtocolError(f"control record is malformed: {exc}") from exc
 
 
 class ControlTail:
@@ -114,6 +121,112 @@ def read_control(
         return out
 
 
+def _scan_last(
+    consumer: Consumer,
+    topic: str,
+    start: int,
+    end: int | None,
+    match: Callable[[ControlRecord], bool],
+    timeout: float,
+) -> tuple[int, ControlRecord] | None:
+    r"""The last record in [start, end) of ``topic`` that ``match``\ es (end None: up to the
+    end of the partition).  Undecodable records are passed over: they are judged (and
+    reported) by the chain check of whoever reads them for real."""
+    consumer.assign([TopicPartition(topic, 0, start)])
+    found: tuple[int, ControlRecord] | None = None
+    deadline = time.monotonic() + timeout
+    while True:
+        if time.monotonic() > deadline:
+            raise SubstreamsError(
+                f"control topic '{topic}': no end of partition within {timeout} s"
+            )
+        for msg in consumer.consume(500, 0.2):
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return found
+                raise SubstreamsError(f"control topic '{topic}': {err}")
+            if end is not None and msg.offset() >= end:
+                return found
+            try:
+                rec = decode_control(msg)
+            except ProtocolError:
+                continue
+            if match(rec):
+                found = (msg.offset(), rec)
+            if end is not None and msg.offset() >= end - 1:
+                return found
+
+
+def find_last(
+    bootstrap: str,
+    topic: str,
+    match: Callable[[ControlRecord], bool],
+    config: Config | None = None,
+    *,
+    timeout: float = 30.0,
+    window: int = 256,
+) -> tuple[int, ControlRecord] | None:
+    r"""The last record of ``topic`` that ``match``\ es, and its offset, or None.
+
+    Why backwards: what start-up needs (a chain head, the latest checkpoint or snapshot) is
+    near the end, and a control topic only grows; reading it from offset 0 makes every start
+    slower than the last.  Windows grow fourfold from the high watermark, each read forwards
+    to where the previous began, down to the log start (past 0 once retention deleted the
+    oldest segments).  Offsets count transaction markers too, so a window may hold fewer
+    records than its size; it never misses one."""
+    consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
+    try:
+        low, high = client.watermarks(consumer, topic, 0)
+        low = max(0, low)
+        end: int | None = None
+        start = max(low, high - window)
+        while True:
+            found = _scan_last(consumer, topic, start, end, match, timeout)
+            if found is not None or start <= low:
+                return found
+            end, window = start, window * 4
+            start = max(low, start - window)
+    finally:
+        consumer.close()
+
+
+def find_resume(
+    bootstrap: str, topic: str, offset: int, record: ControlRecord, config: Config | None = None
+) -> tuple[int, ChainResume] | None:
+    """The operator's :class:`ChainResume` that accepts ``record`` at ``offset`` of ``topic``
+    and its own offset: it can only have been written after the break, so it is looked for
+    from ``offset + 1`` to the end (read only when a chain breaks)."""
+    with ControlTail(bootstrap, topic, offset + 1, config) as tail:
+        for at, rec in tail.read_to_end(30.0):
+            if (
+                isinstance(rec, ControlRecord)
+                and isinstance(rec.body, ChainResume)
+                and resumes(rec.body, offset, record)
+            ):
+                return at, rec.body
+    return None
+
+
+class ResumeLookup:
+    """:data:`~substreams.control.chain.ResumeLookup` on a broker.  Picklable (Spark ships
+    readers): it keeps the config's path and loads the config where it is used."""
+
+    def __init__(self, bootstrap: str, config: Config | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.config_path = None if config is None else str(config.path)
+        self._config = config
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_config": None}
+
+    def __call__(self, topic: str, offset: int, record: ControlRecord) -> ChainResume | None:
+        if self._config is None and self.config_path is not None:
+            self._config = load_config(self.config_path)
+        found = find_resume(self.bootstrap, topic, offset, record, self._config)
+        return None if found is None else found[1]
+
+
 class ControlWriter:
     """The single writer ``writer`` of one or more control topics, transactionally."""
 
@@ -155,8 +268,9 @@ class ControlWriter:
             raise
 
     def recover(self) -> dict[str, list[tuple[int, ControlRecord]]]:
-        """Read every topic to its end and continue each chain where this writer left it.
-        Returns the records read, by topic (the caller may rebuild state from them)."""
+        """Read every topic from offset 0 to its end and continue each chain where this
+        writer left it.  Returns the records read, by topic (for a caller that rebuilds its
+        state from all of them; one that needs only the heads uses :meth:`recover_heads`)."""
         seen: dict[str, list[tuple[int, ControlRecord]]] = {}
         for topic in self.topics:
             records = read_control(self.bootstrap, topic, self.config)
@@ -167,6 +281,22 @@ class ControlWriter:
                     head = ChainHead(rec.seq + 1, rec.digest)
             self.heads[topic] = head
         return seen
+
+    def recover_heads(self) -> dict[str, tuple[int, ControlRecord] | None]:
+        """Continue each chain from this writer's last record, found by reading each topic
+        backwards from its end (:func:`find_last`): a start-up that costs the same after a
+        year as after a minute.  Returns that record and its offset per topic (None: the
+        writer never wrote there, its chain starts at genesis)."""
+        found: dict[str, tuple[int, ControlRecord] | None] = {}
+        for topic in self.topics:
+            last = find_last(
+                self.bootstrap, topic, lambda rec: rec.writer == self.writer, self.config
+            )
+            found[topic] = last
+            self.heads[topic] = (
+                ChainHead() if last is None else ChainHead(last[1].seq + 1, last[1].digest)
+            )
+        return found
 
     def write(self, items: Sequence[tuple[str, ControlBody]]) -> list[ControlRecord]:
         """Append ``items`` (topic, body) in one transaction; all or nothing."""

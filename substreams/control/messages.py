@@ -15,6 +15,8 @@ not care whether the acker or the punctuation aligner wrote it.  The messages:
 - ``Checkpoint``: the acker's recoverable state (ignored by subscribers).
 - ``SourceEvicted``: the acker stopped waiting for a source (liveness; hash-chained like the
   rest, so an eviction is on the record).
+- ``ChainResume``: an operator accepted a broken hash chain at one offset (``substreams
+  control resume``); readers that stop at that break continue past it (see docs/design.md).
 
 Every record also carries (writer, seq, prev_digest, digest): a hash chain per writer.
 """
@@ -129,8 +131,28 @@ class SourceEvicted:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class ChainResume:
+    """An operator's decision, on the record: the record at ``offset`` of this topic, of
+    ``writer``'s chain, with sequence number ``seq`` and digest ``digest``, is accepted as is
+    and the chain continues from it.  ``digest`` pins the exact record that was judged."""
+
+    writer: str
+    offset: int
+    seq: int
+    digest: bytes
+    operator: str
+    reason: str
+
+
 ControlBody = (
-    FrontierSnapshot | FrontierUpdate | EpochComplete | WriterHeartbeat | Checkpoint | SourceEvicted
+    FrontierSnapshot
+    | FrontierUpdate
+    | EpochComplete
+    | WriterHeartbeat
+    | Checkpoint
+    | SourceEvicted
+    | ChainResume
 )
 
 
@@ -184,6 +206,15 @@ def body_to_wire(body: ControlBody) -> tuple[str, dict[str, Any]]:
             "last_seen_ms": body.last_seen_ms,
             "reason": body.reason,
         }
+    if isinstance(body, ChainResume):
+        return NS + "ChainResume", {
+            "writer": body.writer,
+            "offset": body.offset,
+            "seq": body.seq,
+            "digest": body.digest,
+            "operator": body.operator,
+            "reason": body.reason,
+        }
     return NS + "Checkpoint", {
         "acks_offsets": [{"partition": p, "offset": o} for p, o in body.acks_offsets],
         "state": body.state,
@@ -226,6 +257,11 @@ def body_from_wire(name: str, d: Mapping[str, Any]) -> ControlBody:
     if short == "SourceEvicted":
         return SourceEvicted(
             d["substream"], d["source"], d["incarnation"], int(d["last_seen_ms"]), d["reason"]
+        )
+    if short == "ChainResume":
+        return ChainResume(
+            d["writer"], int(d["offset"]), int(d["seq"]), bytes(d["digest"]), d["operator"],
+            d["reason"],
         )
     if short == "Checkpoint":
         return Checkpoint(

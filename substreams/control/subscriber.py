@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from substreams.config import Config
 from substreams.control.chain import TrustingVerifier
-from substreams.control.io import ControlTail, decode_control
+from substreams.control.io import ControlTail, ResumeLookup, decode_control, find_last
 from substreams.control.messages import (
     ControlRecord,
     EpochComplete,
@@ -74,36 +74,6 @@ Event = Data | FrontierAdvanced
 # --- finding the starting snapshot ----------------------------------------------------------------
 
 
-def _scan(
-    consumer: Consumer, topic: str, start: int, end: int | None, timeout: float
-) -> tuple[int, ControlRecord] | None:
-    """The last snapshot in [start, end) of ``topic`` (end None: up to end of partition)."""
-    consumer.assign([TopicPartition(topic, 0, start)])
-    found: tuple[int, ControlRecord] | None = None
-    deadline = _time.monotonic() + timeout
-    while True:
-        if _time.monotonic() > deadline:
-            raise SubstreamsError(
-                f"control topic '{topic}': no end of partition within {timeout} s"
-            )
-        for msg in consumer.consume(500, 0.2):
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    return found
-                raise SubstreamsError(f"control topic '{topic}': {err}")
-            if end is not None and msg.offset() >= end:
-                return found
-            try:
-                rec = decode_control(msg)
-            except (SubstreamsError, ValueError, KeyError, TypeError):
-                continue  # judged (and reported) by the chain check once read for real
-            if isinstance(rec.body, FrontierSnapshot):
-                found = (msg.offset(), rec)
-            if end is not None and msg.offset() >= end - 1:
-                return found
-
-
 def find_latest_snapshot(
     bootstrap: str,
     topic: str,
@@ -111,24 +81,12 @@ def find_latest_snapshot(
     timeout: float = 30.0,
     window: int = 256,
 ) -> tuple[int, ControlRecord] | None:
-    """The latest FrontierSnapshot of ``topic`` and its offset, or None.
-
-    A backwards search in growing windows from the high watermark, each window read forwards
-    to its end, down to the log's start offset (past 0 once retention deleted old segments).
-    """
-    consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
-    try:
-        low, high = client.watermarks(consumer, topic, 0)
-        end: int | None = None
-        start = max(low, high - window)
-        while True:
-            found = _scan(consumer, topic, start, end, timeout)
-            if found is not None or start <= low:
-                return found
-            end, window = start, window * 4
-            start = max(low, start - window)
-    finally:
-        consumer.close()
+    """The latest FrontierSnapshot of ``topic`` and its offset, or None (a backwards search
+    from the high watermark: :func:`~substreams.control.io.find_last`)."""
+    return find_last(
+        bootstrap, topic, lambda rec: isinstance(rec.body, FrontierSnapshot), config,
+        timeout=timeout, window=window,
+    )
 
 
 def _log_start(bootstrap: str, topic: str, config: Config | None) -> int:
@@ -147,7 +105,8 @@ class Subscriber:
     begins at each topic's latest FrontierSnapshot (offset 0 if it has none), ``beginning``
     at offset 0 with empty frontiers.  ``mode`` defaults to the substreams' configured bound.
     Every control record read counts as one CONTROL_READ of its substream.  A corrupt record
-    or a broken hash chain raises :class:`ProtocolError` naming the topic and offset.
+    or a broken hash chain raises :class:`ProtocolError` naming the topic and offset (a break
+    an operator accepted with ``substreams control resume`` is passed, and logged).
     """
 
     def __init__(
@@ -217,7 +176,9 @@ class Subscriber:
                 else None
             )
             strict = found is None and _log_start(self.bootstrap, topic, self.config) == 0
-            self.verifiers[topic] = TrustingVerifier(strict=strict)
+            self.verifiers[topic] = TrustingVerifier(
+                strict=strict, resume=ResumeLookup(self.bootstrap, self.config)
+            )
             if found is None:
                 self.frontiers.start(topic, (), ())
                 self._data_from[topic] = {}

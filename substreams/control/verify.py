@@ -4,8 +4,10 @@ Why from offset 0: a hash chain only proves continuity from a point one trusts, 
 point everyone trusts is the genesis digest.  Once retention moved a topic's log start past 0
 the genesis is gone: each writer's chain is then proven from its first remaining record (whose
 own digest is still checked), and the report says from which offset (``start_offset``).
-The walk stops judging a topic at its FIRST break (everything after it is unprovable) but
-keeps counting records so the report shows how much of the topic is affected.
+The first break that no operator accepted is what counts (everything after it is
+unprovable); the walk keeps counting records so the report shows how much of the topic is
+affected, and lists the breaks an operator accepted with ``substreams control resume`` (see
+docs/design.md, "Resuming a broken chain").
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from substreams.config import Config
-from substreams.control.chain import ChainHead, ChainVerifier, compute_digest
-from substreams.control.io import ControlTail, Corrupt
-from substreams.control.messages import ControlRecord
+from substreams.control.chain import ChainHead, ChainVerifier, compute_digest, resumes
+from substreams.control.io import ControlTail, ControlWriter, Corrupt, find_resume
+from substreams.control.messages import ChainResume, ControlRecord
 from substreams.errors import SubstreamsError
 from substreams.kafka import client
 
@@ -37,6 +39,8 @@ class Break:
     writer: str
     kind: str
     detail: str
+    record: ControlRecord | None = field(default=None, compare=False, repr=False)
+    """The record that breaks the chain (None when undecodable)."""
 
 
 @dataclass
@@ -47,13 +51,20 @@ class TopicReport:
     substream: str
     records: int = 0
     last_seq: dict[str, int] = field(default_factory=dict)
-    broken: Break | None = None
+    breaks: list[Break] = field(default_factory=list)
+    """Breaks no operator accepted, in topic order (the first one is what counts)."""
+    resumed: list[tuple[Break, ChainResume]] = field(default_factory=list)
+    """Breaks an operator accepted (``substreams control resume``), with the decision."""
     start_offset: int = 0
     """Where the walk started: the log start (0 unless retention deleted the head)."""
 
     @property
+    def broken(self) -> Break | None:
+        return self.breaks[0] if self.breaks else None
+
+    @property
     def ok(self) -> bool:
-        return self.broken is None
+        return not self.breaks
 
 
 def classify(head: ChainHead, record: ControlRecord) -> str | None:
@@ -71,10 +82,15 @@ def classify(head: ChainHead, record: ControlRecord) -> str | None:
 
 def verify_topic(bootstrap: str, topic: str, substream: str, config: Config | None = None,
                  idle_timeout: float = 30.0) -> TopicReport:
-    """Walk ``topic`` from offset 0 to its end, checking every writer's chain; stop judging
-    at the first break.  ``idle_timeout``: give up after that long without progress."""
+    """Walk ``topic`` from offset 0 to its end, checking every writer's chain.
+
+    A break is provisional until the end of the topic: an operator's later
+    :class:`ChainResume` for exactly that record moves it to ``resumed``, and the writer's
+    chain is judged on from the accepted record (as readers do).  Undecodable records can
+    not be resumed.  ``idle_timeout``: give up after that long without progress."""
     report = TopicReport(topic, substream)
     verifier = ChainVerifier()
+    pending: dict[int, tuple[Break, ControlRecord]] = {}
     with ControlTail(bootstrap, topic, 0, config) as tail:
         report.start_offset = tail.log_start()
         deadline = time.monotonic() + idle_timeout
@@ -88,25 +104,33 @@ def verify_topic(bootstrap: str, topic: str, substream: str, config: Config | No
                 )
             for offset, rec in batch:
                 report.records += 1
-                if (
-                    report.start_offset
-                    and not isinstance(rec, Corrupt)
-                    and rec.writer not in verifier.heads
-                ):  # the head was deleted by retention: anchor on the first remaining record
+                if isinstance(rec, Corrupt):
+                    report.breaks.append(Break(offset, "?", UNDECODABLE, rec.reason))
+                    continue
+                if report.start_offset and rec.writer not in verifier.heads:
+                    # the head was deleted by retention: anchor on the first remaining record
                     verifier.heads[rec.writer] = ChainHead(rec.seq, rec.prev_digest)
-                if report.broken is None:
-                    report.broken = _judge(verifier, report, offset, rec)
+                brk = _judge(verifier, report, offset, rec)
+                if brk is not None:
+                    report.breaks.append(brk)
+                    pending[offset] = (brk, rec)
+                    verifier.heads[rec.writer] = ChainHead(rec.seq + 1, rec.digest)
+                body = rec.body
+                if isinstance(body, ChainResume) and body.offset in pending:
+                    brk, broken = pending[body.offset]
+                    if resumes(body, body.offset, broken):
+                        del pending[body.offset]
+                        report.breaks.remove(brk)
+                        report.resumed.append((brk, body))
     return report
 
 
 def _judge(verifier: ChainVerifier, report: TopicReport, offset: int,
-           rec: ControlRecord | Corrupt) -> Break | None:
-    if isinstance(rec, Corrupt):
-        return Break(offset, "?", UNDECODABLE, rec.reason)
+           rec: ControlRecord) -> Break | None:
     kind = classify(verifier.heads.get(rec.writer, ChainHead()), rec)
     brk = verifier.check(offset, rec)
     if brk is not None:
-        return Break(offset, rec.writer, kind or MODIFIED, brk.reason)
+        return Break(offset, rec.writer, kind or MODIFIED, brk.reason, rec)
     report.last_seq[rec.writer] = rec.seq
     return None
 
@@ -122,3 +146,48 @@ def verify_config(
     return [
         verify_topic(server, config.acker.control_topic(n), n, config) for n in names
     ]
+
+
+def record_resume(
+    config: Config,
+    topic: str,
+    offset: int,
+    reason: str,
+    operator: str,
+    bootstrap: str | None = None,
+) -> tuple[int, ChainResume]:
+    """Record on ``topic`` the operator's decision to accept the chain break at ``offset``
+    (a :class:`ChainResume`, hash-chained in the writer ``operator.<operator>``'s own chain);
+    returns where it was written.  Refused unless ``offset`` is a break no one accepted yet,
+    and for undecodable records (there is no chain to continue)."""
+    if not reason.strip():
+        raise SubstreamsError("give the reason for the decision (--reason): it is recorded")
+    server = client.resolve_bootstrap(config, bootstrap)
+    report = verify_topic(server, topic, "", config)
+    if any(b.offset == offset for b, _ in report.resumed):
+        raise SubstreamsError(f"control topic '{topic}' offset {offset}: already resumed")
+    brk = next((b for b in report.breaks if b.offset == offset), None)
+    if brk is None:
+        found = ", ".join(str(b.offset) for b in report.breaks) or "none"
+        raise SubstreamsError(
+            f"control topic '{topic}' has no broken hash chain at offset {offset} "
+            f"(unaccepted breaks at: {found})"
+        )
+    if brk.record is None:
+        raise SubstreamsError(
+            f"control topic '{topic}' offset {offset}: the record is undecodable; there is no "
+            "chain to resume (readers stop there: restore the topic or re-create it)"
+        )
+    rec = brk.record
+    decision = ChainResume(rec.writer, offset, rec.seq, rec.digest, operator, reason)
+    name = f"operator.{operator}"
+    writer = ControlWriter(server, name, [topic], config, transactional_id=f"substreams.{name}")
+    try:
+        writer.recover()
+        writer.write([(topic, decision)])
+    finally:
+        writer.close()
+    written = find_resume(server, topic, offset, rec, config)
+    if written is None:  # pragma: no cover - read_committed sees the committed write
+        raise SubstreamsError(f"control topic '{topic}': the decision was not read back")
+    return written

@@ -95,15 +95,20 @@ class Punctuation:
             raise ProtocolError(
                 f"punctuation at partition {partition} offset {index}: unknown kind {kind!r}"
             )
-        return Punctuation(
-            kind,
-            str(fields["producer"]),
-            str(fields["substream"]),
-            None if raw is None else time_from_wire(raw),
-            partition,
-            index,
-            int(fields.get("sent_at_ms", 0)),
-        )
+        try:
+            return Punctuation(
+                kind,
+                str(fields["producer"]),
+                str(fields["substream"]),
+                None if raw is None else time_from_wire(raw),
+                partition,
+                index,
+                int(fields.get("sent_at_ms", 0)),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProtocolError(
+                f"punctuation at partition {partition} offset {index}: malformed: {exc}"
+            ) from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,17 +9,32 @@ punctuations grows with every task, which the ``PUNCTUATION_READ`` counter makes
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from substreams.config import Config
 from substreams.control.traffic import PUNCTUATION_READ, TRAFFIC
-from substreams.errors import SubstreamsError
+from substreams.errors import DecodeError, SubstreamsError
 from substreams.kafka import client
 from substreams.punctuation.aligner import Aligner, Bound, Event, Punctuation
 from substreams.streams.listener import PunctuationEntry, StreamDecoder, track_message
+from substreams.streams.records import Entry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A data-topic message that could not be decoded (skipped by the reader)."""
+
+    partition: int
+    offset: int
+    raw: bytes
+    reason: str
 
 
 class PunctuatedReader:
@@ -63,6 +78,9 @@ class PunctuatedReader:
         )
         self.positions: dict[int, int] = {}
         self.punctuations_read = 0
+        self.malformed: list[Malformed] = []
+        """Messages that are neither a record of the stream nor a punctuation, in the order
+        read (the caller takes them; the aligner service dead-letters them)."""
         self._at_eof: set[int] = set()
         self._consumer: Consumer = client.consumer(
             self.bootstrap, config, **{"enable.partition.eof": True}
@@ -83,15 +101,25 @@ class PunctuatedReader:
         for msg in self._consumer.consume(max_messages, timeout):
             if not track_message(msg, self.stream, self.positions, self._at_eof):
                 continue
-            entry = self.decoder.decode(msg)
-            if isinstance(entry, PunctuationEntry):
-                p = Punctuation.from_wire(entry.fields, entry.partition, entry.index)
-                if p.substream == self.substream:
-                    self.punctuations_read += 1
-                    TRAFFIC.add(PUNCTUATION_READ, self.substream)
-                    out.extend(self.aligner.on_punctuation(p))
-            else:
+            try:
+                entry = self.decoder.decode(msg)
+                p = (
+                    Punctuation.from_wire(entry.fields, entry.partition, entry.index)
+                    if isinstance(entry, PunctuationEntry)
+                    else None
+                )
+            except DecodeError as exc:
+                log.warning("stream '%s' partition %d offset %d: %s (skipped)", self.stream,
+                            msg.partition(), msg.offset(), exc)
+                self.malformed.append(Malformed(msg.partition(), msg.offset(),
+                                                msg.value() or b"", str(exc)))
+                continue
+            if isinstance(entry, Entry):
                 out.extend(self.aligner.on_record(entry))
+            elif p is not None and p.substream == self.substream:
+                self.punctuations_read += 1
+                TRAFFIC.add(PUNCTUATION_READ, self.substream)
+                out.extend(self.aligner.on_punctuation(p))
         return out
 
     def events(self, idle_timeout: float | None = None) -> Iterator[Event]:

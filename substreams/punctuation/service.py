@@ -14,13 +14,16 @@ re-reads the data topic *from the start* and skips every time already announced.
 is a function of what was read, so the replay re-derives the open times; the cost is a full
 re-read of the data topic on start-up, which retention bounds.  Late records (see
 :mod:`substreams.punctuation.aligner`) go to the dead-letter topic as JSON
-``{"reason", "stream", "partition", "offset", "substream"}``; the ones already there are read
-back on start so that a restart does not report them twice.
+``{"reason", "stream", "partition", "offset", "substream"}``, and so do undecodable
+messages (reason ``malformed``, with ``detail`` and the base64 ``raw`` bytes); the ones already
+there are read back on start so that a restart does not report them twice.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -37,9 +40,11 @@ from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.punctuation.aligner import Event, Late, Terminated
-from substreams.punctuation.reader import PunctuatedReader
+from substreams.punctuation.reader import Malformed, PunctuatedReader
 
 DeadKey = tuple[str, int, int]
+
+log = logging.getLogger(__name__)
 
 
 class PunctuationAligner:
@@ -62,6 +67,7 @@ class PunctuationAligner:
         self.writer_name = f"aligner.{substream}"
         self.tracker = ProgressTracker(substream, config.acker.snapshot_every)
         self.late = 0
+        self.malformed = 0
         self._announced: set[Time] = set()
         self._dead: set[DeadKey] = set()
         self._last_heartbeat = time.monotonic()
@@ -78,7 +84,11 @@ class PunctuationAligner:
     # -- recovery ------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        for _, rec in self.writer.recover()[self.topic]:
+        began = time.monotonic()
+        log.info("aligner '%s' starting: writer '%s' of '%s'", self.substream, self.writer_name,
+                 self.topic)
+        records = self.writer.recover()[self.topic]
+        for _, rec in records:
             body = rec.body
             if (
                 isinstance(body, EpochComplete)
@@ -90,6 +100,13 @@ class PunctuationAligner:
         self._dead = self._read_dead_letters()
         if self._announced:  # resumed where an earlier run of this aligner stopped
             metrics.RESTARTS.labels("aligner", self.substream).inc()
+        log.info(
+            "aligner '%s' recovery in %.3f s: read %d control records of '%s' from offset 0 "
+            "(%d times announced), %d dead letters of '%s'; re-reading data topic '%s' from "
+            "its start (announced times are skipped)", self.substream,
+            time.monotonic() - began, len(records), self.topic, len(self._announced),
+            len(self._dead), self.dead_letter_topic, self.reader.stream,
+        )
 
     def _read_dead_letters(self, timeout: float = 10.0) -> set[DeadKey]:
         seen: set[DeadKey] = set()
@@ -150,6 +167,9 @@ class PunctuationAligner:
                 metrics.observe_notification(self.writer_name, self.substream, ev.sealed_at_ms, now)
             elif isinstance(ev, Late):
                 late = self._dead_letter(ev) or late
+        for bad in self.reader.malformed:
+            late = self._malformed(bad) or late
+        self.reader.malformed.clear()
         if late:
             self._dlq.flush(10)
         if time.monotonic() - self._last_heartbeat >= self.config.acker.heartbeat_ms / 1000:
@@ -189,20 +209,33 @@ class PunctuationAligner:
 
     def _dead_letter(self, ev: Late) -> bool:
         e = ev.entry
-        key = (e.stream, e.partition, e.index)
         self.late += 1
-        if key in self._dead:
+        return self._write_dead(ev.reason, e.partition, e.index, {})
+
+    def _malformed(self, bad: Malformed) -> bool:
+        """An undecodable data-topic message: dead-lettered with the reason and the raw
+        bytes (base64), like the acker's ``malformed`` dead letters."""
+        self.malformed += 1
+        extra = {"detail": bad.reason, "raw": base64.b64encode(bad.raw).decode()}
+        return self._write_dead("malformed", bad.partition, bad.offset, extra)
+
+    def _write_dead(self, reason: str, partition: int, offset: int, extra: dict[str, str]) -> bool:
+        key = (self.reader.stream, partition, offset)
+        if key in self._dead:  # written before a restart
             return False
         self._dead.add(key)
         value = {
-            "reason": ev.reason,
-            "stream": e.stream,
-            "partition": e.partition,
-            "offset": e.index,
+            "reason": reason,
+            "stream": self.reader.stream,
+            "partition": partition,
+            "offset": offset,
             "substream": self.substream,
+            **extra,
         }
+        log.warning("dead letter: %s at %s[%d]@%d%s", reason, self.reader.stream, partition,
+                    offset, f": {extra['detail']}" if "detail" in extra else "")
         self._dlq.produce(self.dead_letter_topic, json.dumps(value).encode(), partition=0)
-        metrics.DEAD_LETTERS.labels(self.writer_name, ev.reason).inc()
+        metrics.DEAD_LETTERS.labels(self.writer_name, reason).inc()
         return True
 
     def run(self, stop: threading.Event) -> None:

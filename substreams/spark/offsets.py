@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from substreams.config import load_config
 from substreams.control.chain import TrustingVerifier
-from substreams.control.io import ControlTail, Corrupt
+from substreams.control.io import ControlTail, Corrupt, ResumeLookup
 from substreams.control.messages import ControlRecord, EpochComplete, OffsetRange
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
 from substreams.errors import ProtocolError, SubstreamsError
@@ -105,8 +105,12 @@ class ControlScanner:
         self.close()
         self.base = self.scanned_to = start
         self.notes = {}
-        self._tail = ControlTail(self.bootstrap, self.topic, start, load_config(self.config_path))
-        self.verifier = TrustingVerifier(strict=start == 0 and self._tail.log_start() == 0)
+        config = load_config(self.config_path)
+        self._tail = ControlTail(self.bootstrap, self.topic, start, config)
+        self.verifier = TrustingVerifier(
+            strict=start == 0 and self._tail.log_start() == 0,
+            resume=ResumeLookup(self.bootstrap, config),
+        )
 
     def _take(self, offset: int, rec: object) -> None:
         if isinstance(rec, Corrupt):

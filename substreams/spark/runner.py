@@ -9,6 +9,7 @@ epoch is sealed on the output stream so that a downstream job sees it complete.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,8 @@ from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.spark.operator import EpochInfo, EpochOperator, Row, group_epochs
 from substreams.spark.sink import BatchSink
+
+log = logging.getLogger(__name__)
 
 
 class EpochBatchHandler:
@@ -57,6 +60,10 @@ class EpochBatchHandler:
 
     def handle(self, batch_id: int, epochs: list[EpochInfo]) -> None:
         op = self.operator
+        log.info(
+            "batch %d: %d epochs%s", batch_id, len(epochs),
+            f" ({epochs[0].time!r} .. {epochs[-1].time!r})" if epochs else "",
+        )
         sink = self._sink()
         if batch_id <= self._last_batch:  # Spark replays a batch it had not committed
             metrics.REWINDS.labels("spark", self.query_name).inc()
@@ -148,6 +155,13 @@ def run(
         .foreachBatch(handler)
     )
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=trigger)
+    resumed = (location / "offsets").is_dir()
+    log.info(
+        "spark runner: query '%s' on substream '%s' starting; checkpoint %s (%s)", name,
+        substream, location,
+        "exists: Spark resumes from its offsets, a batch it replays is skipped by the sink"
+        if resumed else "new: from the control topic's start",
+    )
     query = writer.start()
     _HANDLERS[query.id] = handler
     if block or once:
@@ -157,6 +171,7 @@ def run(
             query.stop()
         finally:
             stop_handler(query)
+            log.info("spark runner: query '%s' stopped", name)
     return query
 
 

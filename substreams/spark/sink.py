@@ -14,6 +14,7 @@ the seals); sealing a time twice is harmless.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,9 @@ from substreams.kafka.topics import ensure_topics
 
 Row = dict[str, Any]
 UNLIMITED = 1 << 31
+
+
+log = logging.getLogger(__name__)
 
 
 def commit_topic(stream: str) -> str:
@@ -86,6 +90,8 @@ class BatchSink:
         )
         # After init_transactions (which fenced any zombie): nothing of it can commit later.
         self.committed = read_commits(bootstrap, config, stream).get(source_id, -1)
+        log.info("sink '%s' of stream '%s': last committed batch %d (read from '%s')",
+                 source_id, stream, self.committed, commit_topic(stream))
         self.output_substreams = [s.name for s in config.substreams_of(stream)]
 
     def write(
@@ -97,6 +103,9 @@ class BatchSink:
         """Publish ``results`` (row, key) and the commit marker in one transaction, unless
         ``batch_id`` is already committed; then apply ``seals`` in order.  True if written."""
         written = batch_id > self.committed
+        if not written:
+            log.warning("sink '%s': batch %d is a replay (batch %d was committed): results "
+                        "skipped, seals repeated", self.source_id, batch_id, self.committed)
         if written:
             pub = self.publisher
             for row, key in results:

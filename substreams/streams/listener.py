@@ -17,7 +17,7 @@ from typing import Any, Literal
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from substreams.config import Config
-from substreams.errors import SubstreamsError
+from substreams.errors import ProtocolError, SchemaMismatchError, SubstreamsError
 from substreams.kafka import client
 from substreams.streams.records import Entry, times_from_wire
 from substreams.streams.schemas import (
@@ -56,12 +56,21 @@ class StreamDecoder:
         self.punct = protocol_codec("punctuation")
 
     def decode(self, msg: Message) -> Entry | PunctuationEntry:
+        """The entry in ``msg``.  For any bytes that are not one: :class:`SchemaMismatchError`
+        for a data record, :class:`ProtocolError` for a punctuation (both ``DecodeError``)."""
         headers = dict(msg.headers() or ())
         value = msg.value() or b""
         if headers.get(HEADER_TYPE) == TYPE_PUNCTUATION:
-            fields = self.punct.decode(value, headers.get(HEADER_FINGERPRINT))
+            try:
+                fields = self.punct.decode(value, headers.get(HEADER_FINGERPRINT))
+            except SubstreamsError as exc:
+                raise ProtocolError(f"stream '{self.stream}': punctuation: {exc}") from exc
             return PunctuationEntry(self.stream, msg.partition(), msg.offset(), fields)
         rec = self.codec.decode(value, headers.get(HEADER_FINGERPRINT, b"<none>"))
+        try:
+            times = times_from_wire(rec["times"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SchemaMismatchError(f"stream '{self.stream}': malformed times: {exc}") from exc
         return Entry(
             stream=self.stream,
             partition=msg.partition(),
@@ -69,7 +78,7 @@ class StreamDecoder:
             order_key=rec["order_key"],
             tracking_id=rec["tracking_id"],
             source=rec["source"],
-            times=times_from_wire(rec["times"]),
+            times=times,
             payload=rec["payload"],
         )
 

@@ -26,7 +26,6 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from substreams.acker.commands import format_time, format_times
-from substreams.acker.service import latest_checkpoint
 from substreams.acker.state import AckerState, source_liveness
 from substreams.config import Config
 from substreams.control.io import decode_control
@@ -165,9 +164,8 @@ class DashboardModel:
             if rec.writer != self.config.acker.name:
                 return False
             self._acker_seen_ms = rec.written_at_ms
-            found = latest_checkpoint([(0, rec)], self.config.acker.name)
-            if found is not None:
-                self._load_checkpoint(found[0], found[1])
+            if isinstance(body, Checkpoint):
+                self._load_checkpoint(body, rec.written_at_ms)
             return True
         sub = self._by_topic.get(topic)
         if sub is None:

@@ -55,10 +55,10 @@ def tumbling(make_config: ConfigFactory) -> Config:
 
 
 @contextmanager
-def running_acker(config: Config) -> Iterator[CommandHandler]:
+def running_acker(config: Config, **handler_options: Any) -> Iterator[CommandHandler]:
     """An AckerService with the command handler, in a thread; stopped cleanly on exit."""
     service = AckerService(config)
-    handler = CommandHandler(config, service.bootstrap, service.name)
+    handler = CommandHandler(config, service.bootstrap, service.name, **handler_options)
     service.command_handler = handler
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -326,3 +326,35 @@ def test_cli_rejects_malformed_times(text: str, make_config: ConfigFactory) -> N
         cli, ["acker", "peek", "-c", str(config.path), "-s", config.substreams[0].name, "-t", text]
     )
     assert result.exit_code == 2 and "cannot read time" in result.output
+
+
+def test_restarted_handler_starts_from_the_checkpointed_history_not_offset_0(
+    make_config: ConfigFactory,
+) -> None:
+    """The reduced command history rides in the acker's checkpoint: a restarted handler
+    replays it and the commands after it, not the command topic from offset 0."""
+    from substreams.acker.service import latest_state
+
+    config = tumbling(make_config)
+    sub = config.substreams[0].name
+    with AckerClient(config, controller="job") as ctl:
+        with running_acker(config, capture_interval_ms=0) as first:
+            ctl.connect(timeout=10)
+            ctl.configure([sub])
+            ctl.allow_compaction(sub, [5])
+            for _ in range(5):
+                ctl.status()
+            sent = first.commands_seen
+
+            def saved_position() -> int | None:
+                found = latest_state(config)
+                commands = None if found is None else found[0].commands
+                return None if commands is None or commands["position"] < sent else 1
+
+            eventually(saved_position)
+        assert first.replayed_from == 0  # its first start had nothing saved
+        with running_acker(config) as handler:
+            st = ctl.status()
+            assert st.configured == (sub,) and st.substreams[0].since == (5,)
+            assert handler.replayed_from >= sent > 0
+            assert handler.replayed < sent

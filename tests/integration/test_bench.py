@@ -157,3 +157,28 @@ def test_each_configuration_runs_on_a_fresh_embedded_broker(
         assert seen[0] != seen[1]
         assert not broker_answers(seen[0])
     assert not broker_answers(seen[1])
+
+
+def test_bench_recovery_quick_writes_json_and_png(bootstrap: str, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = bench("recovery", "--quick", "--out", str(out), "--bootstrap", bootstrap)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "target met" in done.stdout and "bench recovery (quick)" in done.stdout
+
+    data = json.loads((out / "recovery.json").read_text())
+    assert data["name"] == "recovery" and data["quick"] is True
+    assert [r["notifications"] for r in data["rows"]] == [1_000, 10_000]
+    for row in data["rows"]:
+        # one EpochComplete per notification plus a snapshot every 100 (snapshot_every)
+        assert row["control_records"] == row["notifications"] * 101 // 100, row
+        assert row["checkpoints"] == row["notifications"] // 1000, row
+        assert row["replay_records"] >= row["control_records"] + 2 * row["checkpoints"], row
+        for field in ("startup_s", "takeover_s", "replay_s"):
+            assert isinstance(row[field], float) and row[field] > 0, (field, row)
+    assert [t["name"] for t in data["targets"]] == [
+        "acker start-up after 10,000",
+        "acker start-up: 10,000 vs 1,000",
+        "standby take-over after 10,000",
+        "standby take-over: 10,000 vs 1,000",
+    ]
+    assert (out / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

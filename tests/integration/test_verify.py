@@ -15,7 +15,7 @@ from substreams.control.chain import ChainHead
 from substreams.control.io import ControlWriter, now_ms, read_control
 from substreams.control.messages import EpochComplete, WriterHeartbeat, record_to_wire
 from substreams.control.progress import ProgressTracker
-from substreams.control.subscriber import Subscriber
+from substreams.control.subscriber import Data, Subscriber
 from substreams.control.verify import (
     MODIFIED,
     PREV_MISMATCH,
@@ -151,3 +151,67 @@ def test_classify_names_every_kind_of_break() -> None:
     assert classify(ChainHead(2, recs[1].digest), recs[1]) == SEQ_DUPLICATE
     assert classify(after_first, replace(recs[1], prev_digest=bytes(32))) == PREV_MISMATCH
     assert classify(after_first, replace(recs[1], written_at_ms=2)) == MODIFIED
+
+
+def test_operator_resume_lets_readers_continue_past_a_lost_record(
+    make_config: ConfigFactory,
+) -> None:
+    """A record of the writer's chain is lost: readers stop at the next one and name its
+    offset; `substreams control resume` records the operator's decision on the topic, and
+    readers (and `verify`) then continue past that break -- and only that one."""
+    config = make_config(
+        [{"name": "clicks", "partitions": 1}],
+        [{"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}],
+    )
+    name = config.substreams[0].name
+    topic = config.acker.control_topic(name)
+    writer = ControlWriter(config.kafka.bootstrap, config.acker.name, [topic], config)
+    tracker = ProgressTracker(name, snapshot_every=100)
+    for t in range(5):
+        tracker.activate(t)
+    writer.write([(topic, b) for b in tracker.complete(0, (), 0, now_ms())])
+    writer.write([(topic, b) for b in tracker.complete(1, (), 0, now_ms())])
+    writer.heads[topic].append(writer.writer, WriterHeartbeat(name), now_ms())  # lost
+    writer.write([(topic, b) for b in tracker.complete(2, (), 0, now_ms())])
+    writer.write([(topic, b) for b in tracker.complete(3, (), 0, now_ms())])
+    writer.close()
+    [(gap, _)] = [(o, r) for o, r in read_control(config.kafka.bootstrap, topic, config)
+                  if isinstance(r.body, EpochComplete) and r.body.time == 2]
+
+    def read_all() -> list[int]:
+        seen = []
+        with Subscriber(config, [name], start="beginning", mode="firm") as sub:
+            for _ in range(15):
+                seen += [e.time for e in sub.poll(0.2) if isinstance(e, Data)]
+        return seen
+
+    with pytest.raises(ProtocolError) as err:
+        read_all()
+    assert f"control topic '{topic}' offset {gap}" in str(err.value)
+    assert "substreams control resume" in str(err.value)
+
+    runner = CliRunner()
+    assert "ChainResume" in runner.invoke(cli, ["control", "resume", "--help"]).output
+    refused = runner.invoke(cli, ["control", "resume", "-c", str(config.path), "--substream",
+                                  name, "--offset", "0", "--reason", "no break there"])
+    assert refused.exit_code == 2 and "no broken hash chain at offset 0" in refused.output
+    assert f"unaccepted breaks at: {gap}" in refused.output
+    result = runner.invoke(cli, ["control", "resume", "-c", str(config.path), "--substream", name,
+                                 "--offset", str(gap), "--reason", "heartbeat lost in a test",
+                                 "--operator", "ops"])
+    assert result.exit_code == 0, result.output
+    assert f"offset {gap}" in result.output and "accepted by 'ops'" in result.output
+
+    assert read_all() == [0, 1, 2, 3]  # past the break, in order, nothing lost after it
+    (report,) = verify_config(config, [name])
+    assert report.ok, report.breaks
+    [(brk, decision)] = report.resumed
+    assert brk.offset == gap and brk.kind == SEQ_GAP
+    assert (decision.operator, decision.reason) == ("ops", "heartbeat lost in a test")
+    again = runner.invoke(cli, ["control", "resume", "-c", str(config.path), "--substream", name,
+                                "--offset", str(gap), "--reason", "twice"])
+    assert again.exit_code == 2 and "already resumed" in again.output
+    shown = runner.invoke(cli, ["verify", "-c", str(config.path), "--substream", name])
+    assert shown.exit_code == 0, shown.output
+    line = f"RESUMED {topic} offset {gap} writer {config.acker.name}: seq gap: accepted by 'ops'"
+    assert line in shown.output
