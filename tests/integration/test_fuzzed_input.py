@@ -42,6 +42,7 @@ from substreams.acker.commands import (
 )
 from substreams.acker.deadletter import read_dead_letters
 from substreams.acker.table import SOURCE
+from substreams.app import Application
 from substreams.config import Config
 from substreams.errors import DecodeError
 from substreams.frontier import Keyed
@@ -50,7 +51,6 @@ from substreams.punctuation.aligner import Punctuation
 from substreams.punctuation.service import PunctuationAligner
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.listener import PunctuationEntry, StreamDecoder
-from substreams.streams.publisher import Publisher
 from substreams.streams.schemas import TYPE_PUNCTUATION, Codec, envelope_schema, protocol_codec
 from tests.conftest import CLICK_SCHEMA, ConfigFactory
 
@@ -138,7 +138,7 @@ def test_acker_process_dead_letters_fuzzed_acks_and_commands(make_config: Config
             ctl.connect(timeout=30)
         ack_offsets = produce_all(config.kafka.bootstrap, config.acker.acks_topic, fuzzed_acks)
         cmd_offsets = produce_all(config.kafka.bootstrap, config.acker.command_topic, fuzzed_cmds)
-        with Publisher(config, stream, "a") as pub:  # the acker still tracks real sources
+        with Application(config).publisher(stream, "a") as pub:  # the acker still tracks real sources
             pub.publish({"user": "x", "url": "/1", "ts": 1})
             pub.seal(sub, 1)
         bad_acks = {
@@ -226,7 +226,7 @@ def test_aligner_dead_letters_fuzzed_data_records(
         (mutate(rng, envelope), data_headers) if i % 2 else (mutate(rng, punct), punct_headers)
         for i in range(FUZZED)
     ]
-    with Publisher(config, stream, "a") as pub:
+    with Application(config).publisher(stream, "a") as pub:
         pub.publish({"user": "x", "url": "/1", "ts": 10}, partition=0)
         pub.flush()
         offsets = produce_all(config.kafka.bootstrap, stream, fuzzed)

@@ -17,10 +17,10 @@ from confluent_kafka import Producer
 
 from substreams.acker.agent import AckMessage, Evict, ack_headers, acks_partition, encode_ack
 from substreams.acker.stage import Stage
+from substreams.app import Application
 from substreams.frontier import Time
 from substreams.spark.operator import EpochInfo, EpochOperator, Row
 from substreams.spark.runner import EpochBatchHandler
-from substreams.streams.publisher import Publisher
 from substreams.streams.records import Entry
 from substreams.streams.schemas import Codec, envelope_schema
 from tests.conftest import CLICK_SCHEMA, ConfigFactory
@@ -49,13 +49,13 @@ def test_acker_and_standby_log_start_recovery_takeover_eviction_and_dead_letters
     stream, sub = config.streams[0].name, config.substreams[0].name
     name, cp = config.acker.name, config.acker.checkpoint_topic(None)
     producer = Producer({"bootstrap.servers": config.kafka.bootstrap})
-    with Publisher(config, stream, "a") as pub:
+    with Application(config).publisher(stream, "a") as pub:
         with acker(config):
             pub.publish({"user": "u", "url": "/0", "ts": 0})
             pub.seal(sub, 0)
             wait_notifications(config, sub, 1)
         with acker(config, standby=True) as standby:  # nobody is active: it takes over
-            Publisher(config, stream, "gone").abort()  # registered, never sealing
+            Application(config).publisher(stream, "gone").abort()  # registered, never sealing
             producer.produce(config.acker.acks_topic, b"\x07 not an ack", headers=ack_headers())
             producer.flush(10)
             deadline = time.monotonic() + 30
@@ -98,7 +98,7 @@ def test_stage_logs_start_from_committed_offsets_and_dead_letters(
     def same(entry: Entry) -> Iterable[Mapping[str, Any]]:
         return [entry.payload]
 
-    with Publisher(config, clicks, "a") as pub:
+    with Application(config).publisher(clicks, "a") as pub:
         pub.publish({"user": "u", "url": "/0", "ts": 0})
     producer = Producer({"bootstrap.servers": config.kafka.bootstrap})
     producer.produce(clicks, b"\x01garbage", partition=0,
