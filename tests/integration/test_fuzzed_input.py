@@ -138,7 +138,8 @@ def test_acker_process_dead_letters_fuzzed_acks_and_commands(make_config: Config
             ctl.connect(timeout=30)
         ack_offsets = produce_all(config.kafka.bootstrap, config.acker.acks_topic, fuzzed_acks)
         cmd_offsets = produce_all(config.kafka.bootstrap, config.acker.command_topic, fuzzed_cmds)
-        with Application(config).publisher(stream, "a") as pub:  # the acker still tracks real sources
+        # the acker still tracks real sources
+        with Application(config).publisher(stream, "a") as pub:
             pub.publish({"user": "x", "url": "/1", "ts": 1})
             pub.seal(sub, 1)
         bad_acks = {
