@@ -16,15 +16,15 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 
 from substreams.config import Config
 from substreams.kafka import client
+from substreams.kafka.read import drain
 
 log = logging.getLogger(__name__)
 
@@ -114,23 +114,9 @@ class DeadLetterWriter:
 
 
 def read_dead_letters(
-    config: Config, bootstrap: str | None = None, timeout: float = 10.0
+    config: Config, bootstrap: str | None = None, timeout: float = 30.0
 ) -> Iterator[DeadLetter]:
-    """Every dead letter so far (for tests and ``acker status``)."""
-    consumer = client.consumer(
-        client.resolve_bootstrap(config, bootstrap), config, **{"enable.partition.eof": True}
-    )
-    try:
-        consumer.assign([TopicPartition(config.acker.dead_letter_topic, 0, 0)])
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return
-                continue
-            yield DeadLetter.from_json(msg.value())
-    finally:
-        consumer.close()
+    """Every dead letter so far (for tests and ``acker status``); the whole topic or an error."""
+    server = client.resolve_bootstrap(config, bootstrap)
+    for msg in drain(server, config, config.acker.dead_letter_topic, timeout=timeout):
+        yield DeadLetter.from_json(msg.value())

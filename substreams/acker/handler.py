@@ -60,6 +60,7 @@ from substreams.control.messages import EpochComplete, OffsetRange
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time, sort_key
 from substreams.kafka import client
+from substreams.kafka.read import read_to_end
 from substreams.kafka.topics import ensure_topics
 
 if TYPE_CHECKING:
@@ -208,7 +209,7 @@ class CommandHandler:
         answered: set[tuple[str, str, int]] = set()
         responses = self._tail(acker.response_topic, responses_from)
         try:
-            for msg in _read_to_end(responses, acker.response_topic):
+            for msg in read_to_end(responses, acker.response_topic):
                 try:
                     resp = decode_response(msg.value() or b"", msg.headers())
                 except ProtocolError:
@@ -229,7 +230,7 @@ class CommandHandler:
             for saved_cmd in kept:
                 self._handle(saved_cmd, view)
             self._saved_replay = False
-            for msg in _read_to_end(self._commands, acker.command_topic):
+            for msg in read_to_end(self._commands, acker.command_topic):
                 cmd = self._decode(msg)
                 if cmd is not None:
                     self._handle(cmd, view)
@@ -516,24 +517,3 @@ class _LazyView:
         if self._view is None:
             self._view = self._make()
         return self._view
-
-
-def _read_to_end(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[Message]:
-    """Every message of partition 0 up to its end (partition EOF), in order."""
-    out: list[Message] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        if time.monotonic() > deadline:
-            raise SubstreamsError(f"topic '{topic}': no end of partition within {timeout} s")
-        at_end = False
-        for msg in consumer.consume(1000, 0.2):
-            err = msg.error()
-            if err is None:
-                out.append(msg)
-                at_end = False
-            elif err.code() == KafkaError._PARTITION_EOF:
-                at_end = True
-            else:
-                raise SubstreamsError(f"topic '{topic}': {err}")
-        if at_end:
-            return out

@@ -18,12 +18,11 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
-
 from substreams.app import TRACKED, Application, Mechanisms
 from substreams.config import Config
 from substreams.frontier import Time
 from substreams.kafka import client
+from substreams.kafka.read import drain
 from substreams.kafka.topics import ensure_topics
 
 Row = dict[str, Any]
@@ -38,30 +37,16 @@ def commit_topic(stream: str) -> str:
 
 
 def read_commits(
-    bootstrap: str, config: Config, stream: str, timeout: float = 10.0
+    bootstrap: str, config: Config, stream: str, timeout: float = 30.0
 ) -> dict[str, int]:
-    """The last committed batch id per source of ``stream``'s commit topic."""
-    import time
-
+    """The last committed batch id per source of ``stream``'s commit topic: read to the end
+    of the topic or raise (:func:`substreams.kafka.read.drain`), never a partial answer --
+    the exactly-once decision rests on it."""
     out: dict[str, int] = {}
-    consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
-    try:
-        consumer.assign([TopicPartition(commit_topic(stream), 0, 0)])
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    break
-                continue
-            marker = json.loads(msg.value() or b"{}")
-            out[str(marker["source"])] = max(
-                out.get(str(marker["source"]), -1), int(marker["batch_id"])
-            )
-    finally:
-        consumer.close()
+    for msg in drain(bootstrap, config, commit_topic(stream), timeout=timeout):
+        marker = json.loads(msg.value() or b"{}")
+        source = str(marker["source"])
+        out[source] = max(out.get(source, -1), int(marker["batch_id"]))
     return out
 
 
