@@ -202,8 +202,9 @@ def run(ctx: BenchContext) -> BenchResult:
             all(e in observer.seen for e in sealed) and all(e in spark_seen for e in sealed)
         ):
             time.sleep(0.5)
-        missed_acker = [e for e in sealed if e not in observer.seen]
-        missed_spark = [e for e in sealed if e not in spark_seen]
+        seen, spark = dict(observer.seen), dict(spark_seen)
+        missed_acker = [e for e in sealed if e not in seen]
+        missed_spark = [e for e in sealed if e not in spark]
     result.targets = _targets(result.rows, len(sealed), missed_acker, missed_spark)
     result.notes.append(
         f"{minutes:g} min, sample every {sample_s:g} s, warm-up = the first fifth of the "
@@ -253,12 +254,12 @@ def _sample(
     observer: AckerObserver,
     spark_seen: dict[int, float],
 ) -> dict[str, Any]:
+    # Copies first: other threads add to these dicts (dict() is one step under the GIL).
     seals = dict(pub.sealed)
-    notified = {e: at for e, at in observer.seen.items() if isinstance(e, int) and e in seals}
+    seen, spark = dict(observer.seen), dict(spark_seen)
+    notified = {e: at for e, at in seen.items() if isinstance(e, int) and e in seals}
     fresh = [at - seals[e] for e, at in notified.items() if at > time.time() - dt]
-    spark_fresh = [
-        at - seals[e] for e, at in spark_seen.items() if e in seals and at > time.time() - dt
-    ]
+    spark_fresh = [at - seals[e] for e, at in spark.items() if e in seals and at > time.time() - dt]
     return {
         "t_s": round(t, 1),
         "acker_rss_mb": rss_mb(acker_pid),
@@ -267,7 +268,7 @@ def _sample(
         "jvm_rss_mb": rss_mb(jvm_pid) if jvm_pid is not None else None,
         "sealed": len(seals),
         "notified": len(notified),
-        "spark_seen": len([e for e in spark_seen if e in seals]),
+        "spark_seen": len([e for e in spark if e in seals]),
         "notifications_per_s": round((len(notified) - last_notified) / dt, 2),
         "p99_ms": ms(percentile(fresh, 99)) if fresh else None,
         "spark_p99_ms": ms(percentile(spark_fresh, 99)) if spark_fresh else None,
