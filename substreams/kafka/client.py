@@ -149,6 +149,10 @@ _MOVING = frozenset(
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError._TIMED_OUT,
         KafkaError._TRANSPORT,
+        # A new leader after a broker failure, before its high watermark caught up (seen in
+        # the leader-kill drill), and librdkafka's view of a partition during the move.
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError._UNKNOWN_PARTITION,
     }
 )
 """Errors of a partition that is being created or whose leader moves: they pass."""

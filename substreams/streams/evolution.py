@@ -132,6 +132,7 @@ class SchemaRegistry:
         self.topic = schema_topic(config)
         self._known: dict[str, dict[str, dict[str, Any]]] = {}  # stream -> fp -> payload
         self._position = 0
+        self._misses: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self._ensured = False
 
@@ -185,9 +186,18 @@ class SchemaRegistry:
         """The payload schema ``stream``'s records with this fingerprint were written with."""
         with self._lock:
             found = self._known.get(stream, {}).get(fingerprint_hex)
-            if found is None:
+            key = (stream, fingerprint_hex)
+            # A fingerprint nobody registered (garbage bytes) is looked up again at most every
+            # MISS_RETRY_S: bad input must not cost a topic read per record.
+            if found is None and time.monotonic() - self._misses.get(key, -MISS_RETRY_S) >= (
+                MISS_RETRY_S
+            ):
                 self.refresh()
                 found = self._known.get(stream, {}).get(fingerprint_hex)
+                if found is None:
+                    if len(self._misses) > 10_000:
+                        self._misses.clear()
+                    self._misses[key] = time.monotonic()
             return found
 
     def register(self, stream: str, payload: Mapping[str, Any], label: str) -> str:
@@ -225,6 +235,8 @@ class SchemaRegistry:
             self._known.setdefault(stream, {})[fp] = doc["schema"]
             return fp
 
+
+MISS_RETRY_S = 5.0
 
 _REGISTRIES: dict[tuple[str, str], SchemaRegistry] = {}
 _REGISTRIES_LOCK = threading.Lock()

@@ -9,12 +9,13 @@ record, and *behind* otherwise.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from substreams.config import Config
 from substreams.errors import ProtocolError, SchemaMismatchError, SubstreamsError
@@ -28,6 +29,8 @@ from substreams.streams.schemas import (
     envelope_schema,
     protocol_codec,
 )
+
+log = logging.getLogger(__name__)
 
 ListenerState = Literal["behind", "caught_up"]
 
@@ -90,7 +93,15 @@ def _registered_writer(
     fingerprint that is not the reader's own), as a full envelope schema."""
     from substreams.streams.evolution import registry
 
-    found = registry(config, bootstrap).writer(stream, fingerprint_hex.decode(errors="replace"))
+    try:
+        found = registry(config, bootstrap).writer(
+            stream, fingerprint_hex.decode(errors="replace")
+        )
+    except (KafkaException, SubstreamsError) as exc:
+        # Unknown stays unknown: the record is refused as undecodable (dead-lettered with the
+        # reason), never an exception of another kind out of a decoder.
+        log.warning("stream '%s': schema registry not readable (%s)", stream, exc)
+        return None
     return None if found is None else envelope_schema(found)
 
 
