@@ -154,28 +154,11 @@ def observe_notification(writer: str, substream: str, sealed_at_ms: int, now_ms:
         )
 
 
-def record_lag(
-    component: str, name: str, consumer: Any, positions: Mapping[tuple[str, int], int]
-) -> None:
-    """Set the lag gauge of every (topic, partition) in ``positions`` (next offset to read)
-    from ``consumer``'s cached high watermarks (updated by every fetch: no broker call).
-
-    The consumer's own fetch position is preferred to ``positions`` when it is known: it has
-    moved past transaction markers, which take offsets too, so a reader that is caught up
-    shows a lag of 0 rather than one per commit."""
-    from confluent_kafka import TopicPartition
-
-    for (topic, partition), position in positions.items():
-        tp = TopicPartition(topic, partition)
-        try:
-            _, high = consumer.get_watermark_offsets(tp, cached=True)
-            [fetched] = consumer.position([tp])
-        except Exception:  # a consumer being closed, a partition not fetched yet
-            continue
-        if high is None or high < 0:
-            continue
-        at = max(position, fetched.offset)
-        INPUT_LAG.labels(component, name, topic, str(partition)).set(max(0, high - at))
+def record_lag(component: str, name: str, lags: Mapping[tuple[str, int], int]) -> None:
+    """Set the lag gauge of every (topic, partition) in ``lags`` (from
+    :meth:`substreams.kafka.read.Reader.lag`)."""
+    for (topic, partition), lag in lags.items():
+        INPUT_LAG.labels(component, name, topic, str(partition)).set(lag)
 
 
 class Periodic:

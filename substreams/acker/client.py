@@ -38,6 +38,7 @@ from substreams.config import Config
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
+from substreams.kafka.read import Reader
 from substreams.kafka.topics import ensure_topics
 
 
@@ -82,9 +83,9 @@ class AckerClient:
         )
         fast: dict[str, Any] = {"linger.ms": 0}
         self._producer = client.producer(self.bootstrap, config, **fast)
-        self._consumer = client.consumer(self.bootstrap, config)
-        _, high = client.watermarks(self._consumer, self.response_topic, 0)
-        self._consumer.assign([TopicPartition(self.response_topic, 0, max(0, high))])
+        self._reader = Reader(self.bootstrap, config, name=f"responses '{self.response_topic}'")
+        _, high = self._reader.watermarks(self.response_topic, 0)
+        self._reader.assign([TopicPartition(self.response_topic, 0, max(0, high))])
 
     # -- raw protocol --------------------------------------------------------------------
 
@@ -105,9 +106,7 @@ class AckerClient:
     def poll(self, timeout: float = 0.1) -> list[Response]:
         """Responses addressed to this session that arrived since the last poll."""
         out: list[Response] = []
-        for msg in self._consumer.consume(500, timeout):
-            if msg.error() is not None:
-                continue
+        for msg in self._reader.poll(timeout, 500):
             try:
                 resp = decode_response(msg.value() or b"", msg.headers())
             except ProtocolError:
@@ -171,7 +170,7 @@ class AckerClient:
         position; with transactional writers the count includes commit markers)."""
         lags: dict[int, int] = {}
         for a in status.acks:
-            _, high = client.watermarks(self._consumer, self.config.acker.acks_topic, a.partition)
+            _, high = self._reader.watermarks(self.config.acker.acks_topic, a.partition)
             lags[a.partition] = max(0, high - a.offset)
         return lags
 
@@ -186,7 +185,7 @@ class AckerClient:
     def close(self) -> None:
         self._producer.flush(5)
         self._producer.close()
-        self._consumer.close()
+        self._reader.close()
 
     def __enter__(self) -> AckerClient:
         return self

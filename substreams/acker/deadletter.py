@@ -25,6 +25,7 @@ from confluent_kafka import Message, Producer
 from substreams.config import Config
 from substreams.kafka import client
 from substreams.kafka.read import drain
+from substreams.kafka.write import produce
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +102,7 @@ class DeadLetterWriter:
         self.written += 1
 
     def produce(self, topic: str, value: bytes) -> None:
-        while True:
-            try:
-                self.producer.produce(topic, value=value)
-                break
-            except BufferError:
-                self.producer.poll(0.05)
+        produce(self.producer, topic, value)
         self.producer.poll(0)
 
     def close(self) -> None:

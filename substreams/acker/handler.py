@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from substreams.acker.commands import (
     AcksPartition,
@@ -60,8 +60,9 @@ from substreams.control.messages import EpochComplete, OffsetRange
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time, sort_key
 from substreams.kafka import client
-from substreams.kafka.read import read_to_end
+from substreams.kafka.read import Reader
 from substreams.kafka.topics import ensure_topics
+from substreams.kafka.write import produce
 
 if TYPE_CHECKING:
     from substreams.acker.service import AckerService
@@ -129,8 +130,8 @@ class CommandHandler:
         self._since_reduce = 0
         self._sent_frontiers: dict[str, tuple[tuple[Time, ...], tuple[Time, ...]]] = {}
         self._last_push = 0.0
-        self._commands: Consumer | None = None
-        self._control: Consumer | None = None
+        self._commands: Reader | None = None
+        self._control: Reader | None = None
         self._topic_sub = {config.acker.control_topic(s): s for s in self.substreams}
         fast: dict[str, Any] = {"linger.ms": 0}
         self._producer = client.producer(self.bootstrap, config, **fast)
@@ -143,7 +144,7 @@ class CommandHandler:
             self._start(view, service.state.commands)
         assert self._commands is not None
         self._poll_control()
-        for msg in self._commands.consume(500, 0):
+        for msg in self._commands.poll(0, 500):
             cmd = self._decode(msg)
             if cmd is not None:
                 self._handle(cmd, view)
@@ -168,7 +169,7 @@ class CommandHandler:
         self._producer.flush(5)
         topic = self.config.acker.response_topic
         assert self._commands is not None
-        _, high = client.watermarks(self._commands, topic, 0)
+        _, high = self._commands.watermarks(topic, 0)
         return {
             "position": self._position,
             "responses_from": max(0, int(high)),
@@ -209,7 +210,7 @@ class CommandHandler:
         answered: set[tuple[str, str, int]] = set()
         responses = self._tail(acker.response_topic, responses_from)
         try:
-            for msg in read_to_end(responses, acker.response_topic):
+            for msg in responses.iter_to_end():
                 try:
                     resp = decode_response(msg.value() or b"", msg.headers())
                 except ProtocolError:
@@ -217,7 +218,7 @@ class CommandHandler:
                 answered.add((resp.controller, resp.nonce, resp.seq))
         finally:
             responses.close()
-        self._control = client.consumer(self.bootstrap, self.config)
+        self._control = Reader(self.bootstrap, self.config, name="command handler: control")
         self._control.assign(
             [TopicPartition(t, 0, self._recent(self._control, t)) for t in self._topic_sub]
         )
@@ -230,7 +231,7 @@ class CommandHandler:
             for saved_cmd in kept:
                 self._handle(saved_cmd, view)
             self._saved_replay = False
-            for msg in read_to_end(self._commands, acker.command_topic):
+            for msg in self._commands.iter_to_end():
                 cmd = self._decode(msg)
                 if cmd is not None:
                     self._handle(cmd, view)
@@ -256,31 +257,27 @@ class CommandHandler:
             self._push_frontiers(view, force=True)
 
     def close(self) -> None:
-        for consumer in (self._commands, self._control):
-            if consumer is not None:
-                consumer.close()
+        for reader in (self._commands, self._control):
+            if reader is not None:
+                reader.close()
         self._commands = self._control = None
         self._producer.flush(5)
         self._producer.close()
 
-    def _tail(self, topic: str, offset: int = 0) -> Consumer:
-        consumer = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
-        consumer.assign([TopicPartition(topic, 0, offset)])
-        return consumer
+    def _tail(self, topic: str, offset: int = 0) -> Reader:
+        return Reader(
+            self.bootstrap, self.config, [TopicPartition(topic, 0, offset)],
+            name=f"command handler: {topic}",
+        )
 
-    def _recent(self, consumer: Consumer, topic: str) -> int:
+    def _recent(self, reader: Reader, topic: str) -> int:
         """Where to read a control topic for the completed times peeks may ask about: the
         last ``keep_completed`` ones at most are kept, so the topic's tail is enough (three
         offsets per completion cover snapshots, updates and transaction markers)."""
-        low, high = client.watermarks(consumer, topic, 0)
+        low, high = reader.watermarks(topic, 0)
         return max(0, int(low), int(high) - 3 * self.keep_completed)
 
     def _decode(self, msg: Message) -> Command | None:
-        err = msg.error()
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                return None
-            raise SubstreamsError(f"command topic '{self.config.acker.command_topic}': {err}")
         self._position = msg.offset() + 1
         try:
             return decode_command(msg.value() or b"", msg.headers())
@@ -370,12 +367,7 @@ class CommandHandler:
         self.responses_sent += 1
 
     def _produce(self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None) -> None:
-        while True:
-            try:
-                self._producer.produce(topic, value=value, partition=0, headers=headers)
-                break
-            except BufferError:
-                self._producer.poll(0.05)
+        produce(self._producer, topic, value, partition=0, headers=headers)
 
     # -- status, frontiers ---------------------------------------------------------------
 
@@ -483,9 +475,7 @@ class CommandHandler:
     def _poll_control(self) -> None:
         """Keep the completed times of the tracked substreams (from their EpochCompletes)."""
         assert self._control is not None
-        for msg in self._control.consume(1000, 0):
-            if msg.error() is not None:
-                continue
+        for msg in self._control.poll(0, 1000):
             try:
                 rec = decode_control(msg)
             except (SubstreamsError, ValueError, KeyError, TypeError):

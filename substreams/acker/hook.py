@@ -22,6 +22,7 @@ from substreams.acker.agent import TrackingAgent, encode_ack
 from substreams.acker.table import SOURCE, Segment
 from substreams.frontier import Time
 from substreams.kafka import client
+from substreams.kafka.write import produce
 from substreams.streams.publisher import Publisher, transactional_id
 from substreams.streams.records import SentRecord
 
@@ -63,16 +64,11 @@ class Heartbeat:
                 continue
             self._last = time.monotonic()
             msg = self.agent.heartbeat_message()
-            try:
-                self._producer.produce(
-                    self.agent.topic,
-                    encode_ack(msg),
-                    partition=self.agent.partition,
-                    headers=self.agent.headers,
-                )
-                self._producer.poll(0)
-            except BufferError:  # a full queue is a broker trouble; the next beat retries
-                self._producer.poll(0.1)
+            produce(
+                self._producer, self.agent.topic, encode_ack(msg),
+                partition=self.agent.partition, headers=self.agent.headers,
+            )
+            self._producer.poll(0)
 
     def close(self) -> None:
         self._stop.set()

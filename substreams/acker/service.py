@@ -34,14 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from confluent_kafka import (
-    OFFSET_END,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_END, KafkaException, Message, TopicPartition
 
 from substreams import metrics
 from substreams.acker.agent import (
@@ -77,6 +70,7 @@ from substreams.control.messages import (
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.read import Reader
 from substreams.kafka.topics import ensure_topics
 
 CommandHandler = Callable[["AckerService"], list[tuple[str, bytes]]]
@@ -184,7 +178,7 @@ class AckerService:
         self.started = False
         self.fenced = False
         self._writer: ControlWriter | None = None
-        self._consumer: Consumer | None = None
+        self._reader: Reader | None = None
         self._out: DeadLetterWriter | None = None
         self._last_write = float("-inf")
         self._heartbeat_s = config.acker.heartbeat_ms / 1000.0
@@ -246,9 +240,11 @@ class AckerService:
         for session in self.state.sessions.values():
             session.last_seen_ms = start_ms  # the acker's own downtime evicts no one
         self._out = DeadLetterWriter(self.config, self.bootstrap)
-        self._consumer = client.consumer(self.bootstrap, self.config)
+        self._reader = Reader(
+            self.bootstrap, self.config, name=f"acker '{self.name}': acks topic"
+        )
         for p in range(self.config.acker.acks_partitions):
-            low, _ = client.watermarks(self._consumer, self.acks_topic, p)
+            low, _ = self._reader.watermarks(self.acks_topic, p)
             if p not in self.state.acks_offsets:  # never read: the partition's start
                 self.state.acks_offsets[p] = max(0, int(low))
             elif self.state.acks_offsets[p] < low:
@@ -272,8 +268,8 @@ class AckerService:
 
     def _assign(self) -> None:
         """Point the acks consumer at the next expected offset of every partition."""
-        assert self._consumer is not None
-        self._consumer.assign(
+        assert self._reader is not None
+        self._reader.assign(
             [
                 TopicPartition(self.acks_topic, p, self.state.acks_offsets.get(p, 0))
                 for p in range(self.config.acker.acks_partitions)
@@ -339,9 +335,9 @@ class AckerService:
                      self.name, self.notifications, self.dead_letters)
 
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._out is not None:
             self._out.close()
             self._out = None
@@ -376,16 +372,6 @@ class AckerService:
 
     # -- one round -----------------------------------------------------------------------
 
-    def _poll(self, timeout: float) -> list[Message]:
-        assert self._consumer is not None
-        msgs: list[Message] = self._consumer.consume(self.max_batch, 0)
-        if not msgs:
-            first = self._consumer.poll(timeout)
-            if first is None:
-                return []
-            msgs = [first, *self._consumer.consume(self.max_batch - 1, 0)]
-        return msgs
-
     def step(self, timeout: float = 0.05) -> int:
         """Poll, apply, and commit one transaction if anything is to be written.  Returns
         how many ack messages were applied."""
@@ -393,12 +379,8 @@ class AckerService:
             self.start()
         now = _now_ms()
         applied = 0
-        for msg in self._poll(timeout):
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise SubstreamsError(f"acks topic '{self.acks_topic}': {err}")
+        assert self._reader is not None
+        for msg in self._reader.poll_batch(timeout, self.max_batch):
             self.state.acks_offsets[msg.partition()] = msg.offset() + 1
             self._apply(msg, now)
             applied += 1
@@ -423,9 +405,8 @@ class AckerService:
         for sub, table in self.state.tables.items():
             oldest = metrics.first_seen_min(e.first_seen_ms for e in table.open.values())
             self._open_gauges.update(sub, len(table.open), oldest)
-        if self._consumer is not None:
-            positions = {(self.acks_topic, p): o for p, o in self.state.acks_offsets.items()}
-            metrics.record_lag("acker", self.name, self._consumer, positions)
+        if self._reader is not None:
+            metrics.record_lag("acker", self.name, self._reader.lag())
 
     def _apply(self, msg: Message, now: int) -> None:
         raw: bytes = msg.value() or b""
@@ -508,8 +489,8 @@ class AckerService:
                 if silent > self._source_timeout_ms and source not in self._evicting:
                     self._evict(source, f"silent for {silent} ms")
         for source, (partition, upto, reason) in list(self._evicting.items()):
-            assert self._consumer is not None
-            [pos] = self._consumer.position([TopicPartition(self.acks_topic, partition)])
+            assert self._reader is not None
+            [pos] = self._reader.consumer.position([TopicPartition(self.acks_topic, partition)])
             if pos.offset >= upto:
                 del self._evicting[source]
                 self._finish_eviction(source, reason)
@@ -538,8 +519,8 @@ class AckerService:
         if session.writer:
             fence(self.bootstrap, self.config, session.writer)
         partition = acks_partition(source, self.config.acker.acks_partitions)
-        assert self._consumer is not None
-        _, high = client.watermarks(self._consumer, self.acks_topic, partition)
+        assert self._reader is not None
+        _, high = self._reader.watermarks(self.acks_topic, partition)
         log.warning("evicting source '%s' (%s): fenced, reading acks up to %d", source,
                     reason, high)
         self._evicting[source] = (partition, int(high), reason)

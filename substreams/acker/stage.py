@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 
 from substreams import metrics
 from substreams.acker.agent import TrackingAgent
@@ -42,6 +42,7 @@ from substreams.config import Config, StageConfig
 from substreams.errors import DecodeError, SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
+from substreams.kafka.read import Reader
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.publisher import Publisher
 from substreams.streams.records import Entry, SentRecord
@@ -137,9 +138,11 @@ class Stage:
         self.out_partitions = self.output.partitions
         self.decoder = StreamDecoder(config, self.stage.input)
         self.group = f"substreams.stage.{name}"
-        self.consumer = client.consumer(
-            self.bootstrap, config, **{"enable.partition.eof": True, "group.id": self.group}
+        self.reader = Reader(
+            self.bootstrap, config, name=f"stage '{name}': input '{self.stage.input}'",
+            **{"group.id": self.group},
         )
+        self.consumer = self.reader.consumer  # the group's committed offsets and metadata
         parts = config.stream(self.stage.input).partitions
         starts = dict(start_offsets or {})
         committed = self.consumer.committed(
@@ -148,7 +151,7 @@ class Stage:
         for tp in committed:
             if tp.offset >= 0 and tp.partition not in starts:
                 starts[tp.partition] = tp.offset
-        self.consumer.assign(
+        self.reader.assign(
             [TopicPartition(self.stage.input, p, int(starts.get(p, 0))) for p in range(parts)]
         )
         log.info(
@@ -175,20 +178,10 @@ class Stage:
 
     def step(self, timeout: float = 0.1) -> int:
         """Process one batch of input records; returns how many were consumed."""
-        msgs = self.consumer.consume(self.max_batch, 0)
-        if not msgs:
-            first = self.consumer.poll(timeout)
-            msgs = [] if first is None else [first, *self.consumer.consume(self.max_batch - 1, 0)]
+        msgs = self.reader.poll_batch(timeout, self.max_batch)
         n = 0
         subs = self.substreams
         for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise SubstreamsError(
-                    f"stage '{self.stage.name}': input '{self.stage.input}': {err}"
-                )
             self._positions[msg.partition()] = msg.offset() + 1
             try:
                 entry = self.decoder.decode(msg)
@@ -222,8 +215,7 @@ class Stage:
             self.processed += n
             self._records_in.inc(n)
         if self._gauges_due.due():
-            positions = {(self.stage.input, p): o for p, o in self._positions.items()}
-            metrics.record_lag("stage", self.stage.name, self.consumer, positions)
+            metrics.record_lag("stage", self.stage.name, self.reader.lag())
         return n
 
     def run(self, stop: threading.Event) -> None:
@@ -258,7 +250,7 @@ class Stage:
             if self._dlq is not None:
                 self._dlq.close()
         finally:
-            self.consumer.close()
+            self.reader.close()
 
     def __enter__(self) -> Stage:
         return self

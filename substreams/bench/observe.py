@@ -12,11 +12,11 @@ from __future__ import annotations
 import threading
 import time
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from substreams.bench.harness import BenchError
 from substreams.config import Config
-from substreams.kafka import client
+from substreams.kafka.read import Reader
 
 
 class Observer:
@@ -29,10 +29,7 @@ class Observer:
         self.errors: list[str] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
-        self._consumer.assign(assignment)
-        self._partitions = {(tp.topic, tp.partition) for tp in assignment}
-        self._eof: set[tuple[str, int]] = set()
+        self._reader = Reader(bootstrap, config, assignment, name="bench observer")
         self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="bench-observer")
 
@@ -48,24 +45,14 @@ class Observer:
         raise NotImplementedError
 
     def _run(self) -> None:
-        poll = self._consumer.poll
-        consume = self._consumer.consume
+        reader = self._reader
         try:
             while not self._stop.is_set():
-                first = poll(0.1)
-                if first is None:
-                    continue
                 done: list[object] = []
-                for msg in [first, *consume(1000, 0)]:
-                    if msg.error():
-                        if msg.error().code() != KafkaError._PARTITION_EOF:
-                            self.errors.append(str(msg.error()))
-                        elif not self.ready.is_set():
-                            self._eof.add((msg.topic(), msg.partition()))
-                            if self._eof >= self._partitions:
-                                self.ready.set()
-                        continue
+                for msg in reader.poll_batch(0.1, 1000):
                     done.extend(self._handle(msg))
+                if not self.ready.is_set() and reader.caught_up:
+                    self.ready.set()
                 if done:
                     now = time.time()
                     with self._cond:
@@ -93,7 +80,7 @@ class Observer:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        self._consumer.close()
+        self._reader.close()
 
     def __enter__(self) -> Observer:
         return self.start()

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from substreams.bench.harness import (
     BenchContext,
@@ -62,7 +62,7 @@ from substreams.bench.workload import close_all, open_publishers, parallel, reco
 from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.errors import SubstreamsError
-from substreams.kafka import client
+from substreams.kafka.read import Reader
 from substreams.streams.listener import PunctuationEntry, StreamDecoder
 from substreams.streams.publisher import Publisher
 
@@ -129,45 +129,32 @@ class _HopReader:
         parts = config.stream(stream).partitions
         self.decoder = StreamDecoder(config, stream)
         self.aligners = {q: Aligner(substream, stream, [q]) for q in range(parts)}
-        self.consumer = client.consumer(ctx.bootstrap, config, **{"enable.partition.eof": True})
-        self.consumer.assign([TopicPartition(stream, q, 0) for q in range(parts)])
+        self.reader = Reader(
+            ctx.bootstrap, config, [TopicPartition(stream, q, 0) for q in range(parts)],
+            name=f"bench traffic: '{stream}'",
+        )
         self.delivered: Counter[str] = Counter()  # punctuation kind -> deliveries
 
     def read_all(self, on_event: Callable[[int, Any], None], timeout: float = 300.0) -> None:
         """Read to the end of every partition (all writers have committed and closed)."""
         from substreams.punctuation.aligner import Punctuation
 
-        at_eof: set[int] = set()
-        deadline = time.monotonic() + timeout
-        while at_eof != set(self.aligners):
-            if time.monotonic() > deadline:
-                missing = sorted(set(self.aligners) - at_eof)
-                raise BenchError(
-                    f"bench traffic: could not read '{self.stream}' to its end within "
-                    f"{timeout:.0f} s (partitions without end: {missing})"
-                )
-            for msg in self.consumer.consume(1000, 0.2):
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        at_eof.add(msg.partition())
-                        continue
-                    raise BenchError(f"bench traffic: '{self.stream}': {msg.error()}")
-                at_eof.discard(msg.partition())
-                q = msg.partition()
-                entry = self.decoder.decode(msg)
-                if isinstance(entry, PunctuationEntry):
-                    p = Punctuation.from_wire(entry.fields, q, entry.index)
-                    if p.substream != self.substream:
-                        continue
-                    self.delivered[p.kind] += 1  # delivered to task q
-                    events = self.aligners[q].on_punctuation(p)
-                else:
-                    events = self.aligners[q].on_record(entry)
-                for ev in events:
-                    on_event(q, ev)
+        for msg in self.reader.iter_to_end(timeout):
+            q = msg.partition()
+            entry = self.decoder.decode(msg)
+            if isinstance(entry, PunctuationEntry):
+                p = Punctuation.from_wire(entry.fields, q, entry.index)
+                if p.substream != self.substream:
+                    continue
+                self.delivered[p.kind] += 1  # delivered to task q
+                events = self.aligners[q].on_punctuation(p)
+            else:
+                events = self.aligners[q].on_record(entry)
+            for ev in events:
+                on_event(q, ev)
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 def run_punctuations(ctx: BenchContext, case: Case) -> dict[str, int]:
@@ -317,22 +304,12 @@ def run_acker(ctx: BenchContext, case: Case) -> dict[str, int]:
     # Count what was delivered: the acks topic (to the acker) and the control topic (to
     # each of the Q consumer tasks).
     acks: list[Any] = []
-    consumer = client.consumer(ctx.bootstrap, config, **{"enable.partition.eof": True})
-    try:
-        parts = config.acker.acks_partitions
-        consumer.assign([TopicPartition(config.acker.acks_topic, p, 0) for p in range(parts)])
-        at_eof: set[int] = set()
-        deadline = time.monotonic() + 30
-        while at_eof != set(range(parts)) and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.2):
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        at_eof.add(msg.partition())
-                    continue
-                at_eof.discard(msg.partition())
-                acks.append(decode_ack(msg.value(), msg.headers()))
-    finally:
-        consumer.close()
+    parts = config.acker.acks_partitions
+    with Reader(ctx.bootstrap, config,
+                [TopicPartition(config.acker.acks_topic, p, 0) for p in range(parts)],
+                name="bench traffic: acks") as reader:
+        for msg in reader.iter_to_end(30.0):
+            acks.append(decode_ack(msg.value(), msg.headers()))
     reports = [a for a in acks if isinstance(a.body, AckReport)]
     setup = sum(isinstance(a.body, Register | Unregister) for a in acks)
     heartbeats = sum(isinstance(a.body, SourceHeartbeat) for a in acks)

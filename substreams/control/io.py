@@ -13,13 +13,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 
 from substreams.config import Config, load_config
 from substreams.control.chain import ChainHead, resumes
 from substreams.control.messages import ChainResume, ControlBody, ControlRecord, record_from_wire
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.read import Reader
+from substreams.kafka.write import fenced_as, produce
 from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
 
 
@@ -55,51 +57,44 @@ class ControlTail:
         self, bootstrap: str, topic: str, from_offset: int = 0, config: Config | None = None
     ) -> None:
         self.topic = topic
-        self.position = from_offset
-        self.at_end = False
-        self._consumer: Consumer = client.consumer(
-            bootstrap, config, **{"enable.partition.eof": True}
+        self._reader = Reader(
+            bootstrap, config, [TopicPartition(topic, 0, from_offset)],
+            name=f"control topic '{topic}'",
         )
-        self._consumer.assign([TopicPartition(topic, 0, from_offset)])
+        self._reader.positions[(topic, 0)] = from_offset
+
+    @property
+    def position(self) -> int:
+        """The offset of the next record to read."""
+        return self._reader.positions[(self.topic, 0)]
+
+    @property
+    def at_end(self) -> bool:
+        return self._reader.caught_up
 
     def log_start(self) -> int:
         """The topic's first offset: past 0 once retention (or ``delete_records``) removed
         its oldest records.  A reader asked to start below it starts there instead."""
-        low, _ = client.watermarks(self._consumer, self.topic, 0)
-        return max(0, low)
+        return self._reader.log_start(self.topic)
+
+    def _decoded(self, msgs: Iterable[Message]) -> Iterator[tuple[int, ControlRecord | Corrupt]]:
+        for msg in msgs:
+            try:
+                yield msg.offset(), decode_control(msg)
+            except ProtocolError as exc:
+                yield msg.offset(), Corrupt(msg.offset(), str(exc))
 
     def poll(
         self, timeout: float = 0.1, max_records: int = 500
     ) -> list[tuple[int, ControlRecord | Corrupt]]:
-        out: list[tuple[int, ControlRecord | Corrupt]] = []
-        msgs = self._consumer.consume(max_records, timeout)
-        for msg in msgs:
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    self.at_end = True
-                    continue
-                raise SubstreamsError(f"control topic '{self.topic}': {msg.error()}")
-            self.at_end = False
-            self.position = msg.offset() + 1
-            try:
-                out.append((msg.offset(), decode_control(msg)))
-            except (SubstreamsError, ValueError, KeyError, TypeError) as exc:
-                out.append((msg.offset(), Corrupt(msg.offset(), str(exc))))
-        return out
+        return list(self._decoded(self._reader.poll(timeout, max_records)))
 
     def read_to_end(self, timeout: float = 10.0) -> Iterator[tuple[int, ControlRecord | Corrupt]]:
         """Everything from the current position up to the end of the partition."""
-        deadline = time.monotonic() + timeout
-        self.at_end = False
-        while not self.at_end:
-            if time.monotonic() > deadline:
-                raise SubstreamsError(
-                    f"control topic '{self.topic}': no end of partition within {timeout} s"
-                )
-            yield from self.poll(0.2)
+        yield from self._decoded(self._reader.iter_to_end(timeout))
 
     def close(self) -> None:
-        self._consumer.close()
+        self._reader.close()
 
     def __enter__(self) -> ControlTail:
         return self
@@ -122,7 +117,7 @@ def read_control(
 
 
 def _scan_last(
-    consumer: Consumer,
+    reader: Reader,
     topic: str,
     start: int,
     end: int | None,
@@ -132,30 +127,20 @@ def _scan_last(
     r"""The last record in [start, end) of ``topic`` that ``match``\ es (end None: up to the
     end of the partition).  Undecodable records are passed over: they are judged (and
     reported) by the chain check of whoever reads them for real."""
-    consumer.assign([TopicPartition(topic, 0, start)])
+    reader.assign([TopicPartition(topic, 0, start)])
     found: tuple[int, ControlRecord] | None = None
-    deadline = time.monotonic() + timeout
-    while True:
-        if time.monotonic() > deadline:
-            raise SubstreamsError(
-                f"control topic '{topic}': no end of partition within {timeout} s"
-            )
-        for msg in consumer.consume(500, 0.2):
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    return found
-                raise SubstreamsError(f"control topic '{topic}': {err}")
-            if end is not None and msg.offset() >= end:
-                return found
-            try:
-                rec = decode_control(msg)
-            except ProtocolError:
-                continue
-            if match(rec):
-                found = (msg.offset(), rec)
-            if end is not None and msg.offset() >= end - 1:
-                return found
+    for msg in reader.iter_to_end(timeout):
+        if end is not None and msg.offset() >= end:
+            return found
+        try:
+            rec = decode_control(msg)
+        except ProtocolError:
+            continue
+        if match(rec):
+            found = (msg.offset(), rec)
+        if end is not None and msg.offset() >= end - 1:
+            return found
+    return found
 
 
 def find_last(
@@ -175,20 +160,17 @@ def find_last(
     to where the previous began, down to the log start (past 0 once retention deleted the
     oldest segments).  Offsets count transaction markers too, so a window may hold fewer
     records than its size; it never misses one."""
-    consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
-    try:
-        low, high = client.watermarks(consumer, topic, 0)
+    with Reader(bootstrap, config, name=f"control topic '{topic}'") as reader:
+        low, high = reader.watermarks(topic, 0)
         low = max(0, low)
         end: int | None = None
         start = max(low, high - window)
         while True:
-            found = _scan_last(consumer, topic, start, end, match, timeout)
+            found = _scan_last(reader, topic, start, end, match, timeout)
             if found is not None or start <= low:
                 return found
             end, window = start, window * 4
             start = max(low, start - window)
-    finally:
-        consumer.close()
 
 
 def find_resume(
@@ -250,22 +232,15 @@ class ControlWriter:
             transactional_id=transactional_id or f"substreams.control.{writer}",
             **{"linger.ms": 0},
         )
-        self._guard(self._producer.init_transactions, 30)
+        with self._fencing():
+            self._producer.init_transactions(30)
 
-    def _guard(self, call: object, *args: object) -> None:
-        try:
-            call(*args)  # type: ignore[operator]
-        except KafkaException as exc:
-            err = exc.args[0]
-            if isinstance(err, KafkaError) and err.code() in (
-                KafkaError._FENCED,
-                KafkaError.PRODUCER_FENCED,
-                KafkaError.INVALID_PRODUCER_EPOCH,
-            ):
-                raise PublisherFencedError(
-                    f"control writer '{self.writer}' was fenced: another instance took over"
-                ) from exc
-            raise
+    def _fencing(self) -> contextlib.AbstractContextManager[None]:
+        return fenced_as(
+            lambda: PublisherFencedError(
+                f"control writer '{self.writer}' was fenced: another instance took over"
+            )
+        )
 
     def recover(self) -> dict[str, list[tuple[int, ControlRecord]]]:
         """Read every topic from offset 0 to its end and continue each chain where this
@@ -305,19 +280,15 @@ class ControlWriter:
         heads = {t: h.copy() for t, h in self.heads.items()}
         stamp = now_ms()
         out: list[ControlRecord] = []
-        self._guard(self._producer.begin_transaction)
+        with self._fencing():
+            self._producer.begin_transaction()
         try:
             for topic, body in items:
                 rec, value = heads[topic].append_encoded(self.writer, body, stamp)
                 out.append(rec)
-                self._producer.produce(
-                    topic,
-                    value=value,
-                    partition=0,
-                    headers=self.codec.headers(),
-                )
-            what = f"control writer '{self.writer}'"
-            self._guard(client.commit_transaction, self._producer, what)
+                produce(self._producer, topic, value, partition=0, headers=self.codec.headers())
+            with self._fencing():
+                client.commit_transaction(self._producer, f"control writer '{self.writer}'")
         except BaseException:
             with contextlib.suppress(KafkaException):
                 self._producer.abort_transaction(10)

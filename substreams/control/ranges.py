@@ -11,13 +11,13 @@ import time as _time
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 
 from substreams.config import Config
 from substreams.control.messages import OffsetRange, epoch_covers
 from substreams.errors import SubstreamsError
 from substreams.frontier import Keyed, Time
-from substreams.kafka import client
+from substreams.kafka.read import Reader
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
 
@@ -65,27 +65,22 @@ def read_ranges(
         return []
     decoders: dict[str, StreamDecoder] = {}
     out: list[Entry] = []
-    consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
-    try:
+    with Reader(bootstrap, config, name="read_ranges") as reader:
         remaining = {(r.stream, r.partition): r for r in wanted}
-        consumer.assign([TopicPartition(r.stream, r.partition, r.start) for r in wanted])
+        reader.assign([TopicPartition(r.stream, r.partition, r.start) for r in wanted])
         deadline = _time.monotonic() + timeout
         while remaining:
             if _time.monotonic() > deadline:
                 missing = ", ".join(f"{s}[{p}]<{r.end}" for (s, p), r in remaining.items())
                 raise SubstreamsError(f"ranges not readable within {timeout} s: {missing}")
-            for msg in consumer.consume(1000, 0.2):
+            for msg in reader.poll(0.2, 1000):
                 key = (msg.topic(), msg.partition())
                 rng = remaining.get(key)
                 if rng is None:
                     continue
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= rng.end:
-                        del remaining[key]
-                    continue
                 if msg.offset() >= rng.end:
                     del remaining[key]
-                    consumer.pause([TopicPartition(msg.topic(), msg.partition())])
+                    reader.consumer.pause([TopicPartition(msg.topic(), msg.partition())])
                     continue
                 decoder = decoders.get(rng.stream) or decoders.setdefault(
                     rng.stream, StreamDecoder(config, rng.stream)
@@ -100,7 +95,9 @@ def read_ranges(
                     out.append(entry)
                 if msg.offset() >= rng.end - 1:
                     del remaining[key]
-                    consumer.pause([TopicPartition(msg.topic(), msg.partition())])
-    finally:
-        consumer.close()
+                    reader.consumer.pause([TopicPartition(msg.topic(), msg.partition())])
+            # A range ending in transaction markers: its end of partition is past its end.
+            for key in [k for k, r in remaining.items()
+                        if k in reader.at_end and reader.positions[k] >= r.end]:
+                del remaining[key]
     return out

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from substreams.config import Config
 from substreams.control.chain import TrustingVerifier
@@ -41,6 +41,7 @@ from substreams.control.traffic import CONTROL_READ, TRAFFIC
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Antichain, Time
 from substreams.kafka import client
+from substreams.kafka.read import Reader
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
 
@@ -151,12 +152,9 @@ class Subscriber:
         self._pending: deque[tuple[str, int, ControlRecord]] = deque()
         self._data_from: dict[str, dict[tuple[str, int], int]] = {}
         self._closed = False
-        self._control: Consumer = client.consumer(
-            self.bootstrap, config, **{"enable.partition.eof": True}
-        )
-        self._data: Consumer | None = None
+        self._control = Reader(self.bootstrap, config, name="subscriber: control")
+        self._data: Reader | None = None
         self._decoders: dict[str, StreamDecoder] = {}
-        self._data_pos: dict[tuple[str, int], int] = {}
         try:
             self._position()
             if self.mode == "soft":
@@ -209,9 +207,13 @@ class Subscriber:
                 ]
                 starts[(s, p)] = min(froms, default=0)
             self._decoders[s] = StreamDecoder(self.config, s)
-        self._data_pos = dict(starts)
-        self._data = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
+        self._data = Reader(self.bootstrap, self.config, name="subscriber: data")
         self._data.assign([TopicPartition(s, p, o) for (s, p), o in starts.items()])
+
+    @property
+    def _data_pos(self) -> dict[tuple[str, int], int]:
+        """Soft mode: the next offset of the data reader, per partition."""
+        return {} if self._data is None else self._data.positions
 
     # -- reading -------------------------------------------------------------------------
 
@@ -250,7 +252,7 @@ class Subscriber:
         if self._data is not None:
             events.extend(self._read_data(timeout / 2))
             timeout /= 2
-        for msg in self._control.consume(500, timeout):
+        for msg in self._control.poll(timeout, 500):
             self._take_control(msg)
         ready: list[tuple[str, ControlRecord]] = []
         while self._pending and self._ready(self._pending[0][2]):
@@ -263,11 +265,6 @@ class Subscriber:
 
     def _take_control(self, msg: Message) -> None:
         topic = msg.topic()
-        err = msg.error()
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                return
-            raise SubstreamsError(f"control topic '{topic}': {err}")
         offset = msg.offset()
         try:
             rec = decode_control(msg)
@@ -333,15 +330,8 @@ class Subscriber:
     def _read_data(self, timeout: float) -> list[Event]:
         assert self._data is not None
         batches: dict[tuple[str, Time], list[Entry]] = {}
-        for msg in self._data.consume(1000, timeout):
+        for msg in self._data.poll(timeout, 1000):
             key = (msg.topic(), msg.partition())
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    self._data_pos[key] = max(self._data_pos.get(key, 0), msg.offset())
-                    continue
-                raise SubstreamsError(f"stream '{msg.topic()}': {err}")
-            self._data_pos[key] = msg.offset() + 1
             entry = self._decoders[msg.topic()].decode(msg)
             if not isinstance(entry, Entry):
                 continue

@@ -142,7 +142,7 @@ def flush_producer(producer: Producer, what: str, patience: float = COMMIT_PATIE
         log.warning("%s: %d messages not delivered yet; waiting on", what, left)
 
 
-_MOVING = frozenset(
+MOVING = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
@@ -176,7 +176,7 @@ def watermarks(
             return int(low), int(high)
         except KafkaException as exc:
             err = exc.args[0]
-            if not (isinstance(err, KafkaError) and (err.retriable() or err.code() in _MOVING)):
+            if not (isinstance(err, KafkaError) and (err.retriable() or err.code() in MOVING)):
                 raise
             if time.monotonic() >= deadline:
                 raise BrokerError(

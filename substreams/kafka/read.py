@@ -1,18 +1,28 @@
-"""Reading a partition to its end, in one place, with one rule: never a partial answer.
+"""Reading partitions, in one place: the only module that calls ``Consumer.consume``.
 
-Why: the first version had a read-to-end loop per caller, and some returned what they had
-when their deadline passed (``read_commits`` in the Spark sink did, and the sink's
-exactly-once decision rested on it: a slow broker could make a committed batch look
-uncommitted and have it written twice).  Here reaching the end of the partition (librdkafka's
-partition EOF; the last stable offset under ``read_committed``) is the only way to return,
-and a timeout or any other error raises :class:`~substreams.errors.BrokerError` naming the
-topic.
+Rules every reader of ours follows, written once here:
+
+* **Positions are ours.** Partitions are ``assign()``-ed at offsets the caller keeps in its
+  own state (see :mod:`substreams.kafka.client`); :class:`Reader` tracks the next offset of
+  every partition it returned a message of.
+* **End of partition is an event, not a timeout.** librdkafka's partition EOF (under
+  ``read_committed``: the last stable offset) marks a partition *at end* until a later
+  message arrives; "caught up" means every assigned partition is at end.
+* **Errors raise.** Any error other than EOF raises :class:`~substreams.errors.BrokerError`
+  naming the topic and partition; no loop swallows one.  Why: the first version had a read
+  loop per caller, some skipped errors and some returned what they had when a deadline
+  passed (``read_commits`` in the Spark sink did, and its exactly-once decision rested on
+  it: a slow broker could make a committed batch look uncommitted).  :meth:`Reader.read_to_end`
+  returns only at the end of every partition and raises on its timeout: never a partial
+  answer.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -20,12 +30,183 @@ from substreams.config import Config
 from substreams.errors import BrokerError
 from substreams.kafka import client
 
-__all__ = ["drain", "read_to_end"]
+__all__ = ["Reader", "drain", "read_to_end"]
+
+Partition = tuple[str, int]
+
+log = logging.getLogger(__name__)
+
+
+class Reader:
+    """A consumer of assigned partitions that yields data messages only.
+
+    Invariants: ``positions[p]`` is one past the offset of the last message of ``p`` returned
+    (or the assigned start); ``p in at_end`` iff the last event seen for ``p`` was its end of
+    partition and no message of ``p`` came after it."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        config: Config | None = None,
+        assignment: Iterable[TopicPartition] = (),
+        *,
+        name: str = "reader",
+        **overrides: Any,
+    ) -> None:
+        self.name = name
+        self.consumer: Consumer = client.consumer(
+            bootstrap, config, **{"enable.partition.eof": True, **overrides}
+        )
+        self.positions: dict[Partition, int] = {}
+        self.at_end: set[Partition] = set()
+        self._assigned: list[Partition] = []
+        self.last_transient: str | None = None
+        """The last transient error (logged and passed: librdkafka retries it), for the
+        message of a read that then times out."""
+        self.last_transient_code: int | None = None
+        parts = list(assignment)
+        if parts:
+            self.assign(parts)
+
+    # -- assignment ----------------------------------------------------------------------
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Read exactly ``partitions`` from their offsets (a negative offset is one of
+        librdkafka's logical ones, e.g. ``OFFSET_END``, and is resolved by the broker)."""
+        parts = list(partitions)
+        self.consumer.assign(parts)
+        self._assigned = [(tp.topic, tp.partition) for tp in parts]
+        self.positions = {(tp.topic, tp.partition): tp.offset for tp in parts if tp.offset >= 0}
+        self.at_end = set()
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Re-read ``topic[partition]`` from ``offset`` (already assigned)."""
+        self.consumer.seek(TopicPartition(topic, partition, offset))
+        self.positions[(topic, partition)] = offset
+        self.at_end.discard((topic, partition))
+
+    def offsets(self, topic: str) -> dict[int, int]:
+        """Next offset per partition of ``topic`` (for readers of one topic)."""
+        return {p: o for (t, p), o in self.positions.items() if t == topic}
+
+    def ended(self, topic: str) -> set[int]:
+        """The partitions of ``topic`` at their end."""
+        return {p for t, p in self.at_end if t == topic}
+
+    def lag(self) -> dict[Partition, int]:
+        """Messages behind the high watermark per assigned partition, from the consumer's
+        cached watermarks (refreshed by every fetch: no broker call).  The consumer's fetch
+        position is preferred to ours when known: it has moved past transaction markers,
+        which take offsets too, so a caught-up reader shows 0 rather than one per commit."""
+        out: dict[Partition, int] = {}
+        for topic, partition in self._assigned:
+            tp = TopicPartition(topic, partition)
+            try:
+                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+                [fetched] = self.consumer.position([tp])
+            except Exception:
+                continue
+            if high is None or high < 0:
+                continue
+            at = max(self.positions.get((topic, partition), 0), fetched.offset)
+            out[(topic, partition)] = max(0, high - at)
+        return out
+
+    @property
+    def caught_up(self) -> bool:
+        """Every assigned partition is at its end."""
+        return bool(self._assigned) and all(p in self.at_end for p in self._assigned)
+
+    def watermarks(self, topic: str, partition: int = 0) -> tuple[int, int]:
+        return client.watermarks(self.consumer, topic, partition)
+
+    def log_start(self, topic: str, partition: int = 0) -> int:
+        """The partition's first offset: past 0 once retention removed its oldest records."""
+        return max(0, self.watermarks(topic, partition)[0])
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _take(self, events: list[Message]) -> list[Message]:
+        out: list[Message] = []
+        for msg in events:
+            err = msg.error()
+            part = (msg.topic(), msg.partition())
+            if err is None:
+                out.append(msg)
+                self.positions[part] = msg.offset() + 1
+                self.at_end.discard(part)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                self.at_end.add(part)
+                self.positions[part] = max(self.positions.get(part, 0), msg.offset())
+            else:
+                where = f"{part[0]}[{part[1]}]" if part[0] else "broker"
+                if err.retriable() or err.code() in client.MOVING:
+                    # librdkafka keeps fetching through these (a leader moving, a broker
+                    # restarting); a read that must finish has its own deadline.
+                    seen = f"{where}: {err}"
+                    if seen != self.last_transient:  # once per new error, not per poll
+                        log.warning("%s: %s (librdkafka retries)", self.name, seen)
+                    self.last_transient, self.last_transient_code = seen, err.code()
+                    continue
+                raise BrokerError(f"{self.name}: {where}: {err}")
+        return out
+
+    def poll(self, timeout: float = 0.1, max_messages: int = 500) -> list[Message]:
+        """Up to ``max_messages`` messages, waiting at most ``timeout`` for the first."""
+        return self._take(self.consumer.consume(max_messages, timeout))
+
+    def poll_batch(self, timeout: float, max_messages: int) -> list[Message]:
+        """What is buffered, or else block up to ``timeout`` for one message and take what
+        came with it: a busy loop returns without waiting, an idle one sleeps in librdkafka
+        (``consume(n, t)`` would wait the full ``t`` for ``n`` messages)."""
+        events: list[Message] = self.consumer.consume(max_messages, 0)
+        if not events:
+            first = self.consumer.poll(timeout)
+            if first is None:
+                return []
+            events = [first, *self.consumer.consume(max_messages - 1, 0)]
+        return self._take(events)
+
+    def read_to_end(self, timeout: float = 30.0, max_messages: int = 1000) -> list[Message]:
+        """Every message from the current positions up to the end of every assigned
+        partition; :class:`BrokerError` if that end is not reached within ``timeout``."""
+        return list(self.iter_to_end(timeout, max_messages))
+
+    def iter_to_end(self, timeout: float = 30.0, max_messages: int = 1000) -> Iterator[Message]:
+        """:meth:`read_to_end` as it arrives (a caller may stop early).
+
+        The end is the one librdkafka reports: a partition that reported its end and has
+        delivered nothing since counts as at end without another round trip, so call this on
+        a reader that is new or has been polled to its end by its owner (every caller)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if time.monotonic() > deadline:
+                missing = [f"{t}[{p}]" for t, p in self._assigned if (t, p) not in self.at_end]
+                why = "" if self.last_transient is None else f" (last error: {self.last_transient})"
+                raise BrokerError(
+                    f"{self.name}: no end of partition within {timeout:g} s for "
+                    + ", ".join(missing) + why
+                )
+            if self.caught_up:
+                return
+            yield from self.poll(0.2, max_messages)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def read_to_end(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[Message]:
-    """Every message of ``consumer``'s one assigned partition from its position up to the
-    partition's end, in order (the consumer needs ``enable.partition.eof``)."""
+    """Every message of ``consumer``'s assigned partitions from their positions up to their
+    end, in order (the consumer needs ``enable.partition.eof``).  For a consumer that is not
+    a :class:`Reader` (a Spark sink's)."""
     out: list[Message] = []
     deadline = time.monotonic() + timeout
     while True:
@@ -53,11 +234,7 @@ def drain(
     start: int = 0,
     timeout: float = 30.0,
 ) -> Iterator[Message]:
-    """Every message of ``topic[partition]`` from offset ``start`` to its end, with a consumer
+    """Every message of ``topic[partition]`` from offset ``start`` to its end, with a reader
     of its own (closed afterwards)."""
-    consumer = client.consumer(bootstrap, config, **{"enable.partition.eof": True})
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        yield from read_to_end(consumer, topic, timeout)
-    finally:
-        consumer.close()
+    with Reader(bootstrap, config, [TopicPartition(topic, partition, start)], name=topic) as r:
+        yield from r.iter_to_end(timeout)

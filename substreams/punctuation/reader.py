@@ -14,14 +14,15 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from substreams.config import Config
 from substreams.control.traffic import PUNCTUATION_READ, TRAFFIC
 from substreams.errors import DecodeError, SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.read import Reader
 from substreams.punctuation.aligner import Aligner, Bound, Event, Punctuation
-from substreams.streams.listener import PunctuationEntry, StreamDecoder, track_message
+from substreams.streams.listener import PunctuationEntry, StreamDecoder
 from substreams.streams.records import Entry
 
 log = logging.getLogger(__name__)
@@ -76,31 +77,33 @@ class PunctuatedReader:
             bound=bound or sub.bound,
             ordered=sub.ordered if ordered is None else ordered,
         )
-        self.positions: dict[int, int] = {}
         self.punctuations_read = 0
         self.malformed: list[Malformed] = []
         """Messages that are neither a record of the stream nor a punctuation, in the order
         read (the caller takes them; the aligner service dead-letters them)."""
-        self._at_eof: set[int] = set()
-        self._consumer: Consumer = client.consumer(
-            self.bootstrap, config, **{"enable.partition.eof": True}
-        )
+        self._reader = Reader(self.bootstrap, config, name=f"stream '{self.stream}'")
         starts = {p: (from_offsets or {}).get(p, OFFSET_BEGINNING) for p in self.partitions}
-        self._consumer.assign([TopicPartition(self.stream, p, o) for p, o in starts.items()])
+        self._reader.assign([TopicPartition(self.stream, p, o) for p, o in starts.items()])
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """Next offset per partition read so far."""
+        return self._reader.offsets(self.stream)
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        return self._reader.lag()
 
     @property
     def caught_up(self) -> bool:
         """Every partition reported its end since its last message (not high watermarks:
         ``read_committed`` stops at the last stable offset, below them while a transaction
         is open)."""
-        return self._at_eof >= set(self.partitions)
+        return self._reader.ended(self.stream) >= set(self.partitions)
 
     def poll(self, timeout: float = 0.2, max_messages: int = 1000) -> list[Event]:
         """The events that the messages read within ``timeout`` produce (maybe none)."""
         out: list[Event] = []
-        for msg in self._consumer.consume(max_messages, timeout):
-            if not track_message(msg, self.stream, self.positions, self._at_eof):
-                continue
+        for msg in self._reader.poll(timeout, max_messages):
             try:
                 entry = self.decoder.decode(msg)
                 p = (
@@ -139,7 +142,7 @@ class PunctuatedReader:
         return self.events()
 
     def close(self) -> None:
-        self._consumer.close()
+        self._reader.close()
 
     def __enter__(self) -> PunctuatedReader:
         return self

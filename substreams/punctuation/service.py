@@ -36,9 +36,10 @@ from substreams.control.io import ControlWriter, now_ms
 from substreams.control.messages import ControlBody, EpochComplete, FrontierSnapshot
 from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
-from substreams.errors import SubstreamsError
+from substreams.errors import BrokerError, SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
+from substreams.kafka.read import Reader
 from substreams.punctuation.aligner import Event, Late, Terminated
 from substreams.punctuation.reader import Malformed, PunctuatedReader
 
@@ -110,36 +111,25 @@ class PunctuationAligner:
 
     def _read_dead_letters(self, timeout: float = 10.0) -> set[DeadKey]:
         seen: set[DeadKey] = set()
-        consumer = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
-        try:
-            consumer.assign([TopicPartition(self.dead_letter_topic, 0, 0)])
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                msg = consumer.poll(0.2)
-                if msg is None:
-                    continue
-                if msg.error():
-                    code = msg.error().code()
-                    if code == KafkaError._PARTITION_EOF:
-                        return seen
-                    if code == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                        raise SubstreamsError(
-                            f"dead-letter topic '{self.dead_letter_topic}' does not exist; "
-                            "create the topics first (`substreams topics create`)"
-                        )
-                    continue
-                try:
-                    d = json.loads(msg.value() or b"")
-                    if d.get("substream") == self.substream:
-                        seen.add((str(d["stream"]), int(d["partition"]), int(d["offset"])))
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    continue  # someone else's dead letter
-            raise SubstreamsError(
-                f"dead-letter topic '{self.dead_letter_topic}': no end of partition within "
-                f"{timeout} s"
-            )
-        finally:
-            consumer.close()
+        topic = self.dead_letter_topic
+        with Reader(self.bootstrap, self.config, [TopicPartition(topic, 0, 0)],
+                    name=f"dead-letter topic '{topic}'") as reader:
+            try:
+                for msg in reader.iter_to_end(timeout):
+                    try:
+                        d = json.loads(msg.value() or b"")
+                        if d.get("substream") == self.substream:
+                            seen.add((str(d["stream"]), int(d["partition"]), int(d["offset"])))
+                    except (ValueError, KeyError, TypeError, AttributeError):
+                        continue  # someone else's dead letter
+            except BrokerError as exc:
+                if reader.last_transient_code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise SubstreamsError(
+                        f"dead-letter topic '{topic}' does not exist; create the topics "
+                        "first (`substreams topics create`)"
+                    ) from exc
+                raise
+        return seen
 
     # -- running -------------------------------------------------------------------------
 
@@ -190,8 +180,7 @@ class PunctuationAligner:
     def _export_gauges(self) -> None:
         oldest = metrics.first_seen_min(self._first_seen.values())
         self._open_gauges.update(self.substream, len(self._first_seen), oldest)
-        positions = {(self.reader.stream, p): o for p, o in self.reader.positions.items()}
-        metrics.record_lag("aligner", self.substream, self.reader._consumer, positions)
+        metrics.record_lag("aligner", self.substream, self.reader.lag())
 
     def _with_open_starts(self, body: ControlBody, later: list[Event]) -> ControlBody:
         """A snapshot's ``data_from`` must also cover the records of times still open: those

@@ -24,11 +24,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 
 from substreams.config import Config, TopicSpec
 from substreams.errors import SchemaMismatchError, SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.read import Reader
 from substreams.kafka.topics import ensure_topics
 from substreams.streams.schemas import envelope_schema, expanded, fingerprint
 
@@ -148,26 +149,11 @@ class SchemaRegistry:
     def refresh(self, timeout: float = 30.0) -> None:
         """Read the schema topic from where the last read stopped to its end."""
         self._ensure_topic()
-        consumer = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
-        try:
-            consumer.assign([TopicPartition(self.topic, 0, self._position)])
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                for msg in consumer.consume(500, 0.2):
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            return
-                        if err.retriable() or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                            continue
-                        raise SubstreamsError(f"schema topic '{self.topic}': {err}")
-                    self._position = msg.offset() + 1
-                    self._take(msg.value())
-            raise SubstreamsError(
-                f"schema topic '{self.topic}': no end of partition within {timeout} s"
-            )
-        finally:
-            consumer.close()
+        with Reader(self.bootstrap, self.config, [TopicPartition(self.topic, 0, self._position)],
+                    name=f"schema topic '{self.topic}'") as reader:
+            for msg in reader.iter_to_end(timeout, 500):
+                self._position = msg.offset() + 1
+                self._take(msg.value())
 
     def _take(self, value: bytes | None) -> None:
         try:

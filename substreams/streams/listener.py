@@ -15,11 +15,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 
 from substreams.config import Config
 from substreams.errors import ProtocolError, SchemaMismatchError, SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.read import Reader
 from substreams.streams.records import Entry, times_from_wire
 from substreams.streams.schemas import (
     HEADER_FINGERPRINT,
@@ -105,21 +106,6 @@ def _registered_writer(
     return None if found is None else envelope_schema(found)
 
 
-def track_message(msg: Message, stream: str, positions: dict[int, int], at_eof: set[int]) -> bool:
-    """Book-keeping every data-topic reader does per consumed message: True for a record to
-    decode (its position is recorded, its partition is no longer at its end), False for an
-    end-of-partition event; any other error is raised."""
-    err = msg.error()
-    if err is not None:
-        if err.code() == KafkaError._PARTITION_EOF:
-            at_eof.add(msg.partition())
-            return False
-        raise SubstreamsError(f"stream '{stream}': {err}")
-    at_eof.discard(msg.partition())
-    positions[msg.partition()] = msg.offset() + 1
-    return True
-
-
 class Listener:
     """Reads one stream in index order per partition.
 
@@ -157,43 +143,35 @@ class Listener:
         self.min_order_key = from_order_key
         self.include_punctuations = include_punctuations
         self.count = 0
-        self._consumer: Consumer = client.consumer(
-            self.bootstrap, config, **{"enable.partition.eof": True}
-        )
+        self._reader = Reader(self.bootstrap, config, name=f"stream '{stream}'")
         if from_order_key is not None:
             starts = {p: self._search(p, from_order_key) for p in self.partitions}
         elif isinstance(from_index, Mapping):
             starts = {p: int(from_index.get(p, 0)) for p in self.partitions}
         else:
             starts = {p: int(from_index or 0) for p in self.partitions}
-        self.positions = dict(starts)
-        self._at_eof: set[int] = set()
         self._done: set[int] = set()
-        self._consumer.assign([TopicPartition(stream, p, o) for p, o in starts.items()])
+        self._reader.assign([TopicPartition(stream, p, o) for p, o in starts.items()])
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """Next offset per partition."""
+        return self._reader.offsets(self.stream)
 
     # -- order-key search ----------------------------------------------------------------
 
-    def _probe(self, probe: Consumer, partition: int, offset: int) -> tuple[int, int] | None:
+    def _probe(self, probe: Reader, partition: int, offset: int) -> tuple[int, int] | None:
         """(offset, order key) of the first data entry at or after ``offset``, or None."""
         probe.assign([TopicPartition(self.stream, partition, offset)])
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            msg = probe.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return None
-                continue
+        for msg in probe.iter_to_end(10.0):
             entry = self.decoder.decode(msg)
             if isinstance(entry, Entry):
                 return entry.index, entry.order_key
         return None
 
     def _search(self, partition: int, key: int) -> int:
-        probe = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
-        try:
-            low, high = client.watermarks(probe, self.stream, partition)
+        with Reader(self.bootstrap, self.config, name=f"stream '{self.stream}'") as probe:
+            low, high = probe.watermarks(self.stream, partition)
             lo, hi = low, high  # invariant: every entry before lo has order key < key
             while lo < hi:
                 mid = (lo + hi) // 2
@@ -203,14 +181,13 @@ class Listener:
                 else:
                     lo = found[0] + 1
             return int(lo)
-        finally:
-            probe.close()
 
     # -- reading -------------------------------------------------------------------------
 
     @property
     def state(self) -> ListenerState:
-        return "caught_up" if self._at_eof >= set(self.partitions) - self._done else "behind"
+        ended = self._reader.ended(self.stream)
+        return "caught_up" if ended >= set(self.partitions) - self._done else "behind"
 
     @property
     def finished(self) -> bool:
@@ -225,10 +202,10 @@ class Listener:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            msg = self._consumer.poll(min(remaining, 0.5))
-            if msg is None or not track_message(msg, self.stream, self.positions, self._at_eof):
+            msgs = self._reader.poll(min(remaining, 0.5), 1)
+            if not msgs:
                 continue
-            entry = self.decoder.decode(msg)
+            entry = self.decoder.decode(msgs[0])
             if isinstance(entry, PunctuationEntry):
                 if self.include_punctuations:
                     return entry
@@ -237,7 +214,7 @@ class Listener:
                 continue
             if self.until_order_key is not None and entry.order_key > self.until_order_key:
                 self._done.add(entry.partition)
-                self._consumer.pause([TopicPartition(self.stream, entry.partition)])
+                self._reader.consumer.pause([TopicPartition(self.stream, entry.partition)])
                 continue
             self.count += 1
             return entry
@@ -263,7 +240,7 @@ class Listener:
                     return
 
     def close(self) -> None:
-        self._consumer.close()
+        self._reader.close()
 
     def __enter__(self) -> Listener:
         return self

@@ -30,6 +30,7 @@ from substreams.errors import (
 )
 from substreams.frontier import Time
 from substreams.kafka import client
+from substreams.kafka.write import fenced_as, produce
 from substreams.streams.evolution import register_stream
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.records import SentRecord
@@ -216,21 +217,15 @@ class Publisher:
             self._guard(self._producer.begin_transaction)
             self._in_txn = True
 
-    def _guard(self, call: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return call(*args)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if isinstance(err, KafkaError) and err.code() in (
-                KafkaError._FENCED,
-                KafkaError.PRODUCER_FENCED,
-                KafkaError.INVALID_PRODUCER_EPOCH,
-            ):
-                raise PublisherFencedError(
-                    f"the publisher of stream '{self.stream}' for source '{self.source_id}' was "
-                    "fenced: another process acquired it"
-                ) from exc
-            raise
+    def _guard(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call`` with a fencing error raised as :class:`PublisherFencedError`."""
+        with fenced_as(
+            lambda: PublisherFencedError(
+                f"the publisher of stream '{self.stream}' for source '{self.source_id}' was "
+                "fenced: another process acquired it"
+            )
+        ):
+            return call(*args, **kwargs)
 
     def partition_for(self, key: str | bytes | None) -> int:
         if key is None:
@@ -321,19 +316,10 @@ class Publisher:
                     for hook in hooks:
                         hook.on_delivered(record, offset)
 
-        while True:
-            try:
-                self._producer.produce(
-                    self.stream,
-                    value=value,
-                    key=key,
-                    partition=partition,
-                    headers=headers,
-                    on_delivery=on_delivery,
-                )
-                return
-            except BufferError:
-                self._producer.poll(0.05)
+        produce(
+            self._producer, self.stream, value,
+            key=key, partition=partition, headers=headers, on_delivery=on_delivery,
+        )
 
     def produce_service(
         self, value: bytes, partition: int, headers: list[tuple[str, bytes]]
@@ -356,16 +342,9 @@ class Publisher:
         visible exactly when (and only if) this publisher's records do — e.g. an exactly-once
         sink's batch marker, or the acker's reports."""
         self._begin()
-        while True:
-            try:
-                self._guard(
-                    lambda: self._producer.produce(
-                        topic, value=value, key=key, partition=partition, headers=headers
-                    )
-                )
-                return
-            except BufferError:
-                self._producer.poll(0.05)
+        self._guard(
+            produce, self._producer, topic, value, key=key, partition=partition, headers=headers
+        )
 
     def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
         """Commit a reader's input positions inside the open transaction (Kafka's

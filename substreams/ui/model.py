@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from substreams.acker.commands import format_time, format_times
 from substreams.acker.state import AckerState, source_liveness
@@ -42,6 +42,7 @@ from substreams.control.subscription import SubscriptionFrontiers
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time, UpperAntichain, sort_key
 from substreams.kafka import client
+from substreams.kafka.read import Reader
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,8 @@ class DashboardModel:
     def start(self) -> None:
         """Position on every topic (latest snapshot / latest checkpoint), then follow them
         from a daemon thread."""
-        consumer = client.consumer(self.bootstrap, self.config, **{"enable.partition.eof": True})
-        assignments = [self._position_checkpoints(consumer)]
+        reader = Reader(self.bootstrap, self.config, name="dashboard")
+        assignments = [self._position_checkpoints(reader)]
         for sub in self.subs.values():
             found = find_latest_snapshot(self.bootstrap, sub.topic, self.config)
             start = 0
@@ -106,16 +107,16 @@ class DashboardModel:
                 sub.upper = rec.body.upper.copy()
                 start = offset + 1
             assignments.append(TopicPartition(sub.topic, 0, start))
-        consumer.assign(assignments)
+        reader.assign(assignments)
         self._publish()
         self._thread = threading.Thread(
-            target=self._follow, args=(consumer,), name="dashboard-model", daemon=True
+            target=self._follow, args=(reader,), name="dashboard-model", daemon=True
         )
         self._thread.start()
 
-    def _position_checkpoints(self, consumer: Any) -> TopicPartition:
+    def _position_checkpoints(self, reader: Reader) -> TopicPartition:
         try:
-            low, high = client.watermarks(consumer, self.checkpoint_topic, 0, timeout=5)
+            low, high = client.watermarks(reader.consumer, self.checkpoint_topic, 0, timeout=5)
         except (SubstreamsError, KafkaException):  # no acker ran yet: no topic either
             return TopicPartition(self.checkpoint_topic, 0, 0)
         return TopicPartition(self.checkpoint_topic, 0, max(low, high - CHECKPOINT_LOOKBACK))
@@ -133,17 +134,11 @@ class DashboardModel:
 
     # -- following -----------------------------------------------------------------------
 
-    def _follow(self, consumer: Any) -> None:
+    def _follow(self, reader: Reader) -> None:
         try:
             while not self._stop.is_set():
                 changed = False
-                for msg in consumer.consume(500, 0.2):
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() in (KafkaError._PARTITION_EOF,
-                                          KafkaError.UNKNOWN_TOPIC_OR_PART):
-                            continue
-                        raise SubstreamsError(f"topic '{msg.topic()}': {err}")
+                for msg in reader.poll(0.2, 500):
                     try:
                         rec = decode_control(msg)
                     except (SubstreamsError, ValueError, KeyError, TypeError):
@@ -156,7 +151,7 @@ class DashboardModel:
             self.error = str(exc)
             self._publish()
         finally:
-            consumer.close()
+            reader.close()
 
     def _apply(self, topic: str, rec: ControlRecord) -> bool:
         body = rec.body

@@ -1,0 +1,68 @@
+"""Writing, in one place: producer backpressure and fencing.
+
+* **Backpressure.** ``Producer.produce`` raises ``BufferError`` when librdkafka's queue is
+  full (``queue.buffering.max.messages``); the only right answer is to serve delivery
+  callbacks and try again, never to drop the record.  :func:`produce` does that.
+* **Fencing.** A transactional producer whose id was taken by a newer instance gets
+  ``PRODUCER_FENCED`` / ``_FENCED`` / ``INVALID_PRODUCER_EPOCH`` from its next transactional
+  call; that is fatal for it and must surface as the caller's own fenced error (a publisher's
+  :class:`~substreams.errors.PublisherFencedError`, an acker's), never as a retriable broker
+  hiccup.  :func:`is_fenced` is the one test, :func:`fenced_as` the one translation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+__all__ = ["FENCED_CODES", "fenced_as", "is_fenced", "produce"]
+
+FENCED_CODES = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
+
+
+def produce(
+    producer: Producer,
+    topic: str,
+    value: bytes | None,
+    *,
+    key: str | bytes | None = None,
+    partition: int = -1,
+    headers: list[tuple[str, bytes]] | None = None,
+    on_delivery: Callable[[KafkaError | None, Any], None] | None = None,
+) -> None:
+    """Queue one message, waiting (serving delivery callbacks) while the queue is full."""
+    kwargs: dict[str, Any] = {"value": value, "key": key, "headers": headers}
+    if partition >= 0:
+        kwargs["partition"] = partition
+    if on_delivery is not None:
+        kwargs["on_delivery"] = on_delivery
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def is_fenced(exc: BaseException) -> bool:
+    """Whether ``exc`` says this transactional producer was replaced by a newer one."""
+    if not isinstance(exc, KafkaException) or not exc.args:
+        return False
+    err = exc.args[0]
+    return isinstance(err, KafkaError) and err.code() in FENCED_CODES
+
+
+@contextmanager
+def fenced_as(make_error: Callable[[], Exception]) -> Iterator[None]:
+    """Inside the block, a fencing error is raised as ``make_error()`` (chained)."""
+    try:
+        yield
+    except KafkaException as exc:
+        if is_fenced(exc):
+            raise make_error() from exc
+        raise
