@@ -61,7 +61,7 @@ from substreams.frontier import (
     time_from_wire,
     time_to_wire,
 )
-from substreams.frontier.sessions import session_runs
+from substreams.frontier.sessions import by_key, run_members
 
 SOURCE = "SOURCE"
 STAGE = "STAGE"
@@ -95,6 +95,11 @@ class Segment:
 def acker_segments(config: Config) -> dict[str, Segment]:
     """Every substream tracked by the acker, by name (config order)."""
     return {s.name: Segment.of(config, s.name) for s in config.substreams if s.mechanism == "acker"}
+
+
+def _at_or_below(t: Time, floor: int) -> bool:
+    """``t`` is a keyed event time at or below the keyed floor ``floor``."""
+    return type(t) is Keyed and type(t.time) is int and t.time <= floor
 
 
 def _not_keyed_covered(state: SourceState, t: Time) -> bool:
@@ -244,7 +249,7 @@ class SegmentTable:
 
     def _below_floor(self, t: Time) -> bool:
         if type(t) is not Keyed or type(t.time) is not int:
-            return False
+            return False  # the floor (a walk over the sources) only for keyed times
         floor = self.keyed_floor()
         return floor is not None and t.time <= floor
 
@@ -254,7 +259,7 @@ class SegmentTable:
         seal.  Called after terminations; cheap when there is nothing keyed."""
         floor = self.keyed_floor()
         if floor is not None and len(self.terminated) > 1:
-            self.terminated = self.terminated.retain(lambda u: not self._below_floor(u))
+            self.terminated = self.terminated.retain(lambda u: not _at_or_below(u, floor))
         for state in self.sources.values():
             if state.keys_upto is not None and len(state.seals) > 1:
                 keep = state.seals.retain(partial(_not_keyed_covered, state))
@@ -424,17 +429,14 @@ class SegmentTable:
         self, sources: list[SourceState], gap: int
     ) -> list[Termination]:
         """Close the leading sessions of every key (module doc); in :func:`sort_key` order."""
-        by_key: dict[str, list[int]] = {}
-        for t in self.open:
-            if type(t) is Keyed and type(t.time) is int:  # report() admits nothing else
-                by_key.setdefault(t.key, []).append(t.time)
         out: list[Termination] = []
-        for key, times in sorted(by_key.items()):
-            for start, end in session_runs(times, gap):
+        for key, times in sorted(by_key(self.open).items()):  # report() admits only Keyed
+            for run in run_members(times, gap):
+                start, end = run[0], run[-1]
                 bound = Keyed(key, end + gap)
                 if not self._sealed(bound, sources):
                     break
-                members = [Keyed(key, t) for t in sorted(times) if start <= t <= end]
+                members = [Keyed(key, t) for t in run]
                 entries = [self.open[m] for m in members]
                 if any(e.xor != 0 for e in entries):
                     break

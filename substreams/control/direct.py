@@ -17,7 +17,7 @@ from substreams.control.messages import ControlBody, OffsetRange
 from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.frontier import Keyed, Time, less_equal, sort_key
-from substreams.frontier.sessions import closed_runs
+from substreams.frontier.sessions import by_key, closed_runs
 from substreams.streams.publisher import Publisher
 from substreams.streams.records import SentRecord
 
@@ -100,25 +100,17 @@ class DirectProgress:
         gap = self.gaps[substream]
         tracker = self.trackers[substream]
         bodies: list[ControlBody] = []
-        by_key: dict[str, list[int]] = {}
-        for t in sent:
-            if type(t) is Keyed and type(t.time) is int:
-                by_key.setdefault(t.key, []).append(t.time)
+        keyed = by_key(sent)
         if gap is None:  # per_key: every key this source wrote, up to ``upto``
-            runs = {k: [(t, t) for t in sorted(ts) if t <= upto] for k, ts in by_key.items()}
+            runs = {k: [[t] for t in ts if t <= upto] for k, ts in keyed.items()}
         else:
-            runs = {k: closed_runs(ts, gap, upto) for k, ts in by_key.items()}
+            runs = {k: closed_runs(ts, gap, upto) for k, ts in keyed.items()}
         closed = sorted(
-            ((Keyed(k, a), Keyed(k, b)) for k, rs in runs.items() for a, b in rs),
-            key=lambda run: sort_key(run[0]),
+            ([Keyed(k, t) for t in run] for k, rs in runs.items() for run in rs),
+            key=lambda members: sort_key(members[0]),
         )
-        for first, last in closed:
-            assert type(first.time) is int and type(last.time) is int
-            members = [
-                Keyed(first.key, t)
-                for t in sorted(by_key[first.key])
-                if first.time <= t <= last.time
-            ]
+        for members in closed:
+            first, last = members[0], members[-1]
             ranges = [r for m in members for r in self._ranges(publisher, substream, m)]
             records = sum(sent.pop(m) for m in members)
             until = last if gap is not None else None

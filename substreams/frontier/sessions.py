@@ -25,29 +25,48 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["closed_runs", "session_runs"]
+from substreams.frontier.time import Keyed
+
+__all__ = ["by_key", "closed_runs", "run_members", "session_runs"]
+
+
+def by_key(times: Iterable[object]) -> dict[str, list[int]]:
+    """The ``Keyed(key, event_ms)`` times among ``times``, as sorted distinct event times per
+    key (other times are ignored): the one grouping both session cutters start from."""
+    grouped: dict[str, set[int]] = {}
+    for t in times:
+        if type(t) is Keyed and type(t.time) is int:
+            grouped.setdefault(t.key, set()).add(t.time)
+    return {k: sorted(ts) for k, ts in grouped.items()}
+
+
+def run_members(sorted_times: list[int], gap: int) -> list[list[int]]:
+    """``sorted_times`` (sorted, distinct) cut into maximal runs whose neighbours are at most
+    ``gap`` apart, in order: each run's member times (first = start, last = end)."""
+    runs: list[list[int]] = []
+    for t in sorted_times:
+        if runs and t - runs[-1][-1] <= gap:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return runs
 
 
 def session_runs(times: Iterable[int], gap: int) -> list[tuple[int, int]]:
     """The maximal runs ``(start, end)`` of ``times`` whose neighbours are at most ``gap``
     apart, in order.  ``times`` may repeat and come in any order."""
-    runs: list[tuple[int, int]] = []
-    for t in sorted(set(times)):
-        if runs and t - runs[-1][1] <= gap:
-            runs[-1] = (runs[-1][0], t)
-        else:
-            runs.append((t, t))
-    return runs
+    return [(run[0], run[-1]) for run in run_members(sorted(set(times)), gap)]
 
 
-def closed_runs(times: Iterable[int], gap: int, sealed_upto: int | None) -> list[tuple[int, int]]:
-    """The leading runs of :func:`session_runs` that the keyed seal ``sealed_upto`` closes
-    (``end + gap <= sealed_upto``); ``None`` (nothing sealed) closes none."""
+def closed_runs(times: Iterable[int], gap: int, sealed_upto: int | None) -> list[list[int]]:
+    """The leading runs of :func:`run_members` (as member lists) that the keyed seal
+    ``sealed_upto`` closes (``end + gap <= sealed_upto``); ``None`` (nothing sealed) closes
+    none."""
     if sealed_upto is None:
         return []
     out = []
-    for start, end in session_runs(times, gap):
-        if end + gap > sealed_upto:
+    for run in run_members(sorted(set(times)), gap):
+        if run[-1] + gap > sealed_upto:
             break
-        out.append((start, end))
+        out.append(run)
     return out

@@ -11,7 +11,6 @@ committed, so in every partition a SEAL follows every record the producer wrote 
 from __future__ import annotations
 
 import time as _time
-import weakref
 from collections.abc import Iterable
 
 from substreams.control.traffic import PUNCTUATION_WRITTEN, TRAFFIC
@@ -22,8 +21,6 @@ from substreams.streams.publisher import Publisher
 from substreams.streams.records import SentRecord
 from substreams.streams.schemas import protocol_codec
 
-_HOOKS: weakref.WeakKeyDictionary[Publisher, PunctuationHook] = weakref.WeakKeyDictionary()
-
 
 class PunctuationHook:
     """Rides along a publisher for its substreams whose mechanism is ``punctuations``."""
@@ -33,7 +30,6 @@ class PunctuationHook:
     def __init__(self, publisher: Publisher, substreams: Iterable[str]) -> None:
         self.substreams = list(substreams)
         self.codec = protocol_codec("punctuation")
-        _HOOKS[publisher] = self
         for name in self.substreams:
             self._write_all(publisher, "REGISTER", name, None)
         publisher.flush()
@@ -103,16 +99,18 @@ class PunctuationHook:
         TRAFFIC.add(PUNCTUATION_WRITTEN, substream, publisher.partitions)
 
 
-def hook_of(publisher: Publisher) -> PunctuationHook:
-    """The punctuation hook of ``publisher`` (to re-register it with a start time)."""
-    hook = _HOOKS.get(publisher)
-    if hook is None:
+def hook_of(publisher: Publisher, substream: str) -> PunctuationHook:
+    """The punctuation hook of ``publisher`` for ``substream`` (to re-register it with a
+    start time): the publisher's own, not a registry beside it."""
+    hook = publisher.hook_for(substream)
+    if not isinstance(hook, PunctuationHook):
         raise SubstreamsError(
-            f"the publisher of stream '{publisher.stream}' has no punctuation substream"
+            f"the publisher of stream '{publisher.stream}' does not track substream "
+            f"'{substream}' with punctuations"
         )
     return hook
 
 
 def register(publisher: Publisher, substream: str, start: Time | None) -> None:
     """Announce that ``publisher`` joins ``substream`` at ``start`` (see ``PunctuationHook``)."""
-    hook_of(publisher).register(publisher, substream, start)
+    hook_of(publisher, substream).register(publisher, substream, start)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from substreams.config import Config, TopicSpec
 from substreams.errors import SchemaMismatchError, SubstreamsError
@@ -134,6 +134,10 @@ class SchemaRegistry:
         self._known: dict[str, dict[str, dict[str, Any]]] = {}  # stream -> fp -> payload
         self._position = 0
         self._misses: dict[tuple[str, str], float] = {}
+        self._down: tuple[float, str] | None = None
+        """When the schema topic last could not be read, and why: asked again only after
+        MISS_RETRY_S (a decoder fed garbage fingerprints must not wait on a dead broker per
+        record)."""
         self._lock = threading.Lock()
         self._ensured = False
 
@@ -178,7 +182,14 @@ class SchemaRegistry:
             if found is None and time.monotonic() - self._misses.get(key, -MISS_RETRY_S) >= (
                 MISS_RETRY_S
             ):
-                self.refresh()
+                if self._down is not None and time.monotonic() - self._down[0] < MISS_RETRY_S:
+                    raise SubstreamsError(self._down[1])
+                try:
+                    self.refresh()
+                except (KafkaException, SubstreamsError) as exc:
+                    self._down = (time.monotonic(), f"schema topic '{self.topic}': {exc}")
+                    raise
+                self._down = None
                 found = self._known.get(stream, {}).get(fingerprint_hex)
                 if found is None:
                     if len(self._misses) > 10_000:

@@ -197,6 +197,10 @@ class Publisher:
             for name in names:
                 self._hooks[name] = hook
 
+    def hook_for(self, substream: str) -> PublishHook | None:
+        """The mechanism's hook that tracks ``substream`` (None: untracked)."""
+        return self._hooks.get(substream)
+
     def add_hook(self, hook: PublishHook) -> None:
         """Attach a hook that sees every record (sent and delivered), not bound to a substream."""
         self._attach(hook)

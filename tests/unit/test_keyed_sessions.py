@@ -40,9 +40,12 @@ def test_session_runs_partition_the_times_at_gaps_wider_than_gap(
 def test_closed_runs_are_the_leading_runs_the_seal_passed_by_gap(
     times: list[int], gap: int, bound: int
 ) -> None:
-    closed = closed_runs(times, gap, bound)
+    members = closed_runs(times, gap, bound)
+    closed = [(run[0], run[-1]) for run in members]
     runs = session_runs(times, gap)
     assert closed == runs[: len(closed)]
+    # each run lists exactly the distinct times between its ends
+    assert [sorted({t for t in times if a <= t <= b}) for a, b in closed] == members
     assert all(e + gap <= bound for _, e in closed)
     if len(closed) < len(runs):
         assert runs[len(closed)][1] + gap > bound
