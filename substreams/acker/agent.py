@@ -23,19 +23,18 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
 
 from substreams.acker.table import SOURCE
 from substreams.config import Config
-from substreams.control.messages import OffsetRange
+from substreams.control.messages import TIME, TIME_CONTAINERS, OffsetRange
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.errors import ProtocolError, SubstreamsError
-from substreams.frontier import Time, time_from_wire, time_to_wire
-from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
-
-NS = "substreams."
+from substreams.frontier import Time
+from substreams.streams.schemas import HEADER_FINGERPRINT, expanded, protocol_codec, raw_schema
+from substreams.streams.wire import Converter
 
 # -- the acks-topic protocol as types ---------------------------------------------------------
 
@@ -114,89 +113,15 @@ class AckMessage:
         return set()
 
 
-def _body_to_wire(body: AckBody) -> tuple[str, dict[str, Any]]:
-    if isinstance(body, Register):
-        return NS + "Register", {
-            "substreams": list(body.substreams),
-            "role": body.role,
-            "writer": body.writer,
-        }
-    if isinstance(body, Evict):
-        return NS + "Evict", {"source": body.source, "reason": body.reason}
-    if isinstance(body, Unregister):
-        return NS + "Unregister", {"substreams": list(body.substreams)}
-    if isinstance(body, AckReport):
-        return NS + "AckReport", {
-            "entries": [
-                {
-                    "substream": e.substream,
-                    "time": time_to_wire(e.time),
-                    "xor": e.xor,
-                    "records": e.records,
-                    "reports": e.reports,
-                    "ranges": [r.to_wire() for r in e.ranges],
-                }
-                for e in body.entries
-            ],
-            "seals": [
-                {
-                    "substream": s.substream,
-                    "time": time_to_wire(s.time),
-                    "sealed_at_ms": s.sealed_at_ms,
-                    "all_keys": s.all_keys,
-                }
-                for s in body.seals
-            ],
-        }
-    return NS + "SourceHeartbeat", {}
-
-
-def _body_from_wire(name: str, d: Mapping[str, Any]) -> AckBody:
-    short = name.removeprefix(NS)
-    if short == "Register":
-        return Register(tuple(d["substreams"]), str(d["role"]), str(d.get("writer", "")))
-    if short == "Evict":
-        return Evict(str(d["source"]), str(d["reason"]))
-    if short == "Unregister":
-        return Unregister(tuple(d["substreams"]))
-    if short == "AckReport":
-        return AckReport(
-            tuple(
-                AckEntry(
-                    e["substream"],
-                    time_from_wire(e["time"]),
-                    int(e["xor"]),
-                    int(e["records"]),
-                    int(e["reports"]),
-                    tuple(OffsetRange.from_wire(r) for r in e["ranges"]),
-                )
-                for e in d["entries"]
-            ),
-            tuple(
-                SealEntry(
-                    s["substream"],
-                    time_from_wire(s["time"]),
-                    int(s["sealed_at_ms"]),
-                    bool(s.get("all_keys", False)),
-                )
-                for s in d.get("seals", ())
-            ),
-        )
-    if short == "SourceHeartbeat":
-        return SourceHeartbeat()
-    raise ValueError(f"unknown ack body type {name!r}")
+@cache
+def _converter() -> Converter:
+    return Converter(expanded(raw_schema("ack")), adapters={"Time": TIME},
+                     containers=TIME_CONTAINERS)
 
 
 def encode_ack(msg: AckMessage) -> bytes:
-    return protocol_codec("ack").encode(
-        {
-            "source": msg.source,
-            "incarnation": msg.incarnation,
-            "seq": msg.seq,
-            "sent_at_ms": msg.sent_at_ms,
-            "body": _body_to_wire(msg.body),
-        }
-    )
+    conv = _converter()
+    return protocol_codec("ack").encode(conv.encoder(conv.schema, AckMessage)(msg))
 
 
 def ack_headers() -> list[tuple[str, bytes]]:
@@ -210,15 +135,11 @@ def decode_ack(value: bytes, headers: Iterable[tuple[str, bytes]] | None) -> Ack
     if fp is None:
         raise ProtocolError("ack message without a schema fingerprint header")
     try:
-        d = protocol_codec("ack").decode(value, fp)
-        name, body = d["body"]
-        return AckMessage(
-            str(d["source"]),
-            int(d["seq"]),
-            int(d["sent_at_ms"]),
-            _body_from_wire(name, body),
-            str(d.get("incarnation", "")),
+        conv = _converter()
+        msg: AckMessage = conv.decoder(conv.schema, AckMessage)(
+            protocol_codec("ack").decode(value, fp)
         )
+        return msg
     except SubstreamsError as exc:
         raise ProtocolError(str(exc)) from exc
     except (ValueError, KeyError, TypeError) as exc:

@@ -14,16 +14,17 @@ frozen dataclasses and back; what the commands *mean* lives in :mod:`.history` a
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from functools import cache
+from typing import Annotated, Any, TypeVar
 
-from substreams.control.messages import OffsetRange
+from substreams.control.messages import TIME, TIME_CONTAINERS, OffsetRange
 from substreams.errors import ProtocolError, SubstreamsError
-from substreams.frontier import Keyed, Time, time_from_wire, time_to_wire
-from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
+from substreams.frontier import Keyed, Time
+from substreams.streams.schemas import HEADER_FINGERPRINT, expanded, protocol_codec, raw_schema
+from substreams.streams.wire import Adapter, Converter
 
-NS = "substreams."
 _U64 = 1 << 64
 
 
@@ -126,13 +127,17 @@ class Frontiers:
     upper: tuple[Time, ...]
 
 
+U64 = Adapter(lambda x: to_signed64(x), lambda x: to_unsigned64(int(x)))
+"""An unsigned 64-bit value (an XOR state) on a signed Avro long."""
+
+
 @dataclass(frozen=True, slots=True)
 class PeekRow:
     """One time of a substream as the acker sees it."""
 
     time: Time
     state: str  # "OPEN" | "COMPLETE"
-    xor: int
+    xor: Annotated[int, U64]
     """Unsigned 64-bit XOR state (0 once every record sent was received)."""
     records: int
     unsealed_sources: tuple[str, ...]
@@ -142,14 +147,42 @@ class PeekRow:
 
 
 @dataclass(frozen=True, slots=True)
+class PeekRows:
+    rows: tuple[PeekRow, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PeekError:
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PeekCanceled:
+    pass
+
+
+PeekResult = PeekRows | PeekError | PeekCanceled
+
+
+@dataclass(frozen=True, slots=True)
 class PeekResponse:
-    """``rows`` on success, else ``error`` set, else ``canceled``."""
+    """The rows of a peek, or why there are none (an error, or a CancelPeek)."""
 
     uuid: str
     substream: str
-    rows: tuple[PeekRow, ...] = ()
-    error: str | None = None
-    canceled: bool = False
+    result: PeekResult = PeekRows()
+
+    @property
+    def rows(self) -> tuple[PeekRow, ...]:
+        return self.result.rows if isinstance(self.result, PeekRows) else ()
+
+    @property
+    def error(self) -> str | None:
+        return self.result.message if isinstance(self.result, PeekError) else None
+
+    @property
+    def canceled(self) -> bool:
+        return isinstance(self.result, PeekCanceled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +230,7 @@ class Response:
     sent_at_ms: int = 0
 
 
-# --- wire form ------------------------------------------------------------------------------
+# --- wire form: one converter (substreams.streams.wire) -------------------------------------
 
 
 def to_signed64(x: int) -> int:
@@ -210,192 +243,15 @@ def to_unsigned64(x: int) -> int:
     return x % _U64
 
 
-def _unwrap(value: Any) -> Any:
-    """A nullable union's value: with record names on, fastavro gives records as (name, value)."""
-    return value[1] if isinstance(value, tuple) else value
-
-
-def _times(ts: Sequence[Time]) -> list[Any]:
-    return [time_to_wire(t) for t in ts]
-
-
-def _times_from(ts: Sequence[Mapping[str, Any]]) -> tuple[Time, ...]:
-    return tuple(time_from_wire(t) for t in ts)
-
-
-def command_body_to_wire(body: CommandBody) -> tuple[str, dict[str, Any]]:
-    match body:
-        case Hello(version):
-            return NS + "Hello", {"version": version}
-        case CreateInstance():
-            return NS + "CreateInstance", {}
-        case InitializationComplete():
-            return NS + "InitializationComplete", {}
-        case ConfigureSubstreams(subs):
-            return NS + "ConfigureSubstreams", {"substreams": list(subs)}
-        case AllowCompaction(sub, frontier):
-            return NS + "AllowCompaction", {"substream": sub, "frontier": _times(frontier)}
-        case Peek(uuid, sub, t):
-            return NS + "Peek", {
-                "uuid": uuid,
-                "substream": sub,
-                "time": None if t is None else time_to_wire(t),
-            }
-        case CancelPeek(uuid):
-            return NS + "CancelPeek", {"uuid": uuid}
-        case StatusRequest():
-            return NS + "Status", {}
-    raise TypeError(f"not a command body: {body!r}")
-
-
-def command_body_from_wire(name: str, d: Mapping[str, Any]) -> CommandBody:
-    short = name.removeprefix(NS)
-    if short == "Hello":
-        return Hello(int(d.get("version", 1)))
-    if short == "CreateInstance":
-        return CreateInstance()
-    if short == "InitializationComplete":
-        return InitializationComplete()
-    if short == "ConfigureSubstreams":
-        return ConfigureSubstreams(tuple(d["substreams"]))
-    if short == "AllowCompaction":
-        return AllowCompaction(d["substream"], _times_from(d["frontier"]))
-    if short == "Peek":
-        t = _unwrap(d.get("time"))
-        return Peek(d["uuid"], d["substream"], None if t is None else time_from_wire(t))
-    if short == "CancelPeek":
-        return CancelPeek(d["uuid"])
-    if short == "Status":
-        return StatusRequest()
-    raise ProtocolError(f"unknown acker command type {name!r}")
-
-
-def _row_to_wire(r: PeekRow) -> dict[str, Any]:
-    return {
-        "time": time_to_wire(r.time),
-        "state": r.state,
-        "xor": to_signed64(r.xor),
-        "records": r.records,
-        "unsealed_sources": list(r.unsealed_sources),
-        "first_seen_ms": r.first_seen_ms,
-        "sealed_at_ms": r.sealed_at_ms,
-        "ranges": [x.to_wire() for x in r.ranges],
-    }
-
-
-def _row_from_wire(d: Mapping[str, Any]) -> PeekRow:
-    return PeekRow(
-        time_from_wire(d["time"]),
-        str(d["state"]),
-        to_unsigned64(int(d["xor"])),
-        int(d["records"]),
-        tuple(d["unsealed_sources"]),
-        int(d["first_seen_ms"]),
-        _unwrap(d.get("sealed_at_ms")),
-        tuple(OffsetRange.from_wire(x) for x in d.get("ranges", ())),
-    )
-
-
-def _status_sub_to_wire(s: SubstreamStatus) -> dict[str, Any]:
-    last = s.last_notification
-    return {
-        "substream": s.substream,
-        "lower": _times(s.lower),
-        "upper": _times(s.upper),
-        "open_times": s.open_times,
-        "since": None if s.since is None else _times(s.since),
-        "last_notification": None
-        if last is None
-        else {
-            "time": time_to_wire(last[0]),
-            "at_ms": last[1],
-        },
-    }
-
-
-def _status_sub_from_wire(d: Mapping[str, Any]) -> SubstreamStatus:
-    last = _unwrap(d.get("last_notification"))
-    since = d.get("since")
-    return SubstreamStatus(
-        d["substream"],
-        _times_from(d["lower"]),
-        _times_from(d["upper"]),
-        int(d["open_times"]),
-        None if since is None else _times_from(since),
-        None if last is None else (time_from_wire(last["time"]), int(last["at_ms"])),
-    )
-
-
-def response_body_to_wire(body: ResponseBody) -> tuple[str, dict[str, Any]]:
-    if isinstance(body, Frontiers):
-        return NS + "Frontiers", {
-            "substream": body.substream,
-            "lower": _times(body.lower),
-            "upper": _times(body.upper),
-        }
-    if isinstance(body, PeekResponse):
-        result: tuple[str, dict[str, Any]]
-        if body.canceled:
-            result = (NS + "PeekCanceled", {})
-        elif body.error is not None:
-            result = (NS + "PeekError", {"message": body.error})
-        else:
-            result = (NS + "PeekRows", {"rows": [_row_to_wire(r) for r in body.rows]})
-        return NS + "PeekResponse", {
-            "uuid": body.uuid,
-            "substream": body.substream,
-            "result": result,
-        }
-    if isinstance(body, StatusResponse):
-        return NS + "StatusResponse", {
-            "stage": body.stage.value,
-            "substreams": [_status_sub_to_wire(s) for s in body.substreams],
-            "acks": [
-                {"partition": a.partition, "offset": a.offset, "lag": a.lag} for a in body.acks
-            ],
-            "configured": list(body.configured),
-        }
-    return NS + "Rejected", {"reason": body.reason}
-
-
-def response_body_from_wire(name: str, d: Mapping[str, Any]) -> ResponseBody:
-    short = name.removeprefix(NS)
-    if short == "Frontiers":
-        return Frontiers(d["substream"], _times_from(d["lower"]), _times_from(d["upper"]))
-    if short == "PeekResponse":
-        kind, value = d["result"]
-        kind = kind.removeprefix(NS)
-        if kind == "PeekRows":
-            rows = tuple(_row_from_wire(r) for r in value["rows"])
-            return PeekResponse(d["uuid"], d["substream"], rows=rows)
-        if kind == "PeekError":
-            return PeekResponse(d["uuid"], d["substream"], error=str(value["message"]))
-        return PeekResponse(d["uuid"], d["substream"], canceled=True)
-    if short == "StatusResponse":
-        return StatusResponse(
-            Stage(d["stage"]),
-            tuple(_status_sub_from_wire(s) for s in d["substreams"]),
-            tuple(
-                AcksPartition(int(a["partition"]), int(a["offset"]), a.get("lag"))
-                for a in d["acks"]
-            ),
-            tuple(d.get("configured", ())),
-        )
-    if short == "Rejected":
-        return Rejected(str(d["reason"]))
-    raise ProtocolError(f"unknown acker response type {name!r}")
+@cache
+def _converter(schema: str) -> Converter:
+    return Converter(expanded(raw_schema(schema)), names={"Status": StatusRequest},
+                     adapters={"Time": TIME}, containers=TIME_CONTAINERS)
 
 
 def encode_command(cmd: Command) -> bytes:
-    return protocol_codec("command").encode(
-        {
-            "controller": cmd.controller,
-            "nonce": cmd.nonce,
-            "seq": cmd.seq,
-            "sent_at_ms": cmd.sent_at_ms,
-            "body": command_body_to_wire(cmd.body),
-        }
-    )
+    conv = _converter("command")
+    return protocol_codec("command").encode(conv.encoder(conv.schema, Command)(cmd))
 
 
 T = TypeVar("T")
@@ -421,14 +277,9 @@ def _decode(
 
 
 def _command(d: dict[str, Any]) -> Command:
-    name, body = d["body"]
-    return Command(
-        d["controller"],
-        d["nonce"],
-        int(d["seq"]),
-        command_body_from_wire(name, body),
-        int(d["sent_at_ms"]),
-    )
+    conv = _converter("command")
+    cmd: Command = conv.decoder(conv.schema, Command)(d)
+    return cmd
 
 
 def decode_command(value: bytes, headers: Sequence[tuple[str, bytes]] | None = None) -> Command:
@@ -437,28 +288,14 @@ def decode_command(value: bytes, headers: Sequence[tuple[str, bytes]] | None = N
 
 
 def encode_response(resp: Response) -> bytes:
-    return protocol_codec("response").encode(
-        {
-            "acker": resp.acker,
-            "controller": resp.controller,
-            "nonce": resp.nonce,
-            "seq": resp.seq,
-            "sent_at_ms": resp.sent_at_ms,
-            "body": response_body_to_wire(resp.body),
-        }
-    )
+    conv = _converter("response")
+    return protocol_codec("response").encode(conv.encoder(conv.schema, Response)(resp))
 
 
 def _response(d: dict[str, Any]) -> Response:
-    name, body = d["body"]
-    return Response(
-        d["acker"],
-        d["controller"],
-        d["nonce"],
-        int(d["seq"]),
-        response_body_from_wire(name, body),
-        int(d["sent_at_ms"]),
-    )
+    conv = _converter("response")
+    resp: Response = conv.decoder(conv.schema, Response)(d)
+    return resp
 
 
 def decode_response(value: bytes, headers: Sequence[tuple[str, bytes]] | None = None) -> Response:

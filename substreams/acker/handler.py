@@ -37,8 +37,11 @@ from substreams.acker.commands import (
     Hello,
     InitializationComplete,
     Peek,
+    PeekCanceled,
+    PeekError,
     PeekResponse,
     PeekRow,
+    PeekRows,
     Rejected,
     Response,
     ResponseBody,
@@ -309,7 +312,7 @@ class CommandHandler:
             return
         if outcome.kind is OutcomeKind.REJECTED:
             if isinstance(body, Peek):
-                self._reply(cmd, PeekResponse(body.uuid, body.substream, error=outcome.reason))
+                self._reply(cmd, PeekResponse(body.uuid, body.substream, PeekError(outcome.reason)))
             else:
                 self._reply(cmd, Rejected(outcome.reason))
             return
@@ -319,7 +322,7 @@ class CommandHandler:
             # the answer to the Peek itself (its seq): the controller waits for that one
             peek = canceling.command
             sub = peek.body.substream if isinstance(peek.body, Peek) else ""
-            self._reply(peek, PeekResponse(outcome.canceled, sub, canceled=True))
+            self._reply(peek, PeekResponse(outcome.canceled, sub, PeekCanceled()))
             return
         session = self.history.state.session_of(cmd)
         assert session is not None
@@ -432,7 +435,7 @@ class CommandHandler:
             return PeekResponse(
                 peek.uuid,
                 peek.substream,
-                error=f"acker '{self.name}' tracks no substream {peek.substream!r}",
+                PeekError(f"acker '{self.name}' tracks no substream {peek.substream!r}"),
             )
         open_rows = {
             o.time: PeekRow(
@@ -442,24 +445,24 @@ class CommandHandler:
         }
         if peek.time is None:
             rows = tuple(open_rows[t] for t in sorted(open_rows, key=sort_key))
-            return PeekResponse(peek.uuid, peek.substream, rows=rows)
+            return PeekResponse(peek.uuid, peek.substream, PeekRows(rows))
         t = peek.time
         if t in open_rows:
-            return PeekResponse(peek.uuid, peek.substream, rows=(open_rows[t],))
+            return PeekResponse(peek.uuid, peek.substream, PeekRows((open_rows[t],)))
         if self.history.state.is_compacted(peek.substream, t):
             since = self.history.state.since_of(peek.substream)
             shown = " ".join(str(x) for x in since or ())
             return PeekResponse(
                 peek.uuid,
                 peek.substream,
-                error=(
+                PeekError(
                     f"time {t!r} of substream {peek.substream!r} was compacted "
                     f"(the compaction frontier is {{{shown}}})"
                 ),
             )
         done = self.completed.get(peek.substream, {}).get(t)
         if done is None and (sub.lower.less_equal(t) or not sub.upper.covers(t)):
-            return PeekResponse(peek.uuid, peek.substream, rows=())  # not seen yet
+            return PeekResponse(peek.uuid, peek.substream, PeekRows(()))  # not seen yet
         row = PeekRow(
             t,
             "COMPLETE",
@@ -470,7 +473,7 @@ class CommandHandler:
             None if done is None else done.sealed_at_ms,
             () if done is None else done.ranges,
         )
-        return PeekResponse(peek.uuid, peek.substream, rows=(row,))
+        return PeekResponse(peek.uuid, peek.substream, PeekRows((row,)))
 
     def _poll_control(self) -> None:
         """Keep the completed times of the tracked substreams (from their EpochCompletes)."""

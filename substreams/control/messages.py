@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from substreams.frontier import (
@@ -35,8 +36,8 @@ from substreams.frontier import (
     time_from_wire,
     time_to_wire,
 )
-
-NS = "substreams."
+from substreams.streams.schemas import expanded, raw_schema
+from substreams.streams.wire import Adapter, Converter
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -47,18 +48,6 @@ class OffsetRange:
     partition: int
     start: int
     end: int
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "stream": self.stream,
-            "partition": self.partition,
-            "start": self.start,
-            "end": self.end,
-        }
-
-    @staticmethod
-    def from_wire(d: Mapping[str, Any]) -> OffsetRange:
-        return OffsetRange(d["stream"], int(d["partition"]), int(d["start"]), int(d["end"]))
 
 
 def merge_ranges(ranges: Sequence[OffsetRange]) -> tuple[OffsetRange, ...]:
@@ -166,129 +155,28 @@ class ControlRecord:
     body: ControlBody
 
 
-# --- wire form (fastavro dicts; unions as (name, value) tuples) ----------------------------
+# --- wire form: one converter (substreams.streams.wire) ----------------------------------
+
+TIME = Adapter(time_to_wire, time_from_wire)
+"""``substreams.Time`` on the wire (shared by every protocol schema)."""
+
+TIME_CONTAINERS: dict[type, Any] = {Antichain: Time, UpperAntichain: Time}
+"""Frontiers travel as arrays of times."""
 
 
-def _times(ts: Sequence[Time]) -> list[Any]:
-    return [time_to_wire(t) for t in ts]
-
-
-def body_to_wire(body: ControlBody) -> tuple[str, dict[str, Any]]:
-    if isinstance(body, FrontierSnapshot):
-        return NS + "FrontierSnapshot", {
-            "substream": body.substream,
-            "lower": _times(body.lower.elements()),
-            "upper": _times(body.upper.elements()),
-            "data_from": [r.to_wire() for r in body.data_from],
-        }
-    if isinstance(body, FrontierUpdate):
-        return NS + "FrontierUpdate", {
-            "substream": body.substream,
-            "updates": [{"time": time_to_wire(t), "delta": d} for t, d in body.updates],
-        }
-    if isinstance(body, EpochComplete):
-        return NS + "EpochComplete", {
-            "substream": body.substream,
-            "time": time_to_wire(body.time),
-            "ranges": [r.to_wire() for r in body.ranges],
-            "records": body.records,
-            "sealed_at_ms": body.sealed_at_ms,
-            "lower_updates": [{"time": time_to_wire(t), "delta": d} for t, d in body.lower_updates],
-            "until": None if body.until is None else time_to_wire(body.until),
-        }
-    if isinstance(body, WriterHeartbeat):
-        return NS + "WriterHeartbeat", {"substream": body.substream}
-    if isinstance(body, SourceEvicted):
-        return NS + "SourceEvicted", {
-            "substream": body.substream,
-            "source": body.source,
-            "incarnation": body.incarnation,
-            "last_seen_ms": body.last_seen_ms,
-            "reason": body.reason,
-        }
-    if isinstance(body, ChainResume):
-        return NS + "ChainResume", {
-            "writer": body.writer,
-            "offset": body.offset,
-            "seq": body.seq,
-            "digest": body.digest,
-            "operator": body.operator,
-            "reason": body.reason,
-        }
-    return NS + "Checkpoint", {
-        "acks_offsets": [{"partition": p, "offset": o} for p, o in body.acks_offsets],
-        "state": body.state,
-    }
-
-
-def _optional_time(value: Any) -> Time | None:
-    """A ``["null", Time]`` union as decoded with record names: None or (name, time)."""
-    if value is None:
-        return None
-    return time_from_wire(value[1] if isinstance(value, tuple) else value)
-
-
-def body_from_wire(name: str, d: Mapping[str, Any]) -> ControlBody:
-    short = name.removeprefix(NS)
-    if short == "FrontierSnapshot":
-        return FrontierSnapshot(
-            d["substream"],
-            Antichain(time_from_wire(t) for t in d["lower"]),
-            UpperAntichain(time_from_wire(t) for t in d["upper"]),
-            tuple(OffsetRange.from_wire(r) for r in d["data_from"]),
-        )
-    if short == "FrontierUpdate":
-        return FrontierUpdate(
-            d["substream"],
-            tuple((time_from_wire(u["time"]), int(u["delta"])) for u in d["updates"]),
-        )
-    if short == "EpochComplete":
-        return EpochComplete(
-            d["substream"],
-            time_from_wire(d["time"]),
-            tuple(OffsetRange.from_wire(r) for r in d["ranges"]),
-            int(d["records"]),
-            int(d["sealed_at_ms"]),
-            tuple((time_from_wire(u["time"]), int(u["delta"])) for u in d.get("lower_updates", ())),
-            _optional_time(d.get("until")),
-        )
-    if short == "WriterHeartbeat":
-        return WriterHeartbeat(d.get("substream"))
-    if short == "SourceEvicted":
-        return SourceEvicted(
-            d["substream"], d["source"], d["incarnation"], int(d["last_seen_ms"]), d["reason"]
-        )
-    if short == "ChainResume":
-        return ChainResume(
-            d["writer"], int(d["offset"]), int(d["seq"]), bytes(d["digest"]), d["operator"],
-            d["reason"],
-        )
-    if short == "Checkpoint":
-        return Checkpoint(
-            tuple((int(x["partition"]), int(x["offset"])) for x in d["acks_offsets"]),
-            bytes(d["state"]),
-        )
-    raise ValueError(f"unknown control body type {name!r}")
+@cache
+def _converter() -> Converter:
+    return Converter(expanded(raw_schema("control")), adapters={"Time": TIME},
+                     containers=TIME_CONTAINERS)
 
 
 def record_to_wire(rec: ControlRecord) -> dict[str, Any]:
-    return {
-        "writer": rec.writer,
-        "seq": rec.seq,
-        "prev_digest": rec.prev_digest,
-        "digest": rec.digest,
-        "written_at_ms": rec.written_at_ms,
-        "body": body_to_wire(rec.body),
-    }
+    """The fastavro datum of ``rec`` (unions as ``(name, value)``)."""
+    datum: dict[str, Any] = _converter().encoder(_converter().schema, ControlRecord)(rec)
+    return datum
 
 
 def record_from_wire(d: Mapping[str, Any]) -> ControlRecord:
-    name, body = d["body"]
-    return ControlRecord(
-        d["writer"],
-        int(d["seq"]),
-        bytes(d["prev_digest"]),
-        bytes(d["digest"]),
-        int(d["written_at_ms"]),
-        body_from_wire(name, body),
-    )
+    """The control record of a fastavro datum decoded with record names."""
+    rec: ControlRecord = _converter().decoder(_converter().schema, ControlRecord)(d)
+    return rec

@@ -229,10 +229,16 @@ def test_sealed_empty_time_is_notified_and_unsealed_source_blocks(
     with acker(config) as a, pa, pb:
         pa.publish({"user": "x", "url": "/1", "ts": 1})
         pa.seal(sub, 1)
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30  # until the acker applied a's record and seal
+        while True:
+            subs = a.service.view().substreams
+            opened = [o for o in subs[sub].open_times if o.time == 1] if sub in subs else []
+            if (opened and opened[0].records == 1) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)  # a wrong notification would have had time to appear
         assert notifications(config, sub) == []  # b has not sealed 1
-        view = a.service.view()
-        [open1] = [o for o in view.substreams[sub].open_times if o.time == 1]
+        [open1] = opened
         assert open1.unsealed_sources == ["b"] and open1.records == 1
         pb.seal(sub, 2)  # covers 1 and 2; 2 has no data at all
         pa.seal(sub, 2)

@@ -37,6 +37,7 @@ from substreams.acker.commands import (
     Peek,
     PeekResponse,
     PeekRow,
+    PeekRows,
     Response,
     Stage,
     StatusResponse,
@@ -110,7 +111,9 @@ RESPONSES = [
             "ctl",
             "n1",
             3,
-            PeekResponse("u", "sub", rows=(PeekRow(7, "OPEN", 2**64 - 1, 3, ("a",), 5, 9, (R,)),)),
+            PeekResponse(
+                "u", "sub", PeekRows((PeekRow(7, "OPEN", 2**64 - 1, 3, ("a",), 5, 9, (R,)),))
+            ),
             1,
         )
     ),
