@@ -121,7 +121,7 @@ def _converter() -> Converter:
 
 def encode_ack(msg: AckMessage) -> bytes:
     conv = _converter()
-    return protocol_codec("ack").encode(conv.encoder(conv.schema, AckMessage)(msg))
+    return protocol_codec("ack").encode(conv.root_encoder(AckMessage)(msg))
 
 
 def ack_headers() -> list[tuple[str, bytes]]:
@@ -136,7 +136,7 @@ def decode_ack(value: bytes, headers: Iterable[tuple[str, bytes]] | None) -> Ack
         raise ProtocolError("ack message without a schema fingerprint header")
     try:
         conv = _converter()
-        msg: AckMessage = conv.decoder(conv.schema, AckMessage)(
+        msg: AckMessage = conv.root_decoder(AckMessage)(
             protocol_codec("ack").decode(value, fp)
         )
         return msg

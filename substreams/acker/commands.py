@@ -251,7 +251,7 @@ def _converter(schema: str) -> Converter:
 
 def encode_command(cmd: Command) -> bytes:
     conv = _converter("command")
-    return protocol_codec("command").encode(conv.encoder(conv.schema, Command)(cmd))
+    return protocol_codec("command").encode(conv.root_encoder(Command)(cmd))
 
 
 T = TypeVar("T")
@@ -278,7 +278,7 @@ def _decode(
 
 def _command(d: dict[str, Any]) -> Command:
     conv = _converter("command")
-    cmd: Command = conv.decoder(conv.schema, Command)(d)
+    cmd: Command = conv.root_decoder(Command)(d)
     return cmd
 
 
@@ -289,12 +289,12 @@ def decode_command(value: bytes, headers: Sequence[tuple[str, bytes]] | None = N
 
 def encode_response(resp: Response) -> bytes:
     conv = _converter("response")
-    return protocol_codec("response").encode(conv.encoder(conv.schema, Response)(resp))
+    return protocol_codec("response").encode(conv.root_encoder(Response)(resp))
 
 
 def _response(d: dict[str, Any]) -> Response:
     conv = _converter("response")
-    resp: Response = conv.decoder(conv.schema, Response)(d)
+    resp: Response = conv.root_decoder(Response)(d)
     return resp
 
 

@@ -172,11 +172,11 @@ def _converter() -> Converter:
 
 def record_to_wire(rec: ControlRecord) -> dict[str, Any]:
     """The fastavro datum of ``rec`` (unions as ``(name, value)``)."""
-    datum: dict[str, Any] = _converter().encoder(_converter().schema, ControlRecord)(rec)
+    datum: dict[str, Any] = _converter().root_encoder(ControlRecord)(rec)
     return datum
 
 
 def record_from_wire(d: Mapping[str, Any]) -> ControlRecord:
     """The control record of a fastavro datum decoded with record names."""
-    rec: ControlRecord = _converter().decoder(_converter().schema, ControlRecord)(d)
+    rec: ControlRecord = _converter().root_decoder(ControlRecord)(d)
     return rec

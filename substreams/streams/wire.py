@@ -26,6 +26,7 @@ Rules (checked when a converter is built, not per message):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import types
@@ -70,6 +71,8 @@ class Converter:
         self._index(self.schema, None)
         self._to: dict[tuple[str, Any], ToWire] = {}
         self._from: dict[tuple[str, Any], FromWire] = {}
+        self._root_to: dict[Any, ToWire] = {}
+        self._root_from: dict[Any, FromWire] = {}
 
     # -- the schema's named types ----------------------------------------------------------
 
@@ -118,10 +121,24 @@ class Converter:
 
     def to_wire(self, value: Any, hint: Any = None) -> Any:
         """``value`` (of ``hint``, default its class) as the schema's top-level datum."""
-        return self.encoder(self.schema, hint or type(value))(value)
+        return self.root_encoder(hint or type(value))(value)
 
     def from_wire(self, datum: Any, hint: Any) -> Any:
-        return self.decoder(self.schema, hint)(datum)
+        return self.root_decoder(hint)(datum)
+
+    def root_encoder(self, hint: Any) -> ToWire:
+        """The compiled encoder of the top-level record as ``hint`` (cached by ``hint``
+        alone: the per-message path does no schema lookups)."""
+        fn = self._root_to.get(hint)
+        if fn is None:
+            fn = self._root_to[hint] = self.encoder(self.schema, hint)
+        return fn
+
+    def root_decoder(self, hint: Any) -> FromWire:
+        fn = self._root_from.get(hint)
+        if fn is None:
+            fn = self._root_from[hint] = self.decoder(self.schema, hint)
+        return fn
 
     def encoder(self, avro: Any, hint: Any) -> ToWire:
         key = (repr(avro) if not isinstance(avro, str) else avro, hint)
@@ -164,6 +181,8 @@ class Converter:
         if kind == "array":
             item, iterate = self._array_item(hint)
             enc = self.encoder(avro["items"], item)
+            if enc is _identity:
+                return lambda v: list(iterate(v))
             return lambda v: [enc(x) for x in iterate(v)]
         if kind == "enum":
             if isinstance(hint, type) and issubclass(hint, enum.Enum):
@@ -187,7 +206,9 @@ class Converter:
             item, _ = self._array_item(hint)
             dec = self.decoder(avro["items"], item)
             build = self._array_build(hint)
-            return lambda d: build(dec(x) for x in d)
+            if dec is _identity:
+                return build
+            return lambda d: build([dec(x) for x in d])
         if kind == "enum":
             if isinstance(hint, type) and issubclass(hint, enum.Enum):
                 cls = hint
@@ -205,29 +226,25 @@ class Converter:
         if _is_tuple(hint):
             args = typing.get_args(hint)
             encs = [self.encoder(t, h) for (_, t), h in zip(fields, args, strict=True)]
-            names = [n for n, _ in fields]
-            return lambda v: {n: e(x) for n, e, x in zip(names, encs, v, strict=True)}
+            items = [(n, f"v[{i}]") for i, (n, _) in enumerate(fields)]
+            return _generate_dict(avro["name"], items, encs)
         cls = _dataclass(hint, avro)
         hints = self._fields(cls)
         self._check_fields(cls, avro)
-        plan = [(n, self.encoder(t, hints[n])) for n, t in fields]
-        return lambda v: {n: e(getattr(v, n)) for n, e in plan}
+        encs = [self.encoder(t, hints[n]) for n, t in fields]
+        return _generate_dict(avro["name"], [(n, f"v.{n}") for n, _ in fields], encs)
 
     def _record_from(self, avro: Mapping[str, Any], hint: Any) -> FromWire:
         fields = [(f["name"], f["type"]) for f in avro["fields"]]
         if _is_tuple(hint):
             args = typing.get_args(hint)
-            decs = [(n, self.decoder(t, h)) for (n, t), h in zip(fields, args, strict=True)]
-            return lambda d: tuple(dec(d[n]) for n, dec in decs)
+            decs = [self.decoder(t, h) for (_, t), h in zip(fields, args, strict=True)]
+            return _generate_call(avro["name"], tuple, _defaults(avro), decs, tupled=True)
         cls = _dataclass(hint, avro)
         hints = self._fields(cls)
         self._check_fields(cls, avro)
-        plan = [(n, self.decoder(t, hints[n])) for n, t in fields]
-
-        def build(d: Mapping[str, Any]) -> Any:
-            return cls(**{n: dec(d[n]) for n, dec in plan if n in d})
-
-        return build
+        decs = [self.decoder(t, hints[n]) for n, t in fields]
+        return _generate_call(avro["name"], cls, _defaults(avro), decs, tupled=False)
 
     def _check_fields(self, cls: type, avro: Mapping[str, Any]) -> None:
         wire = {f["name"] for f in avro["fields"]}
@@ -342,7 +359,67 @@ def _elements(v: Any) -> Iterable[Any]:
     return elements()
 
 
-_PRIMITIVE_FROM: dict[str, FromWire] = {"bytes": bytes, "long": int, "int": int}
+_PRIMITIVE_FROM: dict[str, FromWire] = {}
+"""fastavro already hands back ``int``, ``str``, ``bytes``...: primitives pass as they are."""
+
+
+_NO_DEFAULT = object()
+
+
+def _defaults(avro: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """(name, Avro default or _NO_DEFAULT) of a record's fields (defaults are datums, JSON
+    form: ``null``, ``[]``, ``""``; copied so that no decoded value shares one)."""
+    return [(f["name"], copy.deepcopy(f["default"]) if "default" in f else _NO_DEFAULT)
+            for f in avro["fields"]]
+
+
+def _generate_dict(name: str, items: list[tuple[str, str]], encs: list[ToWire]) -> ToWire:
+    """``lambda v: {"field": enc(v.field), ...}`` as one generated function (a dict display
+    instead of a loop over a plan: this runs per message); identity encoders are inlined."""
+    env: dict[str, Any] = {}
+    parts = []
+    for i, ((field, expr), enc) in enumerate(zip(items, encs, strict=True)):
+        if enc is _identity:
+            parts.append(f"{field!r}: {expr}")
+        else:
+            env[f"e{i}"] = enc
+            parts.append(f"{field!r}: e{i}({expr})")
+    return _compile(f"to_{name}", "v", "{" + ", ".join(parts) + "}", env)
+
+
+def _generate_call(
+    name: str,
+    cls: Any,
+    fields: list[tuple[str, Any]],
+    decs: list[FromWire],
+    *,
+    tupled: bool,
+) -> FromWire:
+    """``lambda d: cls(field=dec(d["field"]), ...)`` (or a tuple, positionally) as one
+    generated function; identity decoders are inlined.  A field with an Avro default is
+    read with ``d.get`` (a datum of an older schema version may lack it)."""
+    env: dict[str, Any] = {"cls": cls}
+    args = []
+    for i, ((field, default), dec) in enumerate(zip(fields, decs, strict=True)):
+        if default is _NO_DEFAULT:
+            raw = f"d[{field!r}]"
+        else:
+            env[f"g{i}"] = default
+            raw = f"d.get({field!r}, g{i})"
+        value = raw if dec is _identity else f"f{i}({raw})"
+        if dec is not _identity:
+            env[f"f{i}"] = dec
+        args.append(value if tupled else f"{field}={value}")
+    body = "(" + ", ".join(args) + ("," if tupled and len(args) == 1 else "") + ")"
+    return _compile(f"from_{name}", "d", body if tupled else "cls" + body, env)
+
+
+def _compile(name: str, arg: str, expr: str, env: dict[str, Any]) -> Callable[[Any], Any]:
+    source = f"def {name}({arg}):\n    return {expr}\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<wire {name}>", "exec"), env, namespace)
+    fn: Callable[[Any], Any] = namespace[name]
+    return fn
 
 
 def _is_tuple(hint: Any) -> bool:

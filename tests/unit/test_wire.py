@@ -166,3 +166,17 @@ def test_a_record_may_be_a_positional_tuple() -> None:
     hint = tuple[int, str]
     assert conv.to_wire((3, "x"), hint) == {"a": 3, "b": "x"}
     assert conv.from_wire({"a": 3, "b": "x"}, hint) == (3, "x")
+
+
+def test_a_field_with_an_avro_default_may_be_missing_from_an_older_datum() -> None:
+    @dataclass(frozen=True)
+    class Pair:
+        a: int
+        b: tuple[str, ...] = ()
+
+    schema = {**SCHEMA, "fields": [SCHEMA["fields"][0],  # type: ignore[index]
+                                   {"name": "b", "type": {"type": "array", "items": "string"},
+                                    "default": []}]}
+    conv = Converter(schema)
+    assert conv.from_wire({"a": 1}, Pair) == Pair(1, ())
+    assert conv.from_wire({"a": 1, "b": ["x"]}, Pair) == Pair(1, ("x",))
