@@ -344,12 +344,17 @@ class BenchContext:
 
 @contextlib.contextmanager
 def bench_context(
-    quick: bool, bootstrap: str | None = None, console: Console | None = None
+    quick: bool,
+    bootstrap: str | None = None,
+    console: Console | None = None,
+    *,
+    needs_broker: bool = True,
 ) -> Iterator[BenchContext]:
     """Start the embedded broker (unless ``bootstrap`` or ``$SUBSTREAMS_BOOTSTRAP`` names
-    one) and a scratch folder; everything is cleaned up on exit."""
+    one, or the benchmark needs none) and a scratch folder; everything is cleaned up on
+    exit."""
     console = console or Console()
-    wanted = bootstrap or os.environ.get(client.ENV_BOOTSTRAP)
+    wanted = bootstrap or os.environ.get(client.ENV_BOOTSTRAP) or (None if needs_broker else "-")
     with contextlib.ExitStack() as stack:
         broker: KafkaCluster | None = None
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ss-bench-")))

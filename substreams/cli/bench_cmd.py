@@ -1,4 +1,5 @@
-"""`substreams bench <traffic|latency|throughput|spark|acker|soak|recovery> [--quick] [--out DIR]`.
+"""`substreams bench <traffic|latency|throughput|spark|acker|soak|recovery|framing> [--quick]
+[--out DIR]`.
 
 Each benchmark runs its baselines in the same run on the same broker (an embedded one
 unless ``--bootstrap``/``$SUBSTREAMS_BOOTSTRAP`` names another), prints a table with a
@@ -25,7 +26,9 @@ from substreams.bench.harness import (
 )
 from substreams.cli.options import bootstrap_option
 
-BENCHES = ("traffic", "latency", "throughput", "spark", "acker", "recovery", "soak")
+BENCHES = (
+    "traffic", "latency", "throughput", "spark", "acker", "recovery", "soak", "framing"
+)
 
 
 @click.command("bench")
@@ -93,11 +96,13 @@ def command(
     # SIGTERM unwinds like Ctrl-C, so the embedded broker and the acker process stop too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     t0 = time.perf_counter()
-    with bench_context(quick, bootstrap, console) as ctx:
+    needs_broker = getattr(module, "NEEDS_BROKER", True)
+    with bench_context(quick, bootstrap, console, needs_broker=needs_broker) as ctx:
         ctx.grid = dims or None
         ctx.mechanism = mechanism
         ctx.minutes, ctx.sample_s = minutes, sample_s
-        console.print(f"[bold]bench {name}[/]{' (quick)' if quick else ''} on {ctx.bootstrap}")
+        where = f"on {ctx.bootstrap}" if needs_broker else "(no broker needed)"
+        console.print(f"[bold]bench {name}[/]{' (quick)' if quick else ''} {where}")
         result = module.run(ctx)
     result.duration_s = time.perf_counter() - t0
     console.print(render_table(result))

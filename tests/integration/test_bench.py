@@ -182,3 +182,19 @@ def test_bench_recovery_quick_writes_json_and_png(bootstrap: str, tmp_path: Path
         "standby take-over: 10,000 vs 1,000",
     ]
     assert (out / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_framing_quick_checks_hand_framing_against_the_converter(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = bench("framing", "--quick", "--out", str(out))
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "(no broker needed)" in done.stdout
+    data = json.loads((out / "framing.json").read_text())
+    assert [r["path"] for r in data["rows"]] == [
+        "acker: EpochComplete", "acker: session EpochComplete", "publisher: data envelope",
+    ]
+    for row in data["rows"]:
+        assert row["hand_us"] > 0 and row["converter_us"] > 0, row
+        assert abs(row["speedup"] - row["converter_us"] / row["hand_us"]) < 1e-9, row
+    assert len(data["targets"]) == 3 and all(t["met"] is not None for t in data["targets"])
+    assert (out / "framing.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
