@@ -206,12 +206,13 @@ class Stage:
             # Written with the outputs' commit: RCV(input) then means "done with, outputs
             # durable", and a terminal output's SND meets its RCV inside the agent.
             self.agent.report_many(reports)
-        if n:
+        if msgs:  # also a batch of only dead letters / punctuations: not read again
             self.output.send_offsets(
                 [TopicPartition(self.stage.input, p, o) for p, o in self._positions.items()],
                 self.consumer.consumer_group_metadata(),
             )
             self.output.commit()
+        if n:
             self.processed += n
             self._records_in.inc(n)
         if self._gauges_due.due():

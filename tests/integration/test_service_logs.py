@@ -110,9 +110,20 @@ def test_stage_logs_start_from_committed_offsets_and_dead_letters(
     with Stage(config, name, same) as again:  # resumes after what was committed (3: record,
         # transaction marker, garbage)
         again.run_until_idle(0.5)
+    # a batch holding nothing but garbage commits its position too: not dead-lettered twice
+    producer.produce(clicks, b"\x02garbage", partition=0,
+                     headers=Codec(envelope_schema(CLICK_SCHEMA)).headers())
+    producer.flush(10)
+    with Stage(config, name, same) as third:
+        third.run_until_idle(1.0)
+        assert (third.processed, third.dead_letters) == (0, 1)
+    with Stage(config, name, same) as fourth:
+        fourth.run_until_idle(0.5)
+        assert fourth.dead_letters == 0
     said = lines(caplog, "substreams.acker.stage")
     assert has(said, f"stage '{name}' started", f"input '{clicks}' from offsets {{0: 0}}")
     assert has(said, f"stage '{name}' started", f"input '{clicks}' from offsets {{0: 3}}")
+    assert has(said, f"stage '{name}' started", f"input '{clicks}' from offsets {{0: 4}}")
     assert has(said, f"stage '{name}' stopped after 1 records in, 1 out, 1 dead letters")
     letters = lines(caplog, "substreams.acker.deadletter")
     assert has(letters, f"dead letter: malformed at {clicks}[0]@2", "cannot decode")
