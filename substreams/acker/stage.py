@@ -145,8 +145,8 @@ class Stage:
         self.consumer = self.reader.consumer  # the group's committed offsets and metadata
         parts = config.stream(self.stage.input).partitions
         starts = dict(start_offsets or {})
-        committed = self.consumer.committed(
-            [TopicPartition(self.stage.input, p) for p in range(parts)], timeout=30
+        committed = self.reader.committed(
+            [TopicPartition(self.stage.input, p) for p in range(parts)]
         )
         for tp in committed:
             if tp.offset >= 0 and tp.partition not in starts:

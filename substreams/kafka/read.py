@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from substreams.config import Config
 from substreams.errors import BrokerError
@@ -35,6 +35,16 @@ __all__ = ["Reader", "drain", "read_to_end"]
 Partition = tuple[str, int]
 
 log = logging.getLogger(__name__)
+
+_COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
 
 
 class Reader:
@@ -116,6 +126,31 @@ class Reader:
     def caught_up(self) -> bool:
         """Every assigned partition is at its end."""
         return bool(self._assigned) and all(p in self.at_end for p in self._assigned)
+
+    def committed(self, partitions: list[TopicPartition], timeout: float = 30.0
+                  ) -> list[TopicPartition]:
+        """The consumer group's committed offsets of ``partitions`` (negative: none).
+
+        Retries while the group coordinator is being elected or loads its offsets
+        (``NOT_COORDINATOR``, ``COORDINATOR_LOAD_IN_PROGRESS``...: seen on a fresh broker,
+        for seconds after its start)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                found: list[TopicPartition] = self.consumer.committed(
+                    partitions, timeout=max(1.0, min(10.0, deadline - time.monotonic()))
+                )
+                return found
+            except KafkaException as exc:
+                err = exc.args[0]
+                transient = isinstance(err, KafkaError) and (
+                    err.retriable() or err.code() in _COORDINATOR_MOVING
+                )
+                if not transient or time.monotonic() >= deadline:
+                    raise BrokerError(f"{self.name}: committed offsets: {err}") from exc
+                log.info("%s: committed offsets not available yet (%s); retrying",
+                         self.name, err)
+                time.sleep(0.2)
 
     def watermarks(self, topic: str, partition: int = 0) -> tuple[int, int]:
         return client.watermarks(self.consumer, topic, partition)
