@@ -101,25 +101,23 @@ def test_stage_logs_start_from_committed_offsets_and_dead_letters(
     with Application(config).publisher(clicks, "a") as pub:
         pub.publish({"user": "u", "url": "/0", "ts": 0})
     producer = Producer({"bootstrap.servers": config.kafka.bootstrap})
-    producer.produce(clicks, b"\x01garbage", partition=0,
-                     headers=Codec(envelope_schema(CLICK_SCHEMA)).headers())
+    headers = Codec(envelope_schema(CLICK_SCHEMA)).headers()
+
+    def run_stage(idle_s: float) -> tuple[int, int]:
+        with Stage(config, name, same) as stage:
+            stage.run_until_idle(idle_s)
+            return stage.processed, stage.dead_letters
+
+    producer.produce(clicks, b"\x01garbage", partition=0, headers=headers)
     producer.flush(10)
-    with Stage(config, name, same) as stage:
-        stage.run_until_idle(1.0)
-        assert (stage.processed, stage.dead_letters) == (1, 1)
-    with Stage(config, name, same) as again:  # resumes after what was committed (3: record,
-        # transaction marker, garbage)
-        again.run_until_idle(0.5)
+    assert run_stage(1.0) == (1, 1)
+    # resumes after what was committed (3: record, transaction marker, garbage)
+    assert run_stage(0.5) == (0, 0)
     # a batch holding nothing but garbage commits its position too: not dead-lettered twice
-    producer.produce(clicks, b"\x02garbage", partition=0,
-                     headers=Codec(envelope_schema(CLICK_SCHEMA)).headers())
+    producer.produce(clicks, b"\x02garbage", partition=0, headers=headers)
     producer.flush(10)
-    with Stage(config, name, same) as third:
-        third.run_until_idle(1.0)
-        assert (third.processed, third.dead_letters) == (0, 1)
-    with Stage(config, name, same) as fourth:
-        fourth.run_until_idle(0.5)
-        assert fourth.dead_letters == 0
+    assert run_stage(1.0) == (0, 1)
+    assert run_stage(0.5) == (0, 0)
     said = lines(caplog, "substreams.acker.stage")
     assert has(said, f"stage '{name}' started", f"input '{clicks}' from offsets {{0: 0}}")
     assert has(said, f"stage '{name}' started", f"input '{clicks}' from offsets {{0: 3}}")
