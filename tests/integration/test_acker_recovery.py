@@ -61,16 +61,32 @@ def test_sigkill_and_restart_loses_and_duplicates_nothing(
         finally:
             done.set()
 
-    log = (tmp_path / "acker.log").open("ab")
-    cmd = [sys.executable, "-m", "substreams", "acker", "run", "-c", str(config.path)]
+    log_path = tmp_path / "acker.log"
+    log = log_path.open("ab")
+    cmd = [sys.executable, "-m", "substreams", "--log-level", "INFO", "acker", "run", "-c",
+           str(config.path)]
+
+    def started(since: int) -> bool:
+        """The acker process logged its start after byte ``since`` of the log (or 30 s
+        passed): kills count from there, not from a process start slowed down by load."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if b"' started in " in log_path.read_bytes()[since:]:
+                return True
+            time.sleep(0.05)
+        return False
+
     thread = threading.Thread(target=workload, daemon=True)
     thread.start()
     kills = 0
     seen = []
     try:
         while not done.is_set() or kills < 10:
+            log.flush()
+            since = log_path.stat().st_size
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-            time.sleep(rng.uniform(0.8, 2.5))
+            assert started(since), log_path.read_text(errors="replace")[-2000:]
+            time.sleep(rng.uniform(0.3, 1.5))
             proc.kill()
             proc.wait(10)
             kills += 1
