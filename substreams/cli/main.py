@@ -20,7 +20,7 @@ from substreams.errors import SubstreamsError
 
 COMMANDS = (
     "broker", "topics", "config", "demo", "verify", "control", "align", "acker", "submit", "bench",
-    "tail", "ui",
+    "tail", "ui", "spark_cluster",
 )
 
 
