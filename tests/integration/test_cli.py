@@ -33,7 +33,7 @@ def run(
 def test_help_lists_commands_and_each_has_its_own_help() -> None:
     top = run("--help")
     assert top.returncode == 0
-    for name in ("broker", "topics", "config", "demo", "tail", "ui"):
+    for name in ("broker", "topics", "config", "demo", "tail", "ui", "spark-cluster"):
         assert name in top.stdout
         sub = run(name, "--help")
         assert sub.returncode == 0 and "Usage:" in sub.stdout
@@ -43,6 +43,8 @@ def test_help_lists_commands_and_each_has_its_own_help() -> None:
         ("broker", "status"),
         ("topics", "create"),
         ("config", "check"),
+        ("spark-cluster", "start"),
+        ("spark-cluster", "kill-worker"),
     ):
         assert run(*path, "--help").returncode == 0
 
@@ -119,6 +121,15 @@ def test_embedded_without_broker_is_a_clear_error(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "no embedded broker is running" in res.stderr and "substreams broker start" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_spark_cluster_commands_without_a_cluster_are_clear_errors(tmp_path: Path) -> None:
+    env = {"SUBSTREAMS_HOME": str(tmp_path / "empty-home")}
+    for args in (("status",), ("stop",), ("kill-worker", "0")):
+        res = run("spark-cluster", *args, env=env)
+        assert res.returncode == 2, res
+        assert "no spark cluster was started here" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
 
 
 @pytest.mark.parametrize("missing", ["nope.yaml"])
