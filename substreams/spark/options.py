@@ -42,7 +42,9 @@ CONFIG_PICKLE = "configPickle"
 def ship_config(config: Config) -> str:
     """``config`` as the value of the :data:`CONFIG_PICKLE` option: pickled, then base64
     (Spark options are strings).  The source unpickles it, so pass only a Config of your
-    own job (like everything Spark ships to Python workers, it is trusted code)."""
+    own job (like everything Spark ships to Python workers, it is trusted code).  Spark
+    shows the value redacted in query plans (checked with ``explain``), which matters since
+    ``kafka.client`` may hold credentials."""
     return base64.b64encode(pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL)).decode()
 
 

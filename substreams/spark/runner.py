@@ -19,6 +19,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from substreams import metrics
 from substreams.config import Config, load_config
+from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.spark.operator import EpochInfo, EpochOperator, Row, group_epochs
@@ -53,7 +54,7 @@ class EpochBatchHandler:
     def _sink(self) -> BatchSink | None:
         if self.output_stream is not None and self.sink is None:
             if self.config is None:
-                raise ValueError("EpochBatchHandler: an output stream needs a config")
+                raise SubstreamsError("EpochBatchHandler: an output stream needs a config")
             self.sink = BatchSink(self.config, self.output_stream, self.source_id, self.bootstrap)
         return self.sink
 
