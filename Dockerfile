@@ -1,5 +1,5 @@
-# The substreams image: Python 3.11, Java 17 (for PySpark) and the project, installed
-# editable so that the Avro schemas in /app/avro stay where the package finds them.
+# The substreams image: Python 3.11, Java 17 (for PySpark) and the project, installed as a
+# wheel (its Avro schemas are package data); /app keeps the configs and jobs.
 # One image serves every role in docker-compose.yml: acker, producer, Spark master/worker
 # (pyspark ships spark-class), and job submission.
 FROM python:3.11-slim-bookworm
@@ -18,9 +18,8 @@ ENV JAVA_HOME=/opt/java \
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY avro ./avro
 COPY substreams ./substreams
-RUN pip install --no-cache-dir -e . && substreams --help >/dev/null
+RUN pip install --no-cache-dir . && substreams --help >/dev/null
 COPY jobs ./jobs
 COPY substreams.yaml ./
 

@@ -6,9 +6,9 @@ order.  Every command carries ``(controller, nonce, seq)``: the nonce names the 
 started (commands of an older nonce are stale), the seq makes a re-delivered command a
 recognisable duplicate.  Responses carry the ``(controller, nonce, seq)`` they answer.
 
-This module only maps the Avro records of ``avro/command.avsc`` and ``avro/response.avsc`` to
-frozen dataclasses and back; what the commands *mean* lives in :mod:`.history` and
-:mod:`.handler`.  It also parses times typed on a command line.
+This module only maps the Avro records of ``substreams/avro/command.avsc`` and
+``response.avsc`` to frozen dataclasses and back; what the commands *mean* lives in
+:mod:`.history` and :mod:`.handler`.  It also parses times typed on a command line.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ without it installed can import it.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,9 +42,16 @@ def spark_submit_path() -> Path:
 
 
 def package_zip(directory: Path) -> Path:
-    """The ``substreams`` package as a zip for ``--py-files``."""
+    """The ``substreams`` package as a zip for ``--py-files``: its modules and package data
+    (the ``.avsc`` schemas: zipimport serves them to ``importlib.resources``), without
+    bytecode caches (they would be stale or for another interpreter)."""
     root = Path(__file__).resolve().parents[1]
-    return Path(shutil.make_archive(str(directory / "substreams"), "zip", root.parent, root.name))
+    target = directory / "substreams.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                zf.write(path, path.relative_to(root.parent).as_posix())
+    return target
 
 
 def build_command(

@@ -4,6 +4,10 @@ Every other module takes these frozen dataclasses instead of raw YAML so that
 validation happens once, at load time, with file/line diagnostics (see
 :mod:`substreams.config.loader`), and the rest of the code can trust the values.
 Defaults live here so that tests can build configs in code without a YAML file.
+
+Every class pickles (plain ``pickle`` and the ``cloudpickle`` PySpark uses) and compares
+equal after a round trip: a Spark job ships the :class:`Config` it validated on the driver
+to its tasks, which therefore never read (or need) the YAML file or the ``.avsc`` files.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ def _empty_client() -> Mapping[str, ClientValue]:
     return MappingProxyType({})
 
 
+def _rebuild(cls: type[Any], fields: dict[str, Any]) -> Any:
+    """Unpickling helper: ``cls(**fields)`` (runs ``__post_init__``, unlike plain unpickling)."""
+    return cls(**fields)
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     """Where the broker is and how topics are created."""
@@ -61,6 +70,16 @@ class KafkaConfig:
     """None: 2 when the replication factor is >= 3, else 1 (:func:`default_min_insync`)."""
     data_retention_ms: int = 7 * DAY_MS
     """Retention of data topics (-1: keep forever); ``streams[].retention_ms`` overrides it."""
+
+    def __post_init__(self) -> None:
+        # A read-only view of a private copy, whatever mapping the caller passed.
+        object.__setattr__(self, "client", MappingProxyType(dict(self.client)))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A mappingproxy does not pickle: ship the settings as a dict, re-wrapped on load.
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["client"] = dict(self.client)
+        return (_rebuild, (KafkaConfig, fields))
 
     @property
     def embedded(self) -> bool:

@@ -20,7 +20,7 @@ _ZERO = b"\x00"  # an empty bytes value
 
 
 def _body_branch(name: str) -> bytes:
-    """The union index of the ``body`` branch ``name``, read from ``avro/control.avsc``."""
+    """The union index of the ``body`` branch ``name`` (``substreams/avro/control.avsc``)."""
     body = next(f for f in raw_schema("control")["fields"] if f["name"] == "body")
     names = [branch["name"] for branch in body["type"]]
     return zigzag_long(names.index(name))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaException, Message, TopicPartition
 
-from substreams.config import Config, load_config
+from substreams.config import Config
 from substreams.control.chain import ChainHead, resumes
 from substreams.control.messages import ChainResume, ControlBody, ControlRecord, record_from_wire
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
@@ -192,20 +192,14 @@ def find_resume(
 
 class ResumeLookup:
     """:data:`~substreams.control.chain.ResumeLookup` on a broker.  Picklable (Spark ships
-    readers): it keeps the config's path and loads the config where it is used."""
+    readers): the config itself travels with it (a Config pickles), never its path."""
 
     def __init__(self, bootstrap: str, config: Config | None = None) -> None:
         self.bootstrap = bootstrap
-        self.config_path = None if config is None else str(config.path)
-        self._config = config
-
-    def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_config": None}
+        self.config = config
 
     def __call__(self, topic: str, offset: int, record: ControlRecord) -> ChainResume | None:
-        if self._config is None and self.config_path is not None:
-            self._config = load_config(self.config_path)
-        found = find_resume(self.bootstrap, topic, offset, record, self._config)
+        found = find_resume(self.bootstrap, topic, offset, record, self.config)
         return None if found is None else found[1]
 
 

@@ -76,7 +76,8 @@ class Punctuation:
     sent_at_ms: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        """The Avro record of ``avro/punctuation.avsc`` (partition and index are positions)."""
+        """The Avro record of ``substreams/avro/punctuation.avsc`` (partition and index are
+        positions)."""
         return {
             "kind": self.kind,
             "producer": self.producer,

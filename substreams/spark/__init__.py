@@ -1,6 +1,6 @@
 """Spark integration: the ``substreams`` streaming source and the epoch operator API.
 
-``run(operator, config_path, substream, output_stream)`` runs an :class:`EpochOperator`
+``run(operator, config, substream, output_stream)`` runs an :class:`EpochOperator`
 over the completed epochs of a substream (firm bound, consistent order, exactly-once output).
 PySpark is imported lazily so that ``import substreams.spark`` stays cheap.
 """

@@ -203,7 +203,7 @@ def run_demo(
         printer = _Printer(console, report, sub.size_ms)
         query = run(
             printer,
-            config.path,
+            config,
             sub.name,
             None,
             checkpoint=checkpoint,

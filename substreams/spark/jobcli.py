@@ -74,7 +74,7 @@ def job_command(
             config = load_config(path)
             run(
                 factory(config, substream),
-                path,
+                config,
                 substream,
                 output or None,
                 checkpoint=checkpoint,

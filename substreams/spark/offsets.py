@@ -21,7 +21,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from substreams.config import load_config
+from substreams.config import Config
 from substreams.control.chain import TrustingVerifier
 from substreams.control.io import ControlTail, Corrupt, ResumeLookup
 from substreams.control.messages import ControlRecord, EpochComplete, OffsetRange
@@ -82,12 +82,12 @@ class ControlScanner:
     or a modified record stops the query with a :class:`ProtocolError` instead of feeding
     it a forged timeline.  Reading from the middle of the topic (a restart), the first
     record of each writer is taken as the chain's anchor.  The Kafka consumer is created
-    lazily and never pickled: Spark may ship the reader.
+    lazily and never pickled: Spark may ship the reader (with its config, never a path).
     """
 
-    def __init__(self, bootstrap: str, topic: str, substream: str, config_path: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, substream: str, config: Config) -> None:
         self.bootstrap = bootstrap
-        self.config_path = config_path
+        self.config = config
         self.topic = topic
         self.substream = substream
         self.base = 0
@@ -105,11 +105,10 @@ class ControlScanner:
         self.close()
         self.base = self.scanned_to = start
         self.notes = {}
-        config = load_config(self.config_path)
-        self._tail = ControlTail(self.bootstrap, self.topic, start, config)
+        self._tail = ControlTail(self.bootstrap, self.topic, start, self.config)
         self.verifier = TrustingVerifier(
             strict=start == 0 and self._tail.log_start() == 0,
-            resume=ResumeLookup(self.bootstrap, config),
+            resume=ResumeLookup(self.bootstrap, self.config),
         )
 
     def _take(self, offset: int, rec: object) -> None:
@@ -176,9 +175,9 @@ class ControlScanner:
 class DataScanner:
     """Finds, by reading, the position after the last committed record of each partition."""
 
-    def __init__(self, bootstrap: str, stream: str, partitions: int, config_path: str) -> None:
+    def __init__(self, bootstrap: str, stream: str, partitions: int, config: Config) -> None:
         self.bootstrap = bootstrap
-        self.config_path = config_path
+        self.config = config
         self.stream = stream
         self.partitions = partitions
         self.positions: dict[int, int] = {}
@@ -195,7 +194,7 @@ class DataScanner:
         self.positions = {p: int(start.get(p, 0)) for p in range(self.partitions)}
         self._eof = set()
         consumer = client.consumer(
-            self.bootstrap, load_config(self.config_path), **{"enable.partition.eof": True}
+            self.bootstrap, self.config, **{"enable.partition.eof": True}
         )
         consumer.assign([TopicPartition(self.stream, p, o) for p, o in self.positions.items()])
         self._consumer = consumer

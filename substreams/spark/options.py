@@ -1,12 +1,22 @@
-"""The options of the ``substreams`` Spark source, validated once on the driver."""
+"""The options of the ``substreams`` Spark source, validated once on the driver.
+
+Why the parsed :class:`Config` rides in :class:`SourceOptions` (and so in every pickled
+reader) instead of the file's path: a task on another host need not see the file, and the
+YAML and ``.avsc`` files are read and validated once, where the query starts.  A job that
+already holds its Config passes it as the ``configPickle`` option (:func:`ship_config`:
+Spark options are strings), so not even the driver re-reads the file; ``config`` (a path) is
+for code that has only the path.
+"""
 
 from __future__ import annotations
 
+import base64
+import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from substreams.config import load_config
+from substreams.config import Config, load_config
 from substreams.errors import SubstreamsError
 from substreams.kafka import client
 
@@ -25,12 +35,48 @@ def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:
     raise SubstreamsError(f"substreams source: option '{name}' must be true or false, not {raw!r}")
 
 
+CONFIG_PICKLE = "configPickle"
+"""The option carrying a validated :class:`Config` (:func:`ship_config`)."""
+
+
+def ship_config(config: Config) -> str:
+    """``config`` as the value of the :data:`CONFIG_PICKLE` option: pickled, then base64
+    (Spark options are strings).  The source unpickles it, so pass only a Config of your
+    own job (like everything Spark ships to Python workers, it is trusted code).  Spark
+    shows the value redacted in query plans (checked with ``explain``), which matters since
+    ``kafka.client`` may hold credentials."""
+    return base64.b64encode(pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL)).decode()
+
+
+def _config(options: Mapping[str, str]) -> Config:
+    shipped = options.get(CONFIG_PICKLE)
+    if shipped:
+        try:
+            config = pickle.loads(base64.b64decode(shipped))
+        except Exception as exc:  # anything unpicklable means "not what ship_config made"
+            raise SubstreamsError(
+                f"substreams source: option '{CONFIG_PICKLE}' is not a shipped config: {exc}"
+            ) from exc
+        if not isinstance(config, Config):
+            raise SubstreamsError(
+                f"substreams source: option '{CONFIG_PICKLE}' holds a {type(config).__name__},"
+                " not a Config"
+            )
+        return config
+    path = options.get("config")
+    if not path:
+        raise SubstreamsError(
+            "substreams source: option 'config' (path of substreams.yaml) is required"
+        )
+    return load_config(path)
+
+
 @dataclass(frozen=True)
 class SourceOptions:
-    """Everything a reader needs, as plain picklable values (the config is re-read from
-    ``config_path`` where needed: Spark workers on other hosts see the same file)."""
+    """Everything a reader needs, as picklable values: the validated config itself travels
+    to the tasks, which never read the YAML file."""
 
-    config_path: str
+    config: Config
     substream: str
     stream: str
     mode: Mode
@@ -47,15 +93,10 @@ class SourceOptions:
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SourceOptions:
-        path = options.get("config")
-        if not path:
-            raise SubstreamsError(
-                "substreams source: option 'config' (path of substreams.yaml) is required"
-            )
+        config = _config(options)
         name = options.get("substream")
         if not name:
             raise SubstreamsError("substreams source: option 'substream' is required")
-        config = load_config(path)
         sub = config.substream(name)
         stream = config.stream(options.get("stream") or sub.stream)
         mode = options.get("mode") or sub.bound
@@ -75,7 +116,7 @@ class SourceOptions:
                 "substreams source: option 'maxTasks' must be an integer"
             ) from exc
         return SourceOptions(
-            config_path=str(config.path),
+            config=config,
             substream=sub.name,
             stream=stream.name,
             mode=cast(Mode, mode),

@@ -18,10 +18,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from substreams import metrics
-from substreams.config import load_config
+from substreams.config import Config, load_config
+from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.spark.operator import EpochInfo, EpochOperator, Row, group_epochs
+from substreams.spark.options import CONFIG_PICKLE, ship_config
 from substreams.spark.sink import BatchSink
 
 log = logging.getLogger(__name__)
@@ -33,13 +35,14 @@ class EpochBatchHandler:
     def __init__(
         self,
         operator: EpochOperator,
-        config_path: str,
+        config: Config | None,
         output_stream: str | None,
         source_id: str,
         bootstrap: str,
     ) -> None:
+        """``config`` may be None only without an ``output_stream`` (no sink to open)."""
         self.operator = operator
-        self.config_path = config_path
+        self.config = config
         self.output_stream = output_stream
         self.source_id = source_id
         self.bootstrap = bootstrap
@@ -50,8 +53,9 @@ class EpochBatchHandler:
 
     def _sink(self) -> BatchSink | None:
         if self.output_stream is not None and self.sink is None:
-            config = load_config(self.config_path)
-            self.sink = BatchSink(config, self.output_stream, self.source_id, self.bootstrap)
+            if self.config is None:
+                raise SubstreamsError("EpochBatchHandler: an output stream needs a config")
+            self.sink = BatchSink(self.config, self.output_stream, self.source_id, self.bootstrap)
         return self.sink
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
@@ -100,7 +104,7 @@ class EpochBatchHandler:
 
 def run(
     operator: EpochOperator,
-    config_path: str | Path,
+    config: Config | str | Path,
     substream: str,
     output_stream: str | None = None,
     *,
@@ -116,6 +120,9 @@ def run(
 ) -> StreamingQuery:
     """Run ``operator`` over the completed epochs of ``substream``.
 
+    ``config`` is a loaded :class:`Config` or the path of ``substreams.yaml`` (loaded and
+    validated here, once): the Config object itself travels to the source's tasks, so they
+    never read the file.
     ``checkpoint`` (default ``<config dir>/.checkpoints/<query name>``) and ``query_name``
     must stay the same across restarts: they identify the query to Spark and to the output
     sink.  ``once`` processes what is complete now and stops.  With ``block`` the call
@@ -124,7 +131,8 @@ def run(
     """
     from substreams.spark.session import register, session
 
-    config = load_config(config_path)
+    if not isinstance(config, Config):
+        config = load_config(config)
     config.substream(substream)
     if output_stream is not None:
         config.stream(output_stream)
@@ -132,7 +140,7 @@ def run(
     name = query_name or f"{type(operator).__name__}.{substream}"
     location = Path(checkpoint) if checkpoint else config.path.parent / ".checkpoints" / name
     spark = register(spark) if spark is not None else session(f"substreams:{name}")
-    handler = EpochBatchHandler(operator, str(config.path), output_stream, f"spark.{name}", server)
+    handler = EpochBatchHandler(operator, config, output_stream, f"spark.{name}", server)
     handler.substream, handler.query_name = substream, name
     if metrics_port is not None:
         metrics.serve(metrics_port)
@@ -140,7 +148,7 @@ def run(
         metrics.RESTARTS.labels("spark", name).inc()  # resumes from its checkpoint
     reader = (
         spark.readStream.format("substreams")
-        .option("config", str(config.path))
+        .option(CONFIG_PICKLE, ship_config(config))
         .option("substream", substream)
         .option("mode", "firm")
         .option("markers", "true")

@@ -25,7 +25,6 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from substreams.config import load_config
 from substreams.control.messages import OffsetRange, merge_ranges
 from substreams.control.ranges import EpochIndex, read_ranges
 from substreams.errors import SubstreamsError
@@ -118,10 +117,10 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.opts = opts
         self.layout = layout
         self.control = ControlScanner(
-            opts.bootstrap, opts.control_topic, opts.substream, opts.config_path
+            opts.bootstrap, opts.control_topic, opts.substream, opts.config
         )
         self.data = (
-            DataScanner(opts.bootstrap, opts.stream, opts.partitions, opts.config_path)
+            DataScanner(opts.bootstrap, opts.stream, opts.partitions, opts.config)
             if opts.mode == "soft"
             else None
         )
@@ -196,13 +195,12 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _read_epochs(self, notes: Sequence[Notification]) -> Iterator[tuple[Any, ...]]:
         opts = self.opts
-        config = load_config(opts.config_path)
         index: EpochIndex[int] = EpochIndex()
         for i, n in enumerate(notes):
             index.add(n.time, n.until, i)
         hull = merge_ranges([r for n in notes for r in n.ranges if r.stream == opts.stream])
         by_note: dict[int, list[Entry]] = {}
-        for e in read_ranges(opts.bootstrap, config, hull):
+        for e in read_ranges(opts.bootstrap, opts.config, hull):
             t = e.times.get(opts.substream)
             for i in index.get(t) if t is not None else ():
                 by_note.setdefault(i, []).append(e)
@@ -222,9 +220,8 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _read_data(self, part: DataPartition) -> Iterator[tuple[Any, ...]]:
         opts = self.opts
-        config = load_config(opts.config_path)
         rng = OffsetRange(opts.stream, part.partition, part.start, part.end)
-        for e in read_ranges(opts.bootstrap, config, [rng]):
+        for e in read_ranges(opts.bootstrap, opts.config, [rng]):
             t = e.times.get(opts.substream)
             if t is None:
                 continue
@@ -232,15 +229,21 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
 
 class SubstreamsDataSource(DataSource):  # type: ignore[misc]
-    """``spark.readStream.format("substreams").option("config", ...).option("substream", ...)``."""
+    """``spark.readStream.format("substreams").option("config", ...).option("substream", ...)``
+    (or ``.option("configPickle", ship_config(config))`` in place of the path)."""
 
     @classmethod
     def name(cls) -> str:
         return SOURCE_NAME
 
     def _layout(self) -> tuple[SourceOptions, PayloadLayout]:
-        opts = SourceOptions.parse(self.options)
-        return opts, PayloadLayout(load_config(opts.config_path).stream(opts.stream))
+        # Parsed once per instance: schema() and streamReader() may both ask.
+        cached: tuple[SourceOptions, PayloadLayout] | None = getattr(self, "_parsed", None)
+        if cached is None:
+            opts = SourceOptions.parse(self.options)
+            cached = opts, PayloadLayout(opts.config.stream(opts.stream))
+            self._parsed = cached
+        return cached
 
     def schema(self) -> StructType:
         return self._layout()[1].struct()

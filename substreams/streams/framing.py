@@ -57,7 +57,7 @@ def avro_string(s: str) -> bytes:
 
 
 def _time_kinds() -> dict[str, bytes]:
-    """The enum index of every ``TimeKind`` symbol, read from ``avro/time.avsc``."""
+    """The enum index of every ``TimeKind`` symbol, read from ``substreams/avro/time.avsc``."""
     kind = next(f for f in raw_schema("time")["fields"] if f["name"] == "kind")
     return {s: zigzag_long(i) for i, s in enumerate(kind["type"]["symbols"])}
 

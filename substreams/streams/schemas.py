@@ -1,4 +1,9 @@
-"""Avro schemas of `avro/` and a codec that refuses records written with another schema.
+"""Avro schemas of `substreams/avro/` and a codec that refuses records written with another
+schema.
+
+The ``.avsc`` files are package data, read with :mod:`importlib.resources`: the same code
+finds them in a source checkout, an installed wheel and the ``--py-files`` zip of
+``substreams submit`` (zipimport serves resources too), never by a path.
 
 Why a fingerprint on every record (Sherlock's "signature of the storage schema"): a reader
 that decodes bytes written with a different schema gets garbage, not an error.  Each record
@@ -15,7 +20,8 @@ import io
 import json
 from collections.abc import Callable, Mapping
 from functools import cache
-from pathlib import Path
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import fastavro
@@ -24,7 +30,8 @@ from fastavro.schema import parse_schema, to_parsing_canonical_form
 
 from substreams.errors import SchemaMismatchError
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMA_PACKAGE = "substreams"
+SCHEMA_FOLDER = "avro"
 HEADER_FINGERPRINT = "ss.fp"
 HEADER_TYPE = "ss.type"
 TYPE_DATA = b"data"
@@ -37,10 +44,14 @@ WriterLookup = Callable[[bytes], Mapping[str, Any] | None]
 _SHARED = ("time", "range")
 
 
+def schema_file(name: str) -> Traversable:
+    """The package resource ``substreams/avro/<name>.avsc`` (a file, or a member of a zip)."""
+    return resources.files(SCHEMA_PACKAGE) / SCHEMA_FOLDER / f"{name}.avsc"
+
+
 def raw_schema(name: str) -> dict[str, Any]:
-    """The JSON of `avro/<name>.avsc`."""
-    with (SCHEMA_DIR / f"{name}.avsc").open() as fh:
-        data: dict[str, Any] = json.load(fh)
+    """The JSON of ``substreams/avro/<name>.avsc`` (a fresh copy: callers may change it)."""
+    data: dict[str, Any] = json.loads(schema_file(name).read_text(encoding="utf-8"))
     return data
 
 
@@ -55,7 +66,7 @@ def _shared_definitions() -> dict[str, dict[str, Any]]:
 
 def expanded(schema: Mapping[str, Any]) -> dict[str, Any]:
     """The schema made self-contained: the first reference to each shared named type (from
-    `avro/time.avsc`, `avro/range.avsc`) is replaced by its definition, later ones stay
+    ``substreams/avro/time.avsc``, ``range.avsc``) is replaced by its definition, later ones stay
     references, as Avro requires."""
     shared = _shared_definitions()
     defined: set[str] = set()

@@ -147,7 +147,7 @@ def test_spark_handler_counts_epochs_latency_and_rewinds() -> None:
         def on_epoch(self, epoch: object, rows: list[object]) -> list[object]:
             return []
 
-    handler = EpochBatchHandler(Nothing(), "unused.yaml", None, "spark.q-metrics", "unused")
+    handler = EpochBatchHandler(Nothing(), None, None, "spark.q-metrics", "unused")
     handler.substream, handler.query_name = "sub", "q-metrics"
     sealed = int(time.time() * 1000) - 2000
 

@@ -142,12 +142,12 @@ def test_spark_runner_logs_sink_recovery_batches_and_replays(
         [{"name": "o", "stream": "out", "kind": "epoch", "field": "ts"}],
     )
     out = config.streams[1].name
-    handler = EpochBatchHandler(Count(), str(config.path), out, "spark.q", config.kafka.bootstrap)
+    handler = EpochBatchHandler(Count(), config, out, "spark.q", config.kafka.bootstrap)
     try:
         handler.handle(0, [EpochInfo(0, 5, 0, 0), EpochInfo(1, 6, 0, 0)])
     finally:
         handler.close()
-    again = EpochBatchHandler(Count(), str(config.path), out, "spark.q", config.kafka.bootstrap)
+    again = EpochBatchHandler(Count(), config, out, "spark.q", config.kafka.bootstrap)
     try:
         again.handle(0, [EpochInfo(0, 5, 0, 0), EpochInfo(1, 6, 0, 0)])  # Spark's replay
     finally:

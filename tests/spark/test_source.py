@@ -12,6 +12,10 @@ from pyspark.sql import SparkSession
 from substreams.app import DIRECT, Application
 from substreams.control.io import read_control
 from substreams.control.messages import EpochComplete
+from substreams.frontier import Time
+from substreams.spark.operator import EpochOperator, Row
+from substreams.spark.options import ship_config
+from substreams.spark.runner import run
 from tests.conftest import ConfigFactory
 from tests.spark.conftest import publish_windows, wait_for_epochs, window_clicks
 
@@ -22,15 +26,13 @@ WINDOWS = {"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}
 
 
 def drain(
-    spark: SparkSession, config_path: Path, substream: str, checkpoint: Path, **options: str
+    spark: SparkSession, config_path: Path | None, substream: str, checkpoint: Path, **options: str
 ) -> list[Batch]:
     """Run the source with trigger availableNow (everything readable now) into a list."""
     batches: list[Batch] = []
-    reader = (
-        spark.readStream.format("substreams")
-        .option("config", str(config_path))
-        .option("substream", substream)
-    )
+    reader = spark.readStream.format("substreams").option("substream", substream)
+    if config_path is not None:
+        reader = reader.option("config", str(config_path))
     for key, value in options.items():
         reader = reader.option(key, value)
     query = (
@@ -191,3 +193,27 @@ def test_firm_source_works_with_the_punctuation_mechanism(
         aligner.close()
     rows = [r for _, b in batches for r in b]
     assert [r["epoch_int"] for r in rows] == [0] * 5 + [1] * 3 + [2] * 4
+
+
+def test_the_job_ships_its_config_and_never_reads_the_files(
+    spark: SparkSession, make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """A config loaded on the driver serves the whole query after its YAML file and schemas
+    are deleted: the source (``configPickle``) and ``run`` ship the Config, not a path."""
+    config = make_config([{"name": "clicks", "partitions": 2}], [WINDOWS])
+    w = config.substreams[0].name
+    publish_windows(config, w, [(0, 4), (1, 3)])
+    config.path.unlink()
+    (config.path.parent / "click.avsc").unlink()
+    batches = drain(spark, None, w, tmp_path / "ck", configPickle=ship_config(config))
+    assert [r["epoch_int"] for _, b in batches for r in b] == [0] * 4 + [1] * 3
+
+    seen: list[tuple[object, int]] = []
+
+    class Collect(EpochOperator):
+        def on_epoch(self, epoch: Time, rows: list[Row]) -> list[Row]:
+            seen.append((epoch, len(rows)))
+            return []
+
+    run(Collect(), config, w, checkpoint=tmp_path / "ck2", once=True, spark=spark)
+    assert seen == [(0, 4), (1, 3)]

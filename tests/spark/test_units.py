@@ -64,6 +64,44 @@ def test_options_validate_and_default_to_the_config(make_config: ConfigFactory) 
         SourceOptions.parse({"config": str(config.path), "substream": w, "mode": "hard"})
 
 
+def test_options_carry_the_config_and_a_pickled_reader_never_reads_the_yaml(
+    make_config: ConfigFactory,
+) -> None:
+    """The config is parsed once on the driver; the reader Spark pickles to executors reads
+    the broker with the Config it carries, even when the files are gone."""
+    import pyspark.cloudpickle as cloudpickle
+
+    from substreams.spark.options import CONFIG_PICKLE, ship_config
+    from substreams.spark.schema import PayloadLayout
+    from substreams.spark.source import EpochsPartition, SubstreamsStreamReader
+
+    config = make_config(
+        [{"name": "clicks", "partitions": 2}],
+        [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}],
+    )
+    w = config.substreams[0].name
+    with Application(config, mechanisms=DIRECT).publisher(config.streams[0].name, "src") as pub:
+        for ts in (5, 6, 7):
+            pub.publish({"user": "u", "url": "/", "ts": ts})
+        pub.seal(w, 0)
+    by_path = SourceOptions.parse({"config": str(config.path), "substream": w})
+    shipped = SourceOptions.parse({CONFIG_PICKLE: ship_config(config), "substream": w})
+    assert by_path == shipped and shipped.config == config
+    with pytest.raises(SubstreamsError, match="not a shipped config"):
+        SourceOptions.parse({CONFIG_PICKLE: "bm90IGEgcGlja2xl", "substream": w})
+    reader = SubstreamsStreamReader(shipped, PayloadLayout(config.stream(shipped.stream)))
+    end = reader.latestOffset(reader.initialOffset(), None)
+    parts = reader.partitions(reader.initialOffset(), end)
+    reader.stop()
+    blob = cloudpickle.dumps((reader, parts))
+    config.path.unlink()  # an executor on another host: no YAML, no .avsc
+    (config.path.parent / "click.avsc").unlink()
+    task_reader, task_parts = cloudpickle.loads(blob)
+    assert all(isinstance(p, EpochsPartition) for p in task_parts)
+    rows = [r for p in task_parts for r in task_reader.read(p)]
+    assert len(rows) == 3
+
+
 def test_chunks_keep_notification_order_and_cover_everything() -> None:
     notes = [Notification(i, i, (), n, 0) for i, n in enumerate([5, 1, 1, 9, 0, 3])]
     chunks = _chunks(notes, 2)
@@ -197,7 +235,7 @@ def test_control_scanner_refuses_a_broken_hash_chain(make_config: ConfigFactory)
     with Application(config, mechanisms=DIRECT).publisher(stream, "src") as pub:
         pub.publish({"user": "u", "url": "/", "ts": 5})
         pub.seal(w, 0)
-    scanner = ControlScanner(config.kafka.bootstrap, topic, w, str(config.path))
+    scanner = ControlScanner(config.kafka.bootstrap, topic, w, config)
     assert scanner.latest(0) == 1
     rogue = ControlWriter(
         config.kafka.bootstrap, f"direct.{stream}.src", [topic], config, transactional_id="rogue"
