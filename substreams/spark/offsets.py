@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 
 from substreams.config import Config
 from substreams.control.chain import TrustingVerifier
@@ -28,7 +28,7 @@ from substreams.control.messages import ControlRecord, EpochComplete, OffsetRang
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time
-from substreams.kafka import client
+from substreams.kafka.read import Reader
 
 
 @dataclass(frozen=True)
@@ -181,47 +181,39 @@ class DataScanner:
         self.stream = stream
         self.partitions = partitions
         self.positions: dict[int, int] = {}
-        self._eof: set[int] = set()
-        self._consumer: Consumer | None = None
+        self._reader: Reader | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_consumer"] = None
+        state["_reader"] = None
         return state
 
-    def _reset(self, start: Mapping[int, int]) -> Consumer:
+    def _reset(self, start: Mapping[int, int]) -> Reader:
         self.close()
         self.positions = {p: int(start.get(p, 0)) for p in range(self.partitions)}
-        self._eof = set()
-        consumer = client.consumer(
-            self.bootstrap, self.config, **{"enable.partition.eof": True}
+        reader = Reader(
+            self.bootstrap, self.config,
+            [TopicPartition(self.stream, p, o) for p, o in self.positions.items()],
+            name=f"stream '{self.stream}'",
         )
-        consumer.assign([TopicPartition(self.stream, p, o) for p, o in self.positions.items()])
-        self._consumer = consumer
-        return consumer
+        self._reader = reader
+        return reader
 
     def ends(self, start: Mapping[int, int], max_wait: float = 2.0) -> dict[int, int]:
         """Per partition: the position after the last record readable now (>= ``start``)."""
-        consumer = self._consumer
-        if consumer is None or any(start.get(p, 0) > o for p, o in self.positions.items()):
-            consumer = self._reset(start)
+        reader = self._reader
+        if reader is None or any(start.get(p, 0) > o for p, o in self.positions.items()):
+            reader = self._reset(start)
         deadline = _time.monotonic() + max_wait
         while _time.monotonic() < deadline:
-            msgs = consumer.consume(1000, 0.05)
+            msgs = reader.poll(0.05, 1000)
             for msg in msgs:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        self._eof.add(msg.partition())
-                        continue
-                    raise SubstreamsError(f"stream '{self.stream}': {err}")
-                self._eof.discard(msg.partition())
                 self.positions[msg.partition()] = msg.offset() + 1
-            if not msgs and len(self._eof) >= self.partitions:
+            if not msgs and reader.caught_up:
                 break
         return {p: max(o, int(start.get(p, 0))) for p, o in self.positions.items()}
 
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None

@@ -42,7 +42,11 @@ def session(
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    elif not SparkConf().contains("spark.master"):
+    elif "PYSPARK_GATEWAY_PORT" not in os.environ and not SparkConf().contains("spark.master"):
+        # Not under spark-submit (which starts the JVM first and hands its port over): a
+        # plain Python run.  Under spark-submit the master is a JVM property that a
+        # Python-side SparkConf cannot see before the gateway is up, so checking only the
+        # SparkConf set local[*] over `submit --master spark://...`.
         builder = builder.master("local[*]")
     settings = {
         "spark.ui.enabled": "false",
