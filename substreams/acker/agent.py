@@ -331,16 +331,30 @@ class TrackingAgent:
     ) -> None:
         """``sent_and_delivered`` of every record of a batch, with the same run-wise lookups
         as :meth:`report_sent`; the table ends up exactly as after the per-record calls."""
+        table = self._table
         agg: _Agg | None = None
+        ranges: dict[tuple[str, int], list[int]] = {}
         prev: object = _NO_TIME
         for record, offset in zip(records, offsets, strict=True):
             t = record.times[substream]
             if agg is None or t != prev:
-                agg = self._agg(substream, t)
+                key = (substream, t)
+                agg = table.get(key)
+                if agg is None:
+                    agg = table[key] = _Agg()
+                ranges = agg.ranges
                 prev = t
             agg.reports += 2
             agg.records += 1
-            agg.add_offsets((record.stream, record.partition), offset, offset + 1)
+            where = (record.stream, record.partition)
+            hull = ranges.get(where)
+            if hull is None:  # _Agg.add_offsets, inlined: this loop runs per record
+                ranges[where] = [offset, offset + 1]
+            else:
+                if offset < hull[0]:
+                    hull[0] = offset
+                if offset >= hull[1]:
+                    hull[1] = offset + 1
 
     def delivered(
         self, substream: str, t: Time, tracking_id: int, stream: str, partition: int, offset: int

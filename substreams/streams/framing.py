@@ -51,6 +51,14 @@ def zigzag_long(n: int) -> bytes:
     u = ((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF
     if u < 0x4000:
         return _PAIR_LAST[u]
+    if u >= 0x100000000000000:  # >= 2**56: nearly every random tracking id; unrolled
+        return (
+            _PAIR_MORE[u & 0x3FFF]
+            + _PAIR_MORE[(u >> 14) & 0x3FFF]
+            + _PAIR_MORE[(u >> 28) & 0x3FFF]
+            + _PAIR_MORE[(u >> 42) & 0x3FFF]
+            + _PAIR_LAST[u >> 56]
+        )
     out = b""
     while u >= 0x4000:
         out += _PAIR_MORE[u & 0x3FFF]

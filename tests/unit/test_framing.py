@@ -58,7 +58,9 @@ def test_zigzag_long_matches_fastavro(n: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "n", [0, 1, -1, 63, -64, 64, -65, 8191, 8192, -8193, 2**62, 2**63 - 1, -(2**63)]
+    "n",
+    [0, 1, -1, 63, -64, 64, -65, 8191, 8192, -8193, 2**62, 2**63 - 1, -(2**63),
+     2**55 - 1, 2**55, -(2**55), -(2**55) - 1, 2**59, -(2**59) - 1],  # the unrolled branch
 )
 def test_zigzag_long_at_varint_boundaries(n: int) -> None:
     assert zigzag_long(n) == fastavro_long(n)
