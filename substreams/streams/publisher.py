@@ -402,8 +402,9 @@ class Publisher:
             self._batches.append((records, offsets))
 
             def delivered(i: int, err: KafkaError | None, msg: Message) -> None:
-                if err is None:
-                    offsets[i] = msg.offset()  # type: ignore[assignment]
+                offset = msg.offset()
+                if err is None and offset is not None:
+                    offsets[i] = offset
 
             for i in range(n):
                 produce(
