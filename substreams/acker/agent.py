@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -33,6 +33,7 @@ from substreams.control.messages import TIME, TIME_CONTAINERS, OffsetRange
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time
+from substreams.streams.records import SentRecord
 from substreams.streams.schemas import HEADER_FINGERPRINT, expanded, protocol_codec, raw_schema
 from substreams.streams.wire import Converter
 
@@ -157,6 +158,10 @@ def now_ms() -> int:
 # -- the agent --------------------------------------------------------------------------------
 
 
+_NO_TIME = object()
+"""Equal to no time: the "previous time" before the first record of a batch."""
+
+
 class _Agg:
     """Aggregated reports of one (substream, time) since the last flush."""
 
@@ -228,6 +233,50 @@ class TrackingAgent:
             agg.xor ^= tracking_id
             agg.reports += 1
 
+    def report_sent(self, substream: str, records: Sequence[SentRecord]) -> None:
+        """SND of every record of a batch (``Publisher.publish_many``) at its time in
+        ``substream``: one table lookup per run of records with equal times, not per
+        record (a batch of an epoch is one run)."""
+        agg: _Agg | None = None
+        prev: object = _NO_TIME
+        for record in records:
+            t = record.times[substream]
+            if agg is None or t != prev:
+                agg = self._agg(substream, t)
+                prev = t
+            agg.xor ^= record.tracking_id
+            agg.reports += 1
+
+    def sent_and_delivered_many(
+        self, substream: str, records: Sequence[SentRecord], offsets: Sequence[int]
+    ) -> None:
+        """``sent_and_delivered`` of every record of a batch, with the same run-wise lookups
+        as :meth:`report_sent`; the table ends up exactly as after the per-record calls."""
+        table = self._table
+        agg: _Agg | None = None
+        ranges: dict[tuple[str, int], list[int]] = {}
+        prev: object = _NO_TIME
+        for record, offset in zip(records, offsets, strict=True):
+            t = record.times[substream]
+            if agg is None or t != prev:
+                key = (substream, t)
+                agg = table.get(key)
+                if agg is None:
+                    agg = table[key] = _Agg()
+                ranges = agg.ranges
+                prev = t
+            agg.reports += 2
+            agg.records += 1
+            where = (record.stream, record.partition)
+            hull = ranges.get(where)
+            if hull is None:  # _Agg.add_offsets, inlined: this loop runs per record
+                ranges[where] = [offset, offset + 1]
+            else:
+                if offset < hull[0]:
+                    hull[0] = offset
+                if offset >= hull[1]:
+                    hull[1] = offset + 1
+
     def delivered(
         self, substream: str, t: Time, tracking_id: int, stream: str, partition: int, offset: int
     ) -> None:
@@ -296,6 +345,7 @@ class TrackingAgent:
         bodies: list[AckBody] = list(self._before)
         if self._table or self._seals:
             entries = []
+            reports: dict[str, int] = {}
             for (sub, t), agg in self._table.items():
                 entries.append(
                     AckEntry(
@@ -309,7 +359,9 @@ class TrackingAgent:
                         ),
                     )
                 )
-                TRAFFIC.add(ACK_REPORTS, sub, agg.reports)
+                reports[sub] = reports.get(sub, 0) + agg.reports
+            for sub, n in reports.items():  # one counter update per substream, not per time
+                TRAFFIC.add(ACK_REPORTS, sub, n)
             bodies.append(AckReport(tuple(entries), tuple(self._seals)))
         bodies += self._after
         self._table, self._seals, self._before, self._after = {}, [], [], []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from substreams.acker.agent import TrackingAgent, encode_ack
@@ -23,7 +24,7 @@ from substreams.acker.table import SOURCE, Segment
 from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.write import produce
-from substreams.streams.publisher import Publisher, transactional_id
+from substreams.streams.publisher import Publisher, PublishHook, transactional_id
 from substreams.streams.records import SentRecord
 
 
@@ -76,7 +77,7 @@ class Heartbeat:
         self._producer.flush(2)
 
 
-class AckerHook:
+class AckerHook(PublishHook):
     """Tracking for one publisher (one source incarnation) over its stream's acker
     substreams."""
 
@@ -109,6 +110,16 @@ class AckerHook:
             self.agent.sent_and_delivered(
                 s, record.times[s], record.stream, record.partition, offset
             )
+
+    def on_send_many(self, records: Sequence[SentRecord]) -> None:
+        """A batch's SNDs, aggregated per run of equal times."""
+        for s in self.sent:
+            self.agent.report_sent(s, records)
+
+    def on_delivered_many(self, records: Sequence[SentRecord], offsets: Sequence[int]) -> None:
+        """A batch's terminal SND+RCVs (counts and offset hulls), per run of equal times."""
+        for s in self.terminal:
+            self.agent.sent_and_delivered_many(s, records, offsets)
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
         self.agent.seal(substream, time)

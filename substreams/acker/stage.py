@@ -44,7 +44,7 @@ from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.read import Reader
 from substreams.streams.listener import StreamDecoder
-from substreams.streams.publisher import Publisher
+from substreams.streams.publisher import Publisher, PublishHook
 from substreams.streams.records import Entry, SentRecord
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 Transform = Callable[[Entry], Iterable[Mapping[str, Any]]]
 
 
-class _StageHook:
+class _StageHook(PublishHook):
     """The stage's reports in its output transaction: terminal-stream RCVs of the outputs
     from their delivery callbacks, and everything the agent aggregated before the commit."""
 

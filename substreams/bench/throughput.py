@@ -13,7 +13,11 @@ producer and is timed from the first write until a reader has seen everything it
   process, ``substreams acker run``), the same counting data consumer, and the end = the
   last epoch's ``EpochComplete`` seen and every record read;
 - ``punctuations``: the Publisher sealing every g records with punctuations, and one
-  aligning consumer of all partitions; the end = the last epoch terminated.
+  aligning consumer of all partitions; the end = the last epoch terminated;
+- ``untracked publish_many`` / ``acker publish_many`` (#16): the same records through
+  ``Publisher.publish_many``, ``SLICE`` records a call, one seal after each call (of the
+  highest epoch it completed: seals are downward closed); their "% of untracked" is
+  against the untracked batch line, so it is the cost of tracking alone.
 
 Why the data readers count and do not decode: the raw line's reader cannot decode, and
 what a subscriber does with a record is its own work, the same with or without tracking;
@@ -61,6 +65,11 @@ NAME = "throughput"
 PARTITIONS = 4
 WAIT_S = 120.0
 BATCH = 5000
+SLICE = 1000
+"""Records per ``publish_many`` call in the batch lines."""
+UNTRACKED_MANY = "untracked publish_many"
+ACKER_MANY = "acker publish_many"
+MANY_GRANULARITIES = (1, 100)
 
 
 @dataclass(frozen=True)
@@ -134,7 +143,7 @@ def run_raw(ctx: BenchContext, n: int, value: bytes) -> float:
     return end - t0
 
 
-def run_untracked(ctx: BenchContext, n: int) -> float:
+def run_untracked(ctx: BenchContext, n: int, many: bool = False) -> float:
     config = _config(ctx, None)
     stream = config.streams[0].name
     (pub,) = open_publishers(
@@ -143,8 +152,7 @@ def run_untracked(ctx: BenchContext, n: int) -> float:
     try:
         with RecordCounter(ctx.bootstrap, config, stream, PARTITIONS) as counter:
             t0 = time.time()
-            for i in range(n):
-                pub.publish(record(i, 0))
+            (_publish_many if many else _publish)(pub, None, n, n)
             pub.flush()
             end = counter.wait_for(n, WAIT_S)
     finally:
@@ -153,7 +161,9 @@ def run_untracked(ctx: BenchContext, n: int) -> float:
     return end - t0
 
 
-def run_tracked(ctx: BenchContext, mechanism: str, n: int, granularity: int) -> float:
+def run_tracked(
+    ctx: BenchContext, mechanism: str, n: int, granularity: int, many: bool = False
+) -> float:
     config = _config(ctx, mechanism)
     stream = config.streams[0].name
     substream = config.substreams[0].name
@@ -167,25 +177,42 @@ def run_tracked(ctx: BenchContext, mechanism: str, n: int, granularity: int) -> 
             notes = stack.enter_context(AckerObserver(ctx.bootstrap, config, substream))
             data = stack.enter_context(RecordCounter(ctx.bootstrap, config, stream, PARTITIONS))
             t0 = time.time()
-            _publish(pub, substream, n, granularity)
+            (_publish_many if many else _publish)(pub, substream, n, granularity)
             end = max(notes.wait_for(last_epoch, WAIT_S), data.wait_for(n, WAIT_S))
         else:
             aligned = stack.enter_context(PunctuationObserver(ctx.bootstrap, config, substream))
             t0 = time.time()
-            _publish(pub, substream, n, granularity)
+            (_publish_many if many else _publish)(pub, substream, n, granularity)
             end = aligned.wait_for(last_epoch, WAIT_S)
         del pub
     return end - t0
 
 
-def _publish(pub: Any, substream: str, n: int, granularity: int) -> None:
+def _publish(pub: Any, substream: str | None, n: int, granularity: int) -> None:
+    """One ``publish`` per record; with a ``substream``, a seal every ``granularity``."""
     for i in range(n):
         epoch = i // granularity
         pub.publish(record(i, epoch))
-        if (i + 1) % granularity == 0 or i == n - 1:
+        if substream is not None and ((i + 1) % granularity == 0 or i == n - 1):
             # Fine-grained seals share the publisher's batch transactions (one commit per
             # batch_size records); the last one commits at once.
             pub.seal(substream, epoch, commit=i == n - 1)
+
+
+def _publish_many(pub: Any, substream: str | None, n: int, granularity: int) -> None:
+    """The same records through ``publish_many``, ``SLICE`` records a call; after each call
+    one seal of the highest epoch it completed (a seal is downward closed: it ends every
+    earlier epoch of this source too, and the acker still notifies each epoch)."""
+    sealed = -1
+    for lo in range(0, n, SLICE):
+        hi = min(n, lo + SLICE)
+        pub.publish_many([record(i, i // granularity) for i in range(lo, hi)])
+        if substream is None:
+            continue
+        done = (n - 1) // granularity if hi == n else hi // granularity - 1
+        if done > sealed:
+            pub.seal(substream, done, commit=hi == n)
+            sealed = done
 
 
 def _row(
@@ -222,8 +249,13 @@ def run(ctx: BenchContext) -> BenchResult:
     p = plan(ctx.quick)
     probe = _config(ctx, None)
     value = _value_bytes(probe)
-    steps: list[tuple[str, int | None]] = [("raw", None), ("untracked publisher", None)]
+    steps: list[tuple[str, int | None]] = [
+        ("raw", None),
+        ("untracked publisher", None),
+        (UNTRACKED_MANY, None),
+    ]
     steps += [(m, g) for g in p.granularities for m in ("acker", "punctuations")]
+    steps += [(ACKER_MANY, g) for g in MANY_GRANULARITIES]
     for line, g in ctx.track(steps, lambda s: f"{s[0]}" + (f" g={s[1]}" if s[1] else "")):
         n = p.records(g)
         runs: list[float] = []
@@ -236,6 +268,10 @@ def run(ctx: BenchContext) -> BenchResult:
                     runs.append(run_raw(ctx, n, value))
                 elif line == "untracked publisher":
                     runs.append(run_untracked(ctx, n))
+                elif line == UNTRACKED_MANY:
+                    runs.append(run_untracked(ctx, n, many=True))
+                elif line == ACKER_MANY:
+                    runs.append(run_tracked(ctx, "acker", n, g or 1, many=True))
                 else:
                     runs.append(run_tracked(ctx, line, n, g or 1))
             except (SubstreamsError, KafkaException) as exc:  # kept in the results
@@ -246,10 +282,13 @@ def run(ctx: BenchContext) -> BenchResult:
         result.rows.append(_row(line, g, n, runs, error))
     raw = result.rows[0]["records_per_s"]
     untracked = result.rows[1]["records_per_s"]
+    untracked_many = result.rows[2]["records_per_s"]
     for row in result.rows:
         rate = row["records_per_s"]
+        # a batch line against the untracked batch line: the cost of tracking alone
+        base = untracked_many if row["line"] in (UNTRACKED_MANY, ACKER_MANY) else untracked
         row["vs_raw"] = round(rate / raw, 4) if rate and raw else None
-        row["vs_untracked"] = round(rate / untracked, 4) if rate and untracked else None
+        row["vs_untracked"] = round(rate / base, 4) if rate and base else None
     result.rows[0]["value_bytes"] = len(value)
     result.targets = targets(result.rows)
     result.notes.append(
@@ -258,6 +297,11 @@ def run(ctx: BenchContext) -> BenchResult:
         "threads of the producer's process; data readers count messages on every line "
         f"(none decodes); publishers commit every {BATCH} records."
     )
+    result.notes.append(
+        f"publish_many lines: {SLICE} records per call and one seal per call (of the highest "
+        "epoch the call completed; a seal is downward closed, every epoch is still notified); "
+        "their '% of untracked' is against the untracked publish_many line."
+    )
     return result
 
 
@@ -265,8 +309,40 @@ def _pct(x: float | None) -> str:
     return "did not finish" if x is None else f"{x:.1%}"
 
 
+def _rate(rows: Sequence[dict[str, Any]], line: str, g: int | None) -> float | None:
+    row = next((r for r in rows if r["line"] == line and r["granularity"] == g), None)
+    return None if row is None else row["records_per_s"]
+
+
+def _ratio_target(
+    name: str, limit: float, num: float | None, den: float | None
+) -> Target:
+    if num is None or not den:
+        return Target(name, f">= {limit:.0%}", "did not finish", None)
+    ratio = num / den
+    return Target(name, f">= {limit:.0%}", f"{ratio:.1%}", ratio >= limit)
+
+
 def targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
+    """Issue #16's targets, for the batch API and for the per-record one, then the older
+    targets against raw."""
     out = []
+    raw = _rate(rows, "raw", None)
+    for api, untracked_line, acker_line in (
+        ("publish_many", UNTRACKED_MANY, ACKER_MANY),
+        ("publish", "untracked publisher", "acker"),
+    ):
+        untracked = _rate(rows, untracked_line, None)
+        out.append(_ratio_target(f"#16 untracked {api} vs raw", 0.5, untracked, raw))
+        for g, limit in ((1, 0.8), (100, 0.95)):
+            out.append(
+                _ratio_target(
+                    f"#16 acker {api} g={g} vs untracked {api}",
+                    limit,
+                    _rate(rows, acker_line, g),
+                    untracked,
+                )
+            )
     for g, limit in ((100, 0.8), (1, 0.5)):
         row = next((r for r in rows if r["line"] == "acker" and r["granularity"] == g), None)
         out.append(
@@ -285,7 +361,7 @@ def plot(result: BenchResult, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     grans = sorted({r["granularity"] for r in result.rows if r["granularity"] is not None})
-    for line, style in (("acker", "^-"), ("punctuations", "o-")):
+    for line, style in (("acker", "^-"), ("punctuations", "o-"), (ACKER_MANY, "s-")):
         rows = sorted(
             (r for r in result.rows if r["line"] == line and r["records_per_s"]),
             key=lambda r: r["granularity"],
@@ -297,7 +373,7 @@ def plot(result: BenchResult, path: Path) -> None:
                 style,
                 label=line,
             )
-    for line, style in (("raw", "k--"), ("untracked publisher", "k:")):
+    for line, style in (("raw", "k--"), ("untracked publisher", "k:"), (UNTRACKED_MANY, "k-.")):
         row = next((r for r in result.rows if r["line"] == line), None)
         if row is not None and row["records_per_s"]:
             ax.axhline(

@@ -18,11 +18,11 @@ from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.frontier import Keyed, Time, less_equal, sort_key
 from substreams.frontier.sessions import by_key, closed_runs
-from substreams.streams.publisher import Publisher
+from substreams.streams.publisher import Publisher, PublishHook
 from substreams.streams.records import SentRecord
 
 
-class DirectProgress:
+class DirectProgress(PublishHook):
     """A :class:`~substreams.streams.publisher.PublishHook` writing control records itself."""
 
     wants_delivery = True

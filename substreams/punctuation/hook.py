@@ -17,12 +17,12 @@ from substreams.control.traffic import PUNCTUATION_WRITTEN, TRAFFIC
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.punctuation.aligner import Punctuation, PunctuationKind
-from substreams.streams.publisher import Publisher
+from substreams.streams.publisher import Publisher, PublishHook
 from substreams.streams.records import SentRecord
 from substreams.streams.schemas import protocol_codec
 
 
-class PunctuationHook:
+class PunctuationHook(PublishHook):
     """Rides along a publisher for its substreams whose mechanism is ``punctuations``."""
 
     wants_delivery = False

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import random
+import struct
 import threading
 import uuid
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -63,6 +65,14 @@ class PublishHook(Protocol):
     aborted has not sealed; its open times stay open, as after a crash).
     ``wants_delivery``: whether ``on_delivered`` does anything (a delivery callback per
     record is only installed for hooks that need the offsets).
+
+    ``on_send_many`` / ``on_delivered_many`` are the batch forms
+    (:meth:`Publisher.publish_many`): one call per batch instead of one per record.
+    ``on_send_many`` runs before any record of the batch is produced; ``on_delivered_many``
+    runs in the commit, after every delivery callback and before ``before_commit``, with
+    the batch's delivered records and their offsets.  The defaults fall back to the
+    per-record methods, so a hook that only has those keeps working (the publisher also
+    falls back for a hook object that does not inherit them).
     """
 
     wants_delivery: bool
@@ -70,6 +80,14 @@ class PublishHook(Protocol):
     def on_send(self, record: SentRecord) -> None: ...
 
     def on_delivered(self, record: SentRecord, offset: int) -> None: ...
+
+    def on_send_many(self, records: Sequence[SentRecord]) -> None:
+        for record in records:
+            self.on_send(record)
+
+    def on_delivered_many(self, records: Sequence[SentRecord], offsets: Sequence[int]) -> None:
+        for record, offset in zip(records, offsets, strict=True):
+            self.on_delivered(record, offset)
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None: ...
 
@@ -82,6 +100,20 @@ class PublishHook(Protocol):
     def close(self, publisher: Publisher) -> None: ...
 
     def abort(self, publisher: Publisher) -> None: ...
+
+
+def _send_each(hook: PublishHook, records: Sequence[SentRecord]) -> None:
+    """``on_send_many`` of a hook object that does not inherit the protocol's default."""
+    for record in records:
+        hook.on_send(record)
+
+
+def _deliver_each(
+    hook: PublishHook, records: Sequence[SentRecord], offsets: Sequence[int]
+) -> None:
+    """``on_delivered_many`` of a hook object that does not inherit the protocol's default."""
+    for record, offset in zip(records, offsets, strict=True):
+        hook.on_delivered(record, offset)
 
 
 HookFactory = Callable[["Publisher", list[str]], PublishHook]
@@ -162,6 +194,11 @@ class Publisher:
         self._hooks: dict[str, PublishHook] = {}
         self._hook_list: list[PublishHook] = []
         self._delivery_hooks: list[PublishHook] = []
+        self._send_many: list[Callable[[Sequence[SentRecord]], None]] = []
+        self._delivered_many: list[Callable[[Sequence[SentRecord], Sequence[int]], None]] = []
+        self._batches: list[tuple[list[SentRecord], list[int]]] = []
+        """``publish_many`` batches of the open transaction whose offsets the delivery
+        callbacks fill in (only with delivery hooks); handed to the hooks in ``flush``."""
         try:
             self._install_hooks(mechanisms or {})
             if self._hook_list:
@@ -207,8 +244,12 @@ class Publisher:
 
     def _attach(self, hook: PublishHook) -> None:
         self._hook_list.append(hook)
+        send_many = getattr(hook, "on_send_many", None)
+        self._send_many.append(send_many or partial(_send_each, hook))
         if hook.wants_delivery:
             self._delivery_hooks.append(hook)
+            delivered_many = getattr(hook, "on_delivered_many", None)
+            self._delivered_many.append(delivered_many or partial(_deliver_each, hook))
 
     def _release(self) -> None:
         with _ACQUIRED_LOCK:
@@ -300,6 +341,173 @@ class Publisher:
             self.flush()
         return record
 
+    def publish_many(
+        self,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        keys: Sequence[str | bytes | None] | None = None,
+        partitions: Sequence[int] | None = None,
+        times: Sequence[Mapping[str, Time] | None] | None = None,
+        check_order: bool = True,
+    ) -> list[SentRecord]:
+        """Append a batch of entries, in order: what ``publish`` of each would do, with the
+        per-record costs paid once per batch (#16).
+
+        All or nothing: every check -- order keys (non-decreasing, and not below the last
+        one written), partitions, keyed seals (:class:`SealedTimeError`), the payloads'
+        schema -- runs on the whole batch before any of it is written, so a batch that
+        raises wrote nothing and left the publisher as it was.  A batch never spans two
+        transactions (the commit every ``batch_size`` records comes after it).  ``keys``,
+        ``partitions`` and ``times`` are per record (as ``publish``'s ``key``,
+        ``partition`` and ``times``); hooks see the batch once (``on_send_many``,
+        ``on_delivered_many``)."""
+        if self._closed:
+            raise SubstreamsError("publish_many() on a closed publisher")
+        n = len(payloads)
+        for name, column in (("keys", keys), ("partitions", partitions), ("times", times)):
+            if column is not None and len(column) != n:
+                raise SubstreamsError(
+                    f"publish_many(): {len(column)} {name} for {n} payloads"
+                )
+        if not n:
+            return []
+        order_keys = self._order_keys(payloads)
+        if check_order:
+            self._check_batch_order(order_keys)
+        parts, rr = self._partitions_of(n, keys, partitions)
+        assigned = self._times_of(payloads, times)
+        rand = self._rand.randbytes(8 * n)
+        tracking_ids = struct.unpack(f"<{n}q", rand)
+        try:
+            values = self._encoder.encode_many(order_keys, tracking_ids, assigned, payloads)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise SubstreamsError(
+                f"stream '{self.stream}': payload does not match schema "
+                f"{self.stream_config.schema.get('name')}: {exc}"
+            ) from exc
+        # Nothing below raises for the batch's own sake: it is written from here on.
+        if check_order:
+            self._last_order_key = order_keys[-1]
+        self._rr = rr
+        stream = self.stream
+        records = list(map(partial(SentRecord, stream), parts, order_keys, tracking_ids, assigned))
+        self._begin()
+        for send_many in self._send_many:
+            send_many(records)
+        produce = self._produce
+        headers = self._headers
+        if self._delivery_hooks:
+            offsets = [-1] * n
+            self._batches.append((records, offsets))
+
+            def delivered(i: int, err: KafkaError | None, msg: Message) -> None:
+                offset = msg.offset()
+                if err is None and offset is not None:
+                    offsets[i] = offset
+
+            for i in range(n):
+                produce(
+                    values[i],
+                    parts[i],
+                    None if keys is None else keys[i],
+                    headers,
+                    None,
+                    partial(delivered, i),
+                )
+        elif keys is None:
+            for value, part in zip(values, parts, strict=True):
+                produce(value, part, None, headers, None)
+        else:
+            for value, part, key in zip(values, parts, keys, strict=True):
+                produce(value, part, key, headers, None)
+        self._pending += n
+        if self._pending >= self.batch_size:
+            self.flush()
+        return records
+
+    def _order_keys(self, payloads: Sequence[Mapping[str, Any]]) -> list[int]:
+        field = self.stream_config.order_key
+        try:
+            return [int(p[field]) for p in payloads]
+        except (KeyError, TypeError, ValueError):
+            for p in payloads:  # name the culprit, as publish() does
+                try:
+                    int(p[field])
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise SubstreamsError(
+                        f"stream '{self.stream}': payload has no integer order key "
+                        f"'{field}': {p!r}"
+                    ) from exc
+            raise
+
+    def _check_batch_order(self, order_keys: list[int]) -> None:
+        """Once per batch: sorted input passes with one C-level comparison of lists."""
+        last = self._last_order_key
+        if (last is None or order_keys[0] >= last) and sorted(order_keys) == order_keys:
+            return
+        field = self.stream_config.order_key
+        prev = last
+        for i, k in enumerate(order_keys):
+            if prev is not None and k < prev:
+                raise OrderKeyRegressionError(
+                    f"stream '{self.stream}', source '{self.source_id}': order key "
+                    f"{field}={k} (record {i} of the batch) is below the previous {prev}; "
+                    "order keys must be non-decreasing (nothing of the batch was written)"
+                )
+            prev = k
+
+    def _partitions_of(
+        self,
+        n: int,
+        keys: Sequence[str | bytes | None] | None,
+        partitions: Sequence[int] | None,
+    ) -> tuple[list[int], int]:
+        """Every record's partition, as ``partition_for`` would pick them, and where the
+        round robin stands afterwards (moved only once the batch is accepted)."""
+        count = self.partitions
+        rr = self._rr
+        if partitions is not None:
+            out = list(partitions)
+            if min(out) < 0 or max(out) >= count:
+                bad = next(p for p in out if not 0 <= p < count)
+                raise SubstreamsError(
+                    f"stream '{self.stream}' has partitions 0..{count - 1}, not {bad}"
+                )
+            return out, rr
+        if keys is None:
+            out = [(rr + 1 + i) % count for i in range(n)]
+            return out, out[-1]
+        out = []
+        for key in keys:
+            if key is None:
+                rr = (rr + 1) % count
+                out.append(rr)
+            else:
+                raw = key.encode() if isinstance(key, str) else key
+                out.append(zlib.crc32(raw) % count)
+        return out, rr
+
+    def _times_of(
+        self,
+        payloads: Sequence[Mapping[str, Any]],
+        overrides: Sequence[Mapping[str, Time] | None] | None,
+    ) -> list[Mapping[str, Time]]:
+        """Every record's times, one column per substream (see ``TimeAssigner.times_of``)."""
+        n = len(payloads)
+        if not self._assigner_items:
+            out: list[Mapping[str, Time]] = [{} for _ in range(n)]
+        elif len(self._assigner_items) == 1:
+            name, assigner = self._assigner_items[0]
+            out = [{name: t} for t in assigner.times_of(payloads)]
+        else:
+            columns = [(name, a.times_of(payloads)) for name, a in self._assigner_items]
+            out = [{name: col[i] for name, col in columns} for i in range(n)]
+        if overrides is not None:
+            for i, extra in enumerate(overrides):
+                if extra:
+                    out[i] = {**out[i], **extra}
+        return out
+
     def _produce(
         self,
         value: bytes,
@@ -307,11 +515,11 @@ class Publisher:
         key: str | bytes | None,
         headers: list[tuple[str, bytes]],
         record: SentRecord | None,
+        on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
     ) -> None:
         # A delivery callback costs a Python call per record: only hooks that need offsets
         # (the acker's RCV of a terminal record) get one.
-        on_delivery = None
-        if record is not None and self._delivery_hooks:
+        if on_delivery is None and record is not None and self._delivery_hooks:
             hooks = self._delivery_hooks
 
             def on_delivery(err: KafkaError | None, msg: Message) -> None:
@@ -372,6 +580,7 @@ class Publisher:
             if self._delivery_hooks:
                 # Every delivery callback (offsets) before the hooks' last word.
                 self._guard(client.flush_producer, self._producer, what, patience)
+                self._deliver_batches()
             try:
                 for hook in self._hook_list:
                     hook.before_commit(self)
@@ -386,6 +595,19 @@ class Publisher:
             self._pending = 0
             for hook in self._hook_list:
                 hook.on_commit(self)
+
+    def _deliver_batches(self) -> None:
+        """Hand every ``publish_many`` batch of the transaction to the delivery hooks, once
+        each, with the offsets its delivery callbacks filled in (a record whose delivery
+        failed, offset -1, is left out: its transaction cannot commit)."""
+        batches, self._batches = self._batches, []
+        for records, offsets in batches:
+            if -1 in offsets:
+                kept = [i for i, o in enumerate(offsets) if o >= 0]
+                records = [records[i] for i in kept]
+                offsets = [offsets[i] for i in kept]
+            for delivered_many in self._delivered_many:
+                delivered_many(records, offsets)
 
     def commit(self, patience: float = client.COMMIT_PATIENCE_S) -> None:
         """Commit now, even with no record pending: the hooks' messages (registrations,
@@ -475,6 +697,7 @@ class Publisher:
         finally:
             self._in_txn = False
             self._closed = True
+            self._batches = []
             for hook in self._hook_list:
                 with contextlib.suppress(SubstreamsError, KafkaException):
                     hook.abort(self)

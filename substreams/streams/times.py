@@ -21,7 +21,7 @@ anything is written.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,21 @@ class TimeAssigner:
                 f"source sealed every key up to {self.keys_sealed}"
             )
         return Keyed(key, t)
+
+    def times_of(self, payloads: Sequence[Mapping[str, Any]]) -> list[Time]:
+        """``time_of`` of every payload, as one column (``Publisher.publish_many``): the kind
+        is dispatched once, not per record; a record below the keyed seal raises
+        :class:`SealedTimeError` before any time is returned."""
+        kind = self.substream.kind
+        field = self._field()
+        if kind == "epoch":
+            return [int(p[field]) for p in payloads]
+        if kind == "tumbling":
+            size = self.substream.size_ms
+            assert size is not None
+            return [int(p[field]) // size for p in payloads]
+        time_of = self.time_of
+        return [time_of(p) for p in payloads]
 
     def seal_keys(self, upto: int) -> bool:
         """Remember the keyed seal ``upto``; False if it seals nothing new (not above the

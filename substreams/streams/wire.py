@@ -1,11 +1,11 @@
 """One converter between protocol types and their Avro form, driven by the schema.
 
 Why: the control, command, response and acks protocols are written once as frozen
-dataclasses (the types *are* the protocol, as in Materialize's ``protocol`` crate) and once as
-Avro schemas (``substreams/avro/*.avsc``, what is on the wire).  The first version had a hand-written
-``to_wire``/``from_wire`` per message, ~600 lines that had to change with every field; here
-the mapping is derived once per (schema, type) pair and compiled into closures, so a new
-field is one line in the dataclass and one in the schema.
+dataclasses (the types *are* the protocol, as in Materialize's ``protocol`` crate) and once
+as Avro schemas (``substreams/avro/*.avsc``, what is on the wire).  The first version had a
+hand-written ``to_wire``/``from_wire`` per message, ~600 lines that had to change with every
+field; here the mapping is derived once per (schema, type) pair and compiled into closures,
+so a new field is one line in the dataclass and one in the schema.
 
 Rules (checked when a converter is built, not per message):
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from substreams.frontier import Keyed, Time
-from substreams.streams.framing import EnvelopeEncoder, zigzag_long
+from substreams.streams.framing import EnvelopeEncoder, payload_writer, zigzag_long
 from substreams.streams.records import times_to_wire
 from substreams.streams.schemas import Codec, envelope_schema
 
@@ -58,7 +58,9 @@ def test_zigzag_long_matches_fastavro(n: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "n", [0, 1, -1, 63, -64, 64, -65, 8191, 8192, -8193, 2**62, 2**63 - 1, -(2**63)]
+    "n",
+    [0, 1, -1, 63, -64, 64, -65, 8191, 8192, -8193, 2**62, 2**63 - 1, -(2**63),
+     2**55 - 1, 2**55, -(2**55), -(2**55) - 1, 2**59, -(2**59) - 1],  # the unrolled branch
 )
 def test_zigzag_long_at_varint_boundaries(n: int) -> None:
     assert zigzag_long(n) == fastavro_long(n)
@@ -115,3 +117,139 @@ def test_a_payload_of_the_wrong_type_is_refused() -> None:
     encoder = EnvelopeEncoder(PAYLOAD, "s")
     with pytest.raises((ValueError, TypeError)):
         encoder.encode(1, 0, {}, {"ts": "not a long", "batch": 0, "body": "", "score": None})
+
+
+# -- #16: the batch path and the compiled payload writer ---------------------------------------
+
+records = st.tuples(longs, longs, st.dictionaries(st.text(max_size=8), times, max_size=3), payloads)
+
+
+@given(source=st.text(max_size=10), batch=st.lists(records, max_size=30))
+def test_encode_many_equals_encode_record_by_record(
+    source: str, batch: list[tuple[int, int, dict[str, Time], dict[str, Any]]]
+) -> None:
+    many = EnvelopeEncoder(PAYLOAD, source)
+    one = EnvelopeEncoder(PAYLOAD, source)
+    order_keys = [r[0] for r in batch]
+    ids = [r[1] for r in batch]
+    assigned = [r[2] for r in batch]
+    bodies = [r[3] for r in batch]
+    expected = [one.encode(k, i, t, p) for k, i, t, p in batch]
+    assert many.encode_many(order_keys, ids, assigned, bodies) == expected
+
+
+@given(
+    batch=st.lists(st.tuples(longs, st.integers(0, 3), payloads), min_size=1, max_size=30),
+    name=st.text(max_size=8),
+)
+def test_encode_many_with_runs_of_one_int_time_equals_fastavro(
+    batch: list[tuple[int, int, dict[str, Any]]], name: str
+) -> None:
+    """The one-substream int-time splice (granularity 1 and runs of equal epochs)."""
+    encoder = EnvelopeEncoder(PAYLOAD, "src")
+    assigned: list[dict[str, Time]] = [{name: t} for _, t, _ in batch]
+    got = encoder.encode_many([0] * len(batch), [r[0] for r in batch], assigned,
+                              [r[2] for r in batch])
+    expected = [
+        ENVELOPE.encode(
+            {
+                "order_key": 0,
+                "tracking_id": tid,
+                "source": "src",
+                "times": times_to_wire(a),
+                "payload": p,
+            }
+        )
+        for (tid, _, p), a in zip(batch, assigned, strict=True)
+    ]
+    assert got == expected
+
+
+def test_encode_many_refuses_an_order_key_outside_long_before_encoding() -> None:
+    encoder = EnvelopeEncoder(PAYLOAD, "s")
+    payload = {"ts": 1, "batch": 0, "body": "", "score": None}
+    with pytest.raises(ValueError, match="does not fit an Avro long"):
+        encoder.encode_many([0, 2**63], [0, 0], [{}, {}], [payload, payload])
+
+
+WIDE = {
+    "type": "record",
+    "name": "Wide",
+    "fields": [
+        {"name": "l", "type": "long"},
+        {"name": "i", "type": {"type": "int"}},
+        {"name": "s", "type": "string"},
+        {"name": "b", "type": "bytes"},
+        {"name": "f", "type": "boolean"},
+        {"name": "d", "type": "double"},
+        {"name": "x", "type": "float"},
+        {"name": "n", "type": "null"},
+        {"name": "u", "type": ["null", "string", "long"], "default": None},
+    ],
+}
+WIDE_PARSED = fastavro.parse_schema(WIDE)
+
+# Values of every kind, the wrong ones included: the compiled writer must frame the right
+# ones exactly as fastavro does and hand everything else to fastavro (same bytes or error).
+anything = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, width=32),
+    st.floats(allow_nan=False),
+    st.text(max_size=10),
+    st.binary(max_size=10),
+)
+wide_payloads = st.fixed_dictionaries(
+    {
+        "l": st.one_of(longs, anything),
+        "i": st.one_of(st.integers(-(2**31), 2**31 - 1), anything),
+        "s": st.one_of(st.text(max_size=20), anything),
+        "b": st.one_of(st.binary(max_size=20), anything),
+        "f": st.one_of(st.booleans(), anything),
+        "d": st.one_of(st.floats(allow_nan=False), anything),
+        "x": st.one_of(st.floats(allow_nan=False, width=32), anything),
+        "n": st.one_of(st.none(), anything),
+    },
+    # "u" may be missing (its default), or anything
+    optional={"u": st.one_of(st.none(), st.text(max_size=5), longs, anything)},
+)
+
+
+def _fastavro_or_error(schema: Any, payload: Any) -> bytes | type[BaseException]:
+    buf = io.BytesIO()
+    try:
+        fastavro.schemaless_writer(buf, schema, payload)
+    except Exception as exc:  # compared by type below
+        return type(exc)
+    return buf.getvalue()
+
+
+@given(wide_payloads)
+def test_the_compiled_payload_writer_equals_fastavro_or_fails_as_it_does(
+    payload: dict[str, Any],
+) -> None:
+    encoder = EnvelopeEncoder(WIDE, "s")
+    assert payload_writer(WIDE) is not None  # this schema is compiled, not left to fastavro
+    expected = _fastavro_or_error(WIDE_PARSED, payload)
+    try:
+        got: bytes | type[BaseException] = encoder.payload(payload)
+    except Exception as exc:
+        got = type(exc)
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    "field_type",
+    [
+        ["int", "double"],  # fastavro may write an int into the double branch
+        ["boolean", "long"],
+        {"type": "long", "logicalType": "timestamp-millis"},
+        {"type": "array", "items": "long"},
+        {"type": "record", "name": "Inner", "fields": [{"name": "a", "type": "long"}]},
+        {"type": "enum", "name": "E", "symbols": ["A"]},
+    ],
+)
+def test_schemas_the_compiled_writer_leaves_to_fastavro(field_type: Any) -> None:
+    schema = {"type": "record", "name": "R", "fields": [{"name": "v", "type": field_type}]}
+    assert payload_writer(schema) is None

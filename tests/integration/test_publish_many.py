@@ -1,0 +1,210 @@
+"""``Publisher.publish_many`` on a real broker (#16): the batch path keeps the single-record
+path's guarantees -- exactly-once in-order notifications under the acker with each epoch's
+own records, order-key regressions, bad payloads and keyed seals refused before anything of
+the batch is written, fencing."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from substreams.app import Application
+from substreams.errors import (
+    OrderKeyRegressionError,
+    PublisherFencedError,
+    SealedTimeError,
+    SubstreamsError,
+)
+from substreams.frontier import Time
+from substreams.streams.listener import Listener
+from substreams.streams.records import Entry, SentRecord
+from tests.conftest import ConfigFactory
+from tests.integration.test_acker import FAST, acker, check_exactly_once, verify_chains
+from tests.integration.test_streams import read_all
+
+
+def click(ts: int, url: str, user: str = "u") -> dict[str, Any]:
+    return {"user": user, "url": url, "ts": ts}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_publish_many_under_the_acker_notifies_every_epoch_once_in_order(
+    make_config: ConfigFactory, seed: int
+) -> None:
+    """Two sources write batches that span several epochs (random sizes, keys on some,
+    single publish() calls mixed in); each seals after a batch.  Every epoch is notified
+    once, in order, its ranges holding exactly its records."""
+    config = make_config(
+        [{"name": "clicks", "partitions": 4}],
+        [{"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}],
+        acker=FAST,
+    )
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    from substreams.control.traffic import ACK_REPORTS, TRAFFIC
+
+    rng = random.Random(seed)
+    sent: dict[Time, list[tuple[str, str]]] = defaultdict(list)
+    sealed: set[Time] = set()
+    with acker(config):
+        pubs = {
+            name: Application(config).publisher(stream, name, batch_size=rng.randrange(5, 60))
+            for name in ("a", "b")
+        }
+        ts = {name: 0 for name in pubs}
+        n = 0
+        try:
+            for _ in range(40):
+                name = rng.choice(sorted(pubs))
+                pub = pubs[name]
+                batch = []
+                for _ in range(rng.randrange(1, 25)):
+                    ts[name] += rng.choice([0, 0, 0, 1, 2])
+                    batch.append(click(ts[name], f"/{name}{n}", f"u{n % 5}"))
+                    sent[ts[name]].append((name, f"/{name}{n}"))
+                    n += 1
+                if rng.random() < 0.2:
+                    for payload in batch:
+                        pub.publish(payload)
+                else:
+                    keys = [p["user"] for p in batch] if rng.random() < 0.5 else None
+                    records = pub.publish_many(batch, keys=keys)
+                    assert [r.times[sub] for r in records] == [p["ts"] for p in batch]
+                if ts[name] > 0:
+                    pub.seal(sub, ts[name] - 1, commit=rng.random() < 0.5)
+                    sealed.add(ts[name] - 1)
+            for pub in pubs.values():
+                pub.seal(sub, max(ts.values()))
+            sealed.add(max(ts.values()))
+        finally:
+            for pub in pubs.values():
+                pub.close()
+        # a sealed time nobody wrote to is notified too, empty
+        expected = set(sent) | sealed
+        got = check_exactly_once(config, sub, sent, expected)
+    assert [note.time for note in got] == sorted(expected)
+    assert TRAFFIC.get(ACK_REPORTS, sub) == 2 * n  # SND and RCV of every record
+    verify_chains(config, [config.acker.control_topic(sub)])
+
+
+def test_a_regression_inside_a_batch_raises_and_writes_nothing(
+    make_config: ConfigFactory,
+) -> None:
+    config = make_config([{"name": "clicks", "partitions": 2}])
+    stream = config.streams[0].name
+    with Application(config).publisher(stream, "src") as pub:
+        pub.publish(click(10, "/first"))
+        with pytest.raises(OrderKeyRegressionError, match=r"ts=9 \(record 2 of the batch\)"):
+            pub.publish_many([click(11, "/x"), click(12, "/x"), click(9, "/x"), click(13, "/x")])
+        with pytest.raises(OrderKeyRegressionError, match=r"ts=5 .* below the previous 10"):
+            pub.publish_many([click(5, "/x")])
+        with pytest.raises(SubstreamsError, match="does not match schema"):
+            pub.publish_many([click(11, "/x"), {"user": "u", "url": 7, "ts": 12}])
+        with pytest.raises(SubstreamsError, match="no integer order key"):
+            pub.publish_many([click(11, "/x"), {"user": "u", "url": "/x"}])
+        with pytest.raises(SubstreamsError, match=r"partitions 0\.\.1, not 2"):
+            pub.publish_many([click(11, "/x")], partitions=[2])
+        # the publisher is as it was: the last order key is still 10
+        pub.publish_many([click(10, "/second"), click(11, "/third")])
+        assert pub.publish_many([]) == []
+    with Listener(config, stream) as listener:
+        got = sorted((e.order_key, e.payload["url"]) for e in read_all(listener))
+    assert got == [(10, "/first"), (10, "/second"), (11, "/third")]
+
+
+def test_a_batch_below_a_keyed_seal_raises_and_writes_nothing(
+    make_config: ConfigFactory,
+) -> None:
+    session = {
+        "name": "s", "stream": "clicks", "kind": "session", "key": "user", "field": "ts",
+        "gap_ms": 50,
+    }  # fmt: skip
+    config = make_config([{"name": "clicks"}], [session], acker=FAST)
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    with Application(config).publisher(stream, "src") as pub:
+        pub.publish_many([click(100, "/a"), click(120, "/b")])
+        pub.seal_keys(sub, 150)
+        with pytest.raises(SealedTimeError, match="sealed every key up to 150"):
+            pub.publish_many([click(160, "/c"), click(150, "/d")], check_order=False)
+        pub.publish_many([click(200, "/e")])
+    with Listener(config, stream) as listener:
+        urls = [e.payload["url"] for e in read_all(listener)]
+    assert sorted(urls) == ["/a", "/b", "/e"]
+
+
+def test_a_fenced_publisher_cannot_commit_a_batch(make_config: ConfigFactory) -> None:
+    config = make_config([{"name": "clicks"}])
+    stream = config.streams[0].name
+    pub = Application(config).publisher(stream, "shared")
+    pub.publish_many([click(1, "/a")])
+    pub.flush()
+    script = textwrap.dedent(
+        f"""
+        from substreams.config import load_config
+        from substreams.app import Application
+        cfg = load_config({str(config.path)!r})
+        with Application(cfg).publisher({stream!r}, "shared") as p:
+            p.publish_many([{{"user": "b", "url": "/b", "ts": 2}}])
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    with pytest.raises(PublisherFencedError, match="fenced"):
+        pub.publish_many([click(3, "/c"), click(4, "/d")])
+        pub.flush()
+    pub.abort()
+    with Listener(config, stream) as listener:
+        assert [e.payload["url"] for e in read_all(listener)] == ["/a", "/b"]
+
+
+class PerRecordHook:
+    """A hook written before #16: no batch methods, not derived from ``PublishHook``."""
+
+    wants_delivery = True
+
+    def __init__(self) -> None:
+        self.sent: list[SentRecord] = []
+        self.delivered: list[tuple[SentRecord, int]] = []
+        self.commits = 0
+
+    def on_send(self, record: SentRecord) -> None:
+        self.sent.append(record)
+
+    def on_delivered(self, record: SentRecord, offset: int) -> None:
+        self.delivered.append((record, offset))
+
+    def seal(self, *args: object) -> None: ...
+
+    def seal_keys(self, *args: object) -> None: ...
+
+    def before_commit(self, publisher: object) -> None:
+        # every delivery of the transaction is known before the hook's last word
+        assert len(self.delivered) == len(self.sent)
+
+    def on_commit(self, publisher: object) -> None:
+        self.commits += 1
+
+    def close(self, publisher: object) -> None: ...
+
+    def abort(self, publisher: object) -> None: ...
+
+
+def test_a_per_record_hook_sees_each_record_of_a_batch_once(make_config: ConfigFactory) -> None:
+    config = make_config([{"name": "clicks", "partitions": 3}])
+    stream = config.streams[0].name
+    hook = PerRecordHook()
+    with Application(config).publisher(stream, "src", batch_size=7) as pub:
+        pub.add_hook(hook)  # type: ignore[arg-type]
+        records = pub.publish_many([click(i, f"/{i}") for i in range(10)])
+        records += pub.publish_many([click(10 + i, f"/{10 + i}") for i in range(5)])
+    assert hook.sent == records
+    assert [r for r, _ in hook.delivered] == records
+    with Listener(config, stream) as listener:
+        entries = [e for e in read_all(listener) if isinstance(e, Entry)]
+    where = {(e.partition, e.index): e.tracking_id for e in entries}
+    assert {(r.partition, o): r.tracking_id for r, o in hook.delivered} == where
+    assert hook.commits == 2  # the 10-record batch went out whole, then close() committed
