@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 
 from substreams.acker.commands import (
     AcksPartition,
@@ -60,7 +60,7 @@ from substreams.acker.history import CommandHistory, OutcomeKind
 from substreams.config import Config
 from substreams.control.io import decode_control
 from substreams.control.messages import EpochComplete, OffsetRange
-from substreams.errors import ProtocolError, SubstreamsError
+from substreams.errors import BrokerError, ProtocolError, SubstreamsError
 from substreams.frontier import Time, sort_key
 from substreams.kafka import client
 from substreams.kafka.read import Reader
@@ -128,6 +128,7 @@ class CommandHandler:
         self.replayed = 0
         """How many commands of the command topic start-up replayed."""
         self.responses_sent = 0
+        self._responses_from = 0
         self._started = False
         self._answered: set[tuple[str, str, int]] | None = None
         self._since_reduce = 0
@@ -172,10 +173,17 @@ class CommandHandler:
         self._producer.flush(5)
         topic = self.config.acker.response_topic
         assert self._commands is not None
-        _, high = self._commands.watermarks(topic, 0)
+        try:
+            _, high = client.watermarks(self._commands.consumer, topic, 0, timeout=2.0)
+            self._responses_from = max(0, int(high))
+        except (BrokerError, KafkaException) as exc:
+            # The response topic's leader is away (a broker down): an older watermark is as
+            # safe (a restart reads a little more of the topic), a dead acker is not.
+            log.warning("command handler: response topic '%s' watermark not available (%s); "
+                        "keeping %d", topic, exc, self._responses_from)
         return {
             "position": self._position,
-            "responses_from": max(0, int(high)),
+            "responses_from": self._responses_from,
             "commands": [
                 base64.b64encode(encode_command(c)).decode() for c in self.history.commands
             ],
@@ -202,6 +210,7 @@ class CommandHandler:
                 raise ProtocolError(
                     f"acker checkpoint: command history unreadable: {exc}"
                 ) from exc
+        self._responses_from = responses_from
         ensure_topics(
             client.admin(self.bootstrap, self.config),
             [
