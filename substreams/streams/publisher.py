@@ -46,6 +46,10 @@ _ACQUIRED: set[tuple[str, str, str]] = set()
 _ACQUIRED_LOCK = threading.Lock()
 
 
+_ENCODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError)
+"""What fastavro / the compiled writers raise for a payload that does not fit the schema."""
+
+
 def transactional_id(stream: str, source_id: str) -> str:
     return f"substreams.pub.{stream}.{source_id}"
 
@@ -272,6 +276,12 @@ class Publisher:
         ):
             return call(*args, **kwargs)
 
+    def _schema_error(self, exc: Exception) -> SubstreamsError:
+        return SubstreamsError(
+            f"stream '{self.stream}': payload does not match schema "
+            f"{self.stream_config.schema.get('name')}: {exc}"
+        )
+
     def partition_for(self, key: str | bytes | None) -> int:
         if key is None:
             self._rr = (self._rr + 1) % self.partitions
@@ -324,11 +334,8 @@ class Publisher:
         tracking_id = self._rand.getrandbits(64) - (1 << 63)
         try:
             value = self._encoder.encode(order_key, tracking_id, assigned, payload)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise SubstreamsError(
-                f"stream '{self.stream}': payload does not match schema "
-                f"{self.stream_config.schema.get('name')}: {exc}"
-            ) from exc
+        except _ENCODE_ERRORS as exc:
+            raise self._schema_error(exc) from exc
         if check_order:
             self._last_order_key = order_key
         record = SentRecord(self.stream, partition, order_key, tracking_id, assigned)
@@ -380,11 +387,8 @@ class Publisher:
         tracking_ids = struct.unpack(f"<{n}q", rand)
         try:
             values = self._encoder.encode_many(order_keys, tracking_ids, assigned, payloads)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise SubstreamsError(
-                f"stream '{self.stream}': payload does not match schema "
-                f"{self.stream_config.schema.get('name')}: {exc}"
-            ) from exc
+        except _ENCODE_ERRORS as exc:
+            raise self._schema_error(exc) from exc
         # Nothing below raises for the batch's own sake: it is written from here on.
         if check_order:
             self._last_order_key = order_keys[-1]

@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from substreams.app import DIRECT, Application
 from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.control.messages import EpochComplete
+from substreams.streams.publisher import Publisher
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -61,6 +63,17 @@ def window_clicks(window: int, n: int, size_ms: int = 1000, users: int = 3) -> l
         {"user": f"u{i % users}", "url": f"/p{i % 4}", "ts": window * size_ms + i * step}
         for i in range(n)
     ]
+
+
+def publish_window(
+    pub: Publisher, substream: str, window: int, n: int, truth: Counter[tuple[int, str]]
+) -> None:
+    """``n`` clicks of ``window`` keyed by user, then its seal; counted into ``truth``
+    (window, user) -> clicks, what a windowed count must come out as."""
+    for c in window_clicks(window, n):
+        pub.publish(c, key=str(c["user"]))
+        truth[(window, str(c["user"]))] += 1
+    pub.seal(substream, window)
 
 
 def publish_windows(

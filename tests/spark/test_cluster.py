@@ -17,7 +17,7 @@ import pytest
 from substreams.app import DIRECT, Application
 from substreams.spark.cluster import SparkCluster
 from tests.conftest import ConfigFactory
-from tests.spark.conftest import window_clicks
+from tests.spark.conftest import publish_window
 from tests.spark.jobs import ROOT, out_stream
 from tests.spark.test_submit import output_rows, wait_rows
 
@@ -64,10 +64,7 @@ def test_windowed_counts_on_a_standalone_cluster_survive_a_killed_worker(
         ):
 
             def publish(window: int, n: int) -> None:
-                for c in window_clicks(window, n):
-                    pub.publish(c, key=str(c["user"]))
-                    truth[(window, str(c["user"]))] += 1
-                pub.seal(w, window)
+                publish_window(pub, w, window, n, truth)
 
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,

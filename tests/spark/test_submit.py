@@ -19,7 +19,7 @@ from substreams.config import Config
 from substreams.spark.runner import run
 from substreams.streams.listener import Listener
 from tests.conftest import ConfigFactory
-from tests.spark.conftest import window_clicks
+from tests.spark.conftest import publish_window
 from tests.spark.jobs import ROOT, load_job, out_stream
 
 pytestmark = pytest.mark.spark
@@ -90,10 +90,7 @@ def test_submitted_job_killed_mid_stream_restarts_exactly_once(
     ):
 
         def publish(window: int, n: int) -> None:
-            for c in window_clicks(window, n):
-                pub.publish(c, key=str(c["user"]))
-                truth[(window, str(c["user"]))] += 1
-            pub.seal(w, window)
+            publish_window(pub, w, window, n, truth)
 
         proc = subprocess.Popen(
             cmd,
