@@ -5,6 +5,8 @@ waited for while a coordinator moves."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,3 +88,26 @@ def test_committed_raises_other_errors_at_once(reader: Reader) -> None:
     reader.consumer = _Flaky(1, KafkaError.GROUP_AUTHORIZATION_FAILED)  # type: ignore[assignment]
     with pytest.raises(BrokerError, match="committed offsets"):
         reader.committed([TopicPartition("t", 0)], timeout=10)
+
+
+class _Stuck:
+    """A consumer whose close never returns (librdkafka #4519) until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def close(self) -> None:
+        self.release.wait()
+
+
+def test_a_close_that_hangs_is_given_up_after_its_timeout(
+    reader: Reader, caplog: pytest.LogCaptureFixture
+) -> None:
+    stuck = _Stuck()
+    reader.consumer = stuck  # type: ignore[assignment]
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="substreams.kafka.read"):
+        reader.close(timeout=0.3)
+    stuck.release.set()
+    assert time.monotonic() - began < 5
+    assert any("did not close within" in r.getMessage() for r in caplog.records)
