@@ -174,7 +174,7 @@ class CommandHandler:
         topic = self.config.acker.response_topic
         assert self._commands is not None
         try:
-            _, high = client.watermarks(self._commands.consumer, topic, 0, timeout=2.0)
+            _, high = self._commands.watermarks(topic, 0, timeout=2.0)
             self._responses_from = max(0, int(high))
         except (BrokerError, KafkaException) as exc:
             # The response topic's leader is away (a broker down): an older watermark is as

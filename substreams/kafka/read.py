@@ -12,7 +12,7 @@ Rules every reader of ours follows, written once here:
   naming the topic and partition; no loop swallows one.  Why: the first version had a read
   loop per caller, some skipped errors and some returned what they had when a deadline
   passed (``read_commits`` in the Spark sink did, and its exactly-once decision rested on
-  it: a slow broker could make a committed batch look uncommitted).  :meth:`Reader.read_to_end`
+  it: a slow broker could make a committed batch look uncommitted).  :meth:`Reader.iter_to_end`
   returns only at the end of every partition and raises on its timeout: never a partial
   answer.
 """
@@ -31,7 +31,7 @@ from substreams.config import Config
 from substreams.errors import BrokerError
 from substreams.kafka import client
 
-__all__ = ["Reader", "drain", "read_to_end"]
+__all__ = ["Reader", "drain"]
 
 Partition = tuple[str, int]
 
@@ -92,12 +92,6 @@ class Reader:
         self.positions = {(tp.topic, tp.partition): tp.offset for tp in parts if tp.offset >= 0}
         self.at_end = set()
 
-    def seek(self, topic: str, partition: int, offset: int) -> None:
-        """Re-read ``topic[partition]`` from ``offset`` (already assigned)."""
-        self.consumer.seek(TopicPartition(topic, partition, offset))
-        self.positions[(topic, partition)] = offset
-        self.at_end.discard((topic, partition))
-
     def offsets(self, topic: str) -> dict[int, int]:
         """Next offset per partition of ``topic`` (for readers of one topic)."""
         return {p: o for (t, p), o in self.positions.items() if t == topic}
@@ -155,8 +149,10 @@ class Reader:
                          self.name, err)
                 time.sleep(0.2)
 
-    def watermarks(self, topic: str, partition: int = 0) -> tuple[int, int]:
-        return client.watermarks(self.consumer, topic, partition)
+    def watermarks(
+        self, topic: str, partition: int = 0, timeout: float = 30.0
+    ) -> tuple[int, int]:
+        return client.watermarks(self.consumer, topic, partition, timeout)
 
     def log_start(self, topic: str, partition: int = 0) -> int:
         """The partition's first offset: past 0 once retention removed its oldest records."""
@@ -205,13 +201,10 @@ class Reader:
             events = [first, *self.consumer.consume(max_messages - 1, 0)]
         return self._take(events)
 
-    def read_to_end(self, timeout: float = 30.0, max_messages: int = 1000) -> list[Message]:
-        """Every message from the current positions up to the end of every assigned
-        partition; :class:`BrokerError` if that end is not reached within ``timeout``."""
-        return list(self.iter_to_end(timeout, max_messages))
-
     def iter_to_end(self, timeout: float = 30.0, max_messages: int = 1000) -> Iterator[Message]:
-        """:meth:`read_to_end` as it arrives (a caller may stop early).
+        """Every message from the current positions up to the end of every assigned
+        partition, as it arrives (a caller may stop early); :class:`BrokerError` if that end
+        is not reached within ``timeout``.
 
         The end is the one librdkafka reports: a partition that reported its end and has
         delivered nothing since counts as at end without another round trip, so call this on
@@ -258,29 +251,6 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def read_to_end(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[Message]:
-    """Every message of ``consumer``'s assigned partitions from their positions up to their
-    end, in order (the consumer needs ``enable.partition.eof``).  For a consumer that is not
-    a :class:`Reader` (a Spark sink's)."""
-    out: list[Message] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        if time.monotonic() > deadline:
-            raise BrokerError(f"topic '{topic}': no end of partition within {timeout:g} s")
-        at_end = False
-        for msg in consumer.consume(1000, 0.2):
-            err = msg.error()
-            if err is None:
-                out.append(msg)
-                at_end = False
-            elif err.code() == KafkaError._PARTITION_EOF:
-                at_end = True
-            else:
-                raise BrokerError(f"topic '{topic}': {err}")
-        if at_end:
-            return out
 
 
 def drain(

@@ -116,7 +116,7 @@ class DashboardModel:
 
     def _position_checkpoints(self, reader: Reader) -> TopicPartition:
         try:
-            low, high = client.watermarks(reader.consumer, self.checkpoint_topic, 0, timeout=5)
+            low, high = reader.watermarks(self.checkpoint_topic, 0, timeout=5)
         except (SubstreamsError, KafkaException):  # no acker ran yet: no topic either
             return TopicPartition(self.checkpoint_topic, 0, 0)
         return TopicPartition(self.checkpoint_topic, 0, max(low, high - CHECKPOINT_LOOKBACK))
