@@ -29,12 +29,12 @@ from functools import cache
 
 from substreams.acker.table import SOURCE
 from substreams.config import Config
-from substreams.control.messages import TIME, TIME_CONTAINERS, OffsetRange
+from substreams.control.messages import OffsetRange, protocol_converter
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time
 from substreams.streams.records import SentRecord
-from substreams.streams.schemas import HEADER_FINGERPRINT, expanded, protocol_codec, raw_schema
+from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
 from substreams.streams.wire import Converter
 
 # -- the acks-topic protocol as types ---------------------------------------------------------
@@ -116,8 +116,7 @@ class AckMessage:
 
 @cache
 def _converter() -> Converter:
-    return Converter(expanded(raw_schema("ack")), adapters={"Time": TIME},
-                     containers=TIME_CONTAINERS)
+    return protocol_converter("ack")
 
 
 def encode_ack(msg: AckMessage) -> bytes:

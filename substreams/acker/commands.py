@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any, TypeVar
 
-from substreams.control.messages import TIME, TIME_CONTAINERS, OffsetRange
+from substreams.control.messages import OffsetRange, protocol_converter
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Keyed, Time
-from substreams.streams.schemas import HEADER_FINGERPRINT, expanded, protocol_codec, raw_schema
+from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
 from substreams.streams.wire import Adapter, Converter
 
 _U64 = 1 << 64
@@ -245,8 +245,7 @@ def to_unsigned64(x: int) -> int:
 
 @cache
 def _converter(schema: str) -> Converter:
-    return Converter(expanded(raw_schema(schema)), names={"Status": StatusRequest},
-                     adapters={"Time": TIME}, containers=TIME_CONTAINERS)
+    return protocol_converter(schema, names={"Status": StatusRequest})
 
 
 def encode_command(cmd: Command) -> bytes:

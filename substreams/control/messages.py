@@ -164,10 +164,16 @@ TIME_CONTAINERS: dict[type, Any] = {Antichain: Time, UpperAntichain: Time}
 """Frontiers travel as arrays of times."""
 
 
+def protocol_converter(schema: str, names: Mapping[str, type] | None = None) -> Converter:
+    """The converter of one of our protocol schemas (``substreams/avro/<schema>.avsc``), with
+    the adapters every protocol shares: times and frontiers.  Callers cache it."""
+    return Converter(expanded(raw_schema(schema)), names=names, adapters={"Time": TIME},
+                     containers=TIME_CONTAINERS)
+
+
 @cache
 def _converter() -> Converter:
-    return Converter(expanded(raw_schema("control")), adapters={"Time": TIME},
-                     containers=TIME_CONTAINERS)
+    return protocol_converter("control")
 
 
 def record_to_wire(rec: ControlRecord) -> dict[str, Any]:

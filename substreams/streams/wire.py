@@ -196,7 +196,7 @@ class Converter:
             return adapter.from_wire
         avro = self._resolve(avro)
         if isinstance(avro, str):
-            return _PRIMITIVE_FROM.get(avro, _identity)
+            return _identity  # fastavro already hands back int, str, bytes...
         if isinstance(avro, list):
             return self._union_from(avro, hint)
         kind = avro["type"]
@@ -357,10 +357,6 @@ def _identity(v: Any) -> Any:
 def _elements(v: Any) -> Iterable[Any]:
     elements: Callable[[], Iterable[Any]] = v.elements
     return elements()
-
-
-_PRIMITIVE_FROM: dict[str, FromWire] = {}
-"""fastavro already hands back ``int``, ``str``, ``bytes``...: primitives pass as they are."""
 
 
 _NO_DEFAULT = object()
