@@ -155,7 +155,8 @@ def _live_node_ids(bootstrap: str, timeout: float = 2.0) -> set[int]:
     return {int(b) for b in meta.brokers}
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie child counts as dead)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -314,7 +315,7 @@ class KafkaCluster:
             pid = int((self.node_dir(node_id) / "pid").read_text())
         except (OSError, ValueError):
             return None
-        return pid if _pid_alive(pid) else None
+        return pid if pid_alive(pid) else None
 
     def start_node(self, node_id: int) -> None:
         """Start one node (no wait); a node already running is left alone."""
@@ -413,7 +414,7 @@ class KafkaCluster:
                     continue
                 del self._procs[node_id]
                 return True
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 return True
             time.sleep(0.05)
         return False

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from substreams.errors import SubstreamsError
-from substreams.kafka.embedded import free_port, substreams_home
+from substreams.kafka.embedded import free_port, pid_alive, substreams_home
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +79,7 @@ class ClusterState:
 
 
 def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:  # a zombie child of ours counts as dead
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return True
+    return pid is not None and pid_alive(pid)
 
 
 class SparkCluster:
