@@ -2,8 +2,14 @@
 
 Why aggregate locally (the trAcker's point): one message per (substream, time) per commit
 instead of one per record keeps service traffic at O(K·|Π|).  Why one acks partition per
-source (crc32(source) % partitions): the acker must see a source's Register, reports and
-seals in the order they were made; Kafka only orders within a partition.
+*segment* (:func:`segment_partition`, crc32(substream) % partitions): the acker must see a
+source's Register, reports and seals of one segment in the order they were made, and Kafka
+only orders within a partition; partitioning by segment (not by source) is what lets
+sharded ackers split the segments between them (docs/design.md, "Sharded ackers").  So a
+commit's messages are split per acks partition: each partition gets the Register,
+AckReport and Unregister parts of the segments mapped to it, with a sequence number of its
+own (the acker counts per (source, partition)); heartbeats go to every partition the source
+registered in.
 
 Commit and report are one: the agent owns no producer.  Its writer (a transactional
 :class:`~substreams.streams.publisher.Publisher`) takes the aggregated messages just before it
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -147,7 +153,53 @@ def decode_ack(value: bytes, headers: Iterable[tuple[str, bytes]] | None) -> Ack
 
 
 def acks_partition(source: str, partitions: int) -> int:
+    """The *home* partition of a name (a source before sharding; kept for tools that write
+    one message somewhere deterministic)."""
     return zlib.crc32(source.encode()) % partitions
+
+
+def segment_partition(substream: str, partitions: int) -> int:
+    """The acks partition of every message about acker substream (segment) ``substream``."""
+    return zlib.crc32(substream.encode()) % partitions
+
+
+def shard_partitions(shard: int, shards: int, partitions: int) -> tuple[int, ...]:
+    """The acks partitions shard ``shard`` of ``shards`` owns (static: ``p % shards``)."""
+    if not 0 <= shard < shards <= partitions:
+        raise SubstreamsError(
+            f"acker shard {shard} of {shards} over {partitions} acks partitions: need "
+            "0 <= shard < shards <= acker.acks_partitions"
+        )
+    return tuple(p for p in range(partitions) if p % shards == shard)
+
+
+def split_body(body: AckBody, partition_of: Callable[[str], int]) -> list[tuple[int, AckBody]]:
+    """``body`` cut into one part per acks partition (in partition order), each holding
+    what concerns the segments of that partition; a body about no substream (heartbeat,
+    evict) is returned as is under partition -1 (the caller decides where it goes)."""
+    if isinstance(body, Register):
+        groups: dict[int, list[str]] = {}
+        for sub in body.substreams:
+            groups.setdefault(partition_of(sub), []).append(sub)
+        return [(p, Register(tuple(subs), body.role, body.writer))
+                for p, subs in sorted(groups.items())]
+    if isinstance(body, Unregister):
+        groups = {}
+        for sub in body.substreams:
+            groups.setdefault(partition_of(sub), []).append(sub)
+        return [(p, Unregister(tuple(subs))) for p, subs in sorted(groups.items())]
+    if isinstance(body, AckReport):
+        entries: dict[int, list[AckEntry]] = {}
+        seals: dict[int, list[SealEntry]] = {}
+        for e in body.entries:
+            entries.setdefault(partition_of(e.substream), []).append(e)
+        for s in body.seals:
+            seals.setdefault(partition_of(s.substream), []).append(s)
+        return [
+            (p, AckReport(tuple(entries.get(p, ())), tuple(seals.get(p, ()))))
+            for p in sorted(entries.keys() | seals.keys())
+        ]
+    return [(-1, body)]
 
 
 def now_ms() -> int:
@@ -201,13 +253,17 @@ class TrackingAgent:
         self.source = source
         self.incarnation = incarnation
         self.topic = config.acker.acks_topic
-        self.partition = acks_partition(source, config.acker.acks_partitions)
+        self.acks_partitions = config.acker.acks_partitions
+        self.partitions: set[int] = set()
+        """The acks partitions of the segments this source registered with (heartbeats go
+        to each: every acker shard that tracks one of them must hear it)."""
         self.headers = ack_headers()
         self._table: dict[tuple[str, Time], _Agg] = {}
         self._seals: list[SealEntry] = []
         self._before: list[AckBody] = []
         self._after: list[AckBody] = []
-        self._seq = 0
+        self._seq: dict[int, int] = {}
+        """The next sequence number per acks partition."""
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -322,14 +378,20 @@ class TrackingAgent:
     def register(self, substreams: Iterable[str], role: str = SOURCE, writer: str = "") -> None:
         """Join with the next commit (before its reports): a source counts from the moment
         the acker reads its Register.  ``writer``: the transactional id to fence on eviction."""
-        self._before.append(Register(tuple(substreams), role, writer))
+        subs = tuple(substreams)
+        self.partitions.update(self.partition_of(s) for s in subs)
+        self._before.append(Register(subs, role, writer))
 
     def unregister(self, substreams: Iterable[str]) -> None:
         """Leave with the next commit (after its reports)."""
         self._after.append(Unregister(tuple(substreams)))
 
+    def partition_of(self, substream: str) -> int:
+        return segment_partition(substream, self.acks_partitions)
+
     def heartbeat_message(self) -> AckMessage:
-        """A SourceHeartbeat of this incarnation, to be sent outside any transaction."""
+        """A SourceHeartbeat of this incarnation, to be sent outside any transaction (to
+        every partition of :attr:`partitions`)."""
         return AckMessage(self.source, -1, now_ms(), SourceHeartbeat(), self.incarnation)
 
     # -- writing -------------------------------------------------------------------------
@@ -337,10 +399,11 @@ class TrackingAgent:
     def pending(self) -> bool:
         return bool(self._table or self._seals or self._before or self._after)
 
-    def take(self) -> list[AckMessage]:
-        """The messages the writer's next commit must carry, in order; the agent is empty
-        afterwards.  Called by the writer right before it commits (after its delivery
-        callbacks ran, so terminal offsets are known)."""
+    def take(self) -> list[tuple[int, AckMessage]]:
+        """The messages the writer's next commit must carry, each with its acks partition,
+        in order within each partition; the agent is empty afterwards.  Called by the writer
+        right before it commits (after its delivery callbacks ran, so terminal offsets are
+        known)."""
         bodies: list[AckBody] = list(self._before)
         if self._table or self._seals:
             entries = []
@@ -366,12 +429,15 @@ class TrackingAgent:
         self._table, self._seals, self._before, self._after = {}, [], [], []
         sent = now_ms()
         out = []
-        for body in bodies:
-            msg = AckMessage(self.source, self._seq, sent, body, self.incarnation)
-            self._seq += 1
-            for sub in msg.substreams():
-                TRAFFIC.add(ACK_SENT, sub)
-            out.append(msg)
+        seqs = self._seq
+        for whole in bodies:
+            for p, body in split_body(whole, self.partition_of):
+                seq = seqs.get(p, 0)
+                seqs[p] = seq + 1
+                msg = AckMessage(self.source, seq, sent, body, self.incarnation)
+                for sub in msg.substreams():
+                    TRAFFIC.add(ACK_SENT, sub)
+                out.append((p, msg))
         return out
 
     def discard(self) -> None:

@@ -30,9 +30,9 @@ from substreams.streams.records import SentRecord
 
 def write_agent(publisher: Publisher, agent: TrackingAgent) -> None:
     """Write what ``agent`` aggregated into ``publisher``'s open transaction."""
-    for msg in agent.take():
+    for partition, msg in agent.take():
         publisher.produce_aside(
-            agent.topic, encode_ack(msg), partition=agent.partition, headers=agent.headers
+            agent.topic, encode_ack(msg), partition=partition, headers=agent.headers
         )
 
 
@@ -64,11 +64,12 @@ class Heartbeat:
             if time.monotonic() - self._last < self.interval:
                 continue
             self._last = time.monotonic()
-            msg = self.agent.heartbeat_message()
-            produce(
-                self._producer, self.agent.topic, encode_ack(msg),
-                partition=self.agent.partition, headers=self.agent.headers,
-            )
+            value = encode_ack(self.agent.heartbeat_message())
+            for partition in sorted(self.agent.partitions):  # every shard it registered with
+                produce(
+                    self._producer, self.agent.topic, value,
+                    partition=partition, headers=self.agent.headers,
+                )
             self._producer.poll(0)
 
     def close(self) -> None:

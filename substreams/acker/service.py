@@ -20,6 +20,17 @@ loads the latest checkpoint and seeks the acks topic to its offsets.  Every noti
 was committed atomically with the checkpoint that accounts for it, so nothing is lost,
 duplicated or reordered; acks applied after the last checkpoint are simply replayed.
 
+Shards (docs/design.md, "Sharded ackers"): with ``shards=N`` this instance is shard ``shard``
+and owns the acks partitions ``p % N == shard`` and only the segments mapped to them
+(:func:`~substreams.acker.agent.segment_partition`); its name, and so its checkpoint topic,
+transactional id, chain writer and standby, is ``<name>.shard<i>of<N>``.  A shard that has
+no checkpoint of its own yet, or whose own was retired, and is given ``from_shards=M`` takes
+its partitions over from the shards of the M-shard layout that owned them
+(:meth:`_take_over`): fence each (its transactional id), read its latest checkpoint, retire
+it (a copy of that checkpoint marked ``retired``, committed with the fenced id: it succeeds
+only if no one else took the id since, so the state read is final), then commit the parts
+that belong to its partitions as its own first checkpoint.
+
 Acks are read with ``assign()`` from stored offsets (never a consumer group).  Messages the
 acker cannot apply go to the dead-letter topic (:mod:`substreams.acker.deadletter`) and the
 acker keeps running.  ``command_handler`` (set by the command protocol) is called once per
@@ -43,8 +54,9 @@ from substreams.acker.agent import (
     Register,
     SourceHeartbeat,
     Unregister,
-    acks_partition,
     decode_ack,
+    segment_partition,
+    shard_partitions,
 )
 from substreams.acker.deadletter import (
     REASON_MALFORMED,
@@ -55,7 +67,7 @@ from substreams.acker.deadletter import (
     DeadLetter,
     DeadLetterWriter,
 )
-from substreams.acker.state import AckerState, AckerView, SourceSession
+from substreams.acker.state import AckerState, AckerView, SessionKey, SourceSession
 from substreams.acker.table import Segment, SegmentTable, Violation, acker_segments
 from substreams.config import Config
 from substreams.control.io import ControlTail, ControlWriter, Corrupt, find_last, read_control
@@ -132,6 +144,15 @@ def latest_checkpoint(
     return find_last(bootstrap, checkpoint_topic(config, name), is_checkpoint_of(name), config)
 
 
+def retired_error(name: str, state: AckerState) -> SubstreamsError:
+    retired = state.retired or {}
+    return SubstreamsError(
+        f"acker '{name}' was retired: its acks partitions were handed over to a "
+        f"{retired.get('to_shards', '?')}-shard layout (by '{retired.get('by', '?')}'); start "
+        "the shards of that layout instead (or this one again with --from-shards)"
+    )
+
+
 def transactional_id(name: str) -> str:
     return f"substreams.acker.{name}"
 
@@ -151,13 +172,29 @@ class AckerService:
         *,
         standby: bool = False,
         max_batch: int = 5000,
+        shard: int = 0,
+        shards: int | None = None,
+        from_shards: int | None = None,
     ) -> None:
         self.config = config
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
-        self.name = name or config.acker.name
+        self.shards = shards or config.acker.shards
+        self.shard = shard
+        self.from_shards = from_shards
+        self.base_name = name or config.acker.name
+        self.name = config.acker.shard_name(shard, self.shards, self.base_name)
         self.standby = standby
         self.max_batch = max_batch
-        self.segments: dict[str, Segment] = acker_segments(config)
+        parts = config.acker.acks_partitions
+        self.partitions = shard_partitions(shard, self.shards, parts)
+        if from_shards is not None:
+            shard_partitions(0, from_shards, parts)  # refuse an impossible layout now
+        self.home = {s: segment_partition(s, parts) for s in acker_segments(config)}
+        """Every acker substream's acks partition (this shard's and the others')."""
+        self.segments: dict[str, Segment] = {
+            s: seg for s, seg in acker_segments(config).items()
+            if self.home[s] in self.partitions
+        }
         self.control_topics = {s: config.acker.control_topic(s) for s in self.segments}
         self.checkpoint_topic = checkpoint_topic(config, self.name)
         self.acks_topic = config.acker.acks_topic
@@ -168,8 +205,8 @@ class AckerService:
         self.stale = 0
         self.evictions = 0
         self.recoveries = 0
-        self._evicting: dict[str, tuple[int, int, str]] = {}
-        """Sources being evicted: source -> (acks partition, offset to read up to, reason)."""
+        self._evicting: dict[SessionKey, tuple[int, str]] = {}
+        """Sessions being evicted: (source, acks partition) -> (offset to read up to, reason)."""
         self._evicted_items: list[tuple[str, ControlBody]] = []
         self._source_timeout_ms = config.acker.source_timeout_ms
         self._last_liveness = 0.0
@@ -218,14 +255,31 @@ class AckerService:
             f"{t}: {'genesis' if h is None else f'seq {h[1].seq} at offset {h[0]}'}"
             for t, h in heads.items()
         )
-        if found is None:
+        own = None if found is None else self._load(found[1])
+        took_over = False
+        if self.from_shards is not None and (own is None or own.retired is not None):
+            self.state = self._take_over()
+            took_over = True
+            log.info("acker '%s' took acks partitions %s over from the %d-shard layout; "
+                     "chain heads: %s", self.name, list(self.partitions), self.from_shards,
+                     chains)
+        elif own is not None and own.retired is not None:
+            raise retired_error(self.name, own)
+        elif found is None or own is None:
             log.info("acker '%s' recovery: no checkpoint, empty state; chain heads: %s",
                      self.name, chains)
         else:
             at, rec = found
             assert isinstance(rec.body, Checkpoint)
             latest = rec.body
-            self.state = AckerState.loads(latest.state, dict(latest.acks_offsets), every)
+            self.state = own
+            foreign = set(own.acks_offsets) - set(self.partitions)
+            if foreign:
+                raise SubstreamsError(
+                    f"acker '{self.name}': its checkpoint holds acks partitions "
+                    f"{sorted(foreign)} that shard {self.shard} of {self.shards} does not own "
+                    "(did acks_partitions change?)"
+                )
             metrics.RESTARTS.labels("acker", self.name).inc()
             log.info(
                 "acker '%s' recovery: checkpoint #%d (%d bytes, offset %d of '%s', written at "
@@ -243,7 +297,7 @@ class AckerService:
         self._reader = Reader(
             self.bootstrap, self.config, name=f"acker '{self.name}': acks topic"
         )
-        for p in range(self.config.acker.acks_partitions):
+        for p in self.partitions:
             low, _ = self._reader.watermarks(self.acks_topic, p)
             if p not in self.state.acks_offsets:  # never read: the partition's start
                 self.state.acks_offsets[p] = max(0, int(low))
@@ -260,11 +314,78 @@ class AckerService:
         self._assign()
         self._last_write = float("-inf")
         self.started = True
+        if took_over:
+            # The moved state becomes this shard's own: its first checkpoint.  A crash
+            # before it takes over again from the (retired) predecessors, same state.
+            self._commit([], _now_ms())
         log.info(
             "acker '%s' started in %.3f s: reading acks topic '%s' from offsets %s",
             self.name, time.monotonic() - began, self.acks_topic,
             dict(sorted(self.state.acks_offsets.items())),
         )
+
+    def _load(self, rec: ControlRecord) -> AckerState:
+        assert isinstance(rec.body, Checkpoint)
+        body = rec.body
+        every = self.config.acker.snapshot_every
+        return AckerState.loads(body.state, dict(body.acks_offsets), every)
+
+    def _take_over(self) -> AckerState:
+        """The state of this shard's partitions, taken from the shards of the
+        ``from_shards`` layout that owned them; each of those is retired on the way.
+
+        Per predecessor: (1) take its transactional id (``init_transactions`` fences it and
+        aborts its open transaction, so its committed checkpoints are all there will be);
+        (2) read its latest checkpoint; (3) commit a copy of it marked ``retired`` with the
+        same id.  (3) fails if anyone (its standby, a restart) took the id after (1), so
+        what (2) read is its final state; any later start of that name loads the retired
+        copy and refuses to serve.  A predecessor already retired to this layout (a sibling
+        shard of ours took its other partitions) is read the same way."""
+        assert self.from_shards is not None
+        old = self.from_shards
+        preds: dict[str, set[int]] = {}
+        for p in self.partitions:
+            preds.setdefault(
+                self.config.acker.shard_name(p % old, old, self.base_name), set()
+            ).add(p)
+        if self.name in preds:
+            raise SubstreamsError(
+                f"acker '{self.name}': --from-shards {old} names this same layout"
+            )
+        state = AckerState()
+        admin = client.admin(self.bootstrap, self.config)
+        for pred, parts in sorted(preds.items()):
+            topic = checkpoint_topic(self.config, pred)
+            ensure_topics(admin, [self.config.topic_spec(topic)])
+            writer = ControlWriter(
+                self.bootstrap, pred, [topic], self.config, transactional_id=transactional_id(pred)
+            )
+            try:
+                heads = writer.recover_heads()
+                found = latest_checkpoint(self.bootstrap, self.config, pred, heads.get(topic))
+                full = AckerState() if found is None else self._load(found[1])
+                if full.retired is not None and full.retired.get("to_shards") != self.shards:
+                    raise retired_error(pred, full)
+                full.retired = {"to_shards": self.shards, "by": self.name}
+                offsets = tuple(sorted(full.acks_offsets.items()))
+                writer.write([(topic, Checkpoint(offsets, full.dumps()))])
+            except PublisherFencedError as exc:
+                raise SubstreamsError(
+                    f"acker '{self.name}': '{pred}' was taken over by someone else while "
+                    "this shard took its partitions over; start again"
+                ) from exc
+            finally:
+                writer.close()
+            subs = {s for s, p in self.home.items() if p in parts}
+            first = self.shard == 0 and pred == self.config.acker.shard_name(0, old, self.base_name)
+            state.merge(full.part(parts, subs, commands=first))
+            log.warning(
+                "acker '%s': took acks partitions %s over from '%s' (%s; %d substreams), "
+                "and retired it", self.name, sorted(parts), pred,
+                "no checkpoint" if found is None else f"checkpoint #{full.checkpoints}",
+                len(subs),
+            )
+        return state
 
     def _assign(self) -> None:
         """Point the acks consumer at the next expected offset of every partition."""
@@ -272,7 +393,7 @@ class AckerService:
         self._reader.assign(
             [
                 TopicPartition(self.acks_topic, p, self.state.acks_offsets.get(p, 0))
-                for p in range(self.config.acker.acks_partitions)
+                for p in self.partitions
             ]
         )
 
@@ -416,13 +537,25 @@ class AckerService:
             self._dead(msg, None, REASON_MALFORMED, str(exc))
             return
         body = ack.body
+        partition: int = msg.partition()
         problems: list[tuple[str, str]] = []
         if isinstance(body, Evict):  # an operator's order, not a source's message
-            if not self._evict(body.source, f"evicted by hand: {body.reason}"):
+            key = (body.source, partition)
+            if self._evict(key, f"evicted by hand: {body.reason}"):
+                return
+            if key in self._evicting or (
+                key in self.state.sessions and self.state.sessions[key].evicted
+            ):
+                return  # already on its way out here
+            if self.config.acker.acks_partitions == 1:
                 self._dead(msg, ack.source, REASON_UNREGISTERED,
                            f"cannot evict '{body.source}': not a live registered source")
+            else:  # the order goes to every partition; this one's segments lack the source
+                log.info("acker '%s': nothing to evict for '%s' on acks partition %d",
+                         self.name, body.source, partition)
             return
-        session = self.state.sessions.get(ack.source)
+        skey = (ack.source, partition)
+        session = self.state.sessions.get(skey)
         if isinstance(body, SourceHeartbeat):  # sent outside transactions: no sequence
             if session is not None and session.incarnation == ack.incarnation:
                 session.last_seen_ms = now
@@ -434,11 +567,11 @@ class AckerService:
         ):
             # A new incarnation: everything the old one committed precedes this message in
             # the partition (its transactions were fenced by ours), the rest never will.
-            self.state.sessions[ack.source] = SourceSession(
+            self.state.sessions[skey] = SourceSession(
                 ack.incarnation, ack.seq, now, body.writer
             )
-            self._evicting.pop(ack.source, None)  # a new incarnation: nothing to evict
-            self._membership(ack.source, body, problems)
+            self._evicting.pop(skey, None)  # a new incarnation: nothing to evict
+            self._membership(ack.source, body, partition, problems)
         elif session is None:
             problems.append((REASON_UNREGISTERED, f"source '{ack.source}' is not registered"))
         elif session.incarnation != ack.incarnation or session.evicted:
@@ -458,20 +591,44 @@ class AckerService:
             session.seq = ack.seq
             session.last_seen_ms = now
             if isinstance(body, Register | Unregister):  # joins more substreams / leaves
-                self._membership(ack.source, body, problems)
+                self._membership(ack.source, body, partition, problems)
             elif isinstance(body, AckReport):
-                self._apply_report(ack.source, body, now, problems)
+                self._apply_report(ack.source, body, partition, now, problems)
         if problems:
             detail = "; ".join(p[1] for p in problems)
             self._dead(msg, ack.source, problems[0][0], detail)
 
+    def _segment(
+        self, sub: str, partition: int, problems: list[tuple[str, str]]
+    ) -> SegmentTable | None:
+        """The table of segment ``sub`` if its messages belong on acks ``partition``."""
+        table = self.state.tables.get(sub)
+        if table is None:
+            problems.append((REASON_UNKNOWN_SUBSTREAM, f"unknown substream '{sub}'"))
+            return None
+        if self.home[sub] != partition:
+            # Written for another partition layout (acks_partitions differs between the
+            # writer's config and ours): applying it could reorder it against the
+            # segment's own partition.
+            problems.append((
+                REASON_UNKNOWN_SUBSTREAM,
+                f"substream '{sub}' belongs to acks partition {self.home[sub]}, not "
+                f"{partition} (is acker.acks_partitions the same everywhere?)",
+            ))
+            return None
+        return table
+
     def _membership(
-        self, source: str, body: Register | Unregister, problems: list[tuple[str, str]]
+        self,
+        source: str,
+        body: Register | Unregister,
+        partition: int,
+        problems: list[tuple[str, str]],
     ) -> None:
         for sub in body.substreams:
-            table = self.state.tables.get(sub)
+            table = self._segment(sub, partition, problems)
             if table is None:
-                problems.append((REASON_UNKNOWN_SUBSTREAM, f"unknown substream '{sub}'"))
+                pass
             elif isinstance(body, Register):
                 table.register(source, body.role)
             else:
@@ -484,16 +641,16 @@ class AckerService:
         were read up to the fence (checked at most every 100 ms)."""
         if time.monotonic() - self._last_liveness >= 0.1:
             self._last_liveness = time.monotonic()
-            for source, session in list(self.state.sessions.items()):
+            for key, session in list(self.state.sessions.items()):
                 silent = now - session.last_seen_ms
-                if silent > self._source_timeout_ms and source not in self._evicting:
-                    self._evict(source, f"silent for {silent} ms")
-        for source, (partition, upto, reason) in list(self._evicting.items()):
+                if silent > self._source_timeout_ms and key not in self._evicting:
+                    self._evict(key, f"silent for {silent} ms")
+        for key, (upto, reason) in list(self._evicting.items()):
             assert self._reader is not None
-            [pos] = self._reader.consumer.position([TopicPartition(self.acks_topic, partition)])
+            [pos] = self._reader.consumer.position([TopicPartition(self.acks_topic, key[1])])
             if pos.offset >= upto:
-                del self._evicting[source]
-                self._finish_eviction(source, reason)
+                del self._evicting[key]
+                self._finish_eviction(key, reason)
 
     def _excuse_own_stall(self, now: int) -> None:
         """Time the acker itself could not hear anyone (a broker outage blocks its commits
@@ -506,32 +663,38 @@ class AckerService:
             for session in self.state.sessions.values():
                 session.last_seen_ms += stall
 
-    def _evict(self, source: str, reason: str) -> bool:
-        """Begin evicting ``source``: fence its writer (a stopped process that resumes can
-        commit nothing more), then read its acks partition up to where it stands now, so
-        that everything it committed before the fence is applied before the acker stops
-        waiting for it.  False if it is not a live SOURCE of any substream."""
-        session = self.state.sessions.get(source)
-        if session is None or session.evicted or source in self._evicting:
+    def _tables_of(self, partition: int) -> list[tuple[str, SegmentTable]]:
+        return [(s, t) for s, t in self.state.tables.items() if self.home.get(s) == partition]
+
+    def _evict(self, key: SessionKey, reason: str) -> bool:
+        """Begin evicting source ``key[0]`` from the segments of acks partition ``key[1]``:
+        fence its writer (a stopped process that resumes can commit nothing more; the fence
+        is global, and idempotent when several shards evict the same source), then read
+        that partition up to where it stands now, so that everything it committed before
+        the fence is applied before the acker stops waiting for it.  False if it is not a
+        live SOURCE of a substream of that partition."""
+        source, partition = key
+        session = self.state.sessions.get(key)
+        if session is None or session.evicted or key in self._evicting:
             return False
-        if not any(t.is_active_source(source) for t in self.state.tables.values()):
+        if not any(t.is_active_source(source) for _, t in self._tables_of(partition)):
             return False
         if session.writer:
             fence(self.bootstrap, self.config, session.writer)
-        partition = acks_partition(source, self.config.acker.acks_partitions)
         assert self._reader is not None
         _, high = self._reader.watermarks(self.acks_topic, partition)
-        log.warning("evicting source '%s' (%s): fenced, reading acks up to %d", source,
-                    reason, high)
-        self._evicting[source] = (partition, int(high), reason)
+        log.warning("evicting source '%s' from acks partition %d (%s): fenced, reading acks "
+                    "up to %d", source, partition, reason, high)
+        self._evicting[key] = (int(high), reason)
         return True
 
-    def _finish_eviction(self, source: str, reason: str) -> None:
-        session = self.state.sessions[source]
+    def _finish_eviction(self, key: SessionKey, reason: str) -> None:
+        source, partition = key
+        session = self.state.sessions[key]
         session.evicted = True
         self.evictions += 1
         metrics.EVICTIONS.labels(self.name).inc()
-        for sub, table in self.state.tables.items():
+        for sub, table in self._tables_of(partition):
             if not table.is_active_source(source):
                 continue
             table.unregister(source)
@@ -544,11 +707,10 @@ class AckerService:
         log.warning("source '%s' evicted (%s)", source, reason)
 
     def _table_for(
-        self, source: str, sub: str, problems: list[tuple[str, str]]
+        self, source: str, sub: str, partition: int, problems: list[tuple[str, str]]
     ) -> SegmentTable | None:
-        table = self.state.tables.get(sub)
+        table = self._segment(sub, partition, problems)
         if table is None:
-            problems.append((REASON_UNKNOWN_SUBSTREAM, f"unknown substream '{sub}'"))
             return None
         if not table.is_registered(source):
             problems.append(
@@ -558,11 +720,16 @@ class AckerService:
         return table
 
     def _apply_report(
-        self, source: str, body: AckReport, now: int, problems: list[tuple[str, str]]
+        self,
+        source: str,
+        body: AckReport,
+        partition: int,
+        now: int,
+        problems: list[tuple[str, str]],
     ) -> None:
         trackers = self.state.trackers
         for e in body.entries:
-            table = self._table_for(source, e.substream, problems)
+            table = self._table_for(source, e.substream, partition, problems)
             if table is None:
                 continue
             try:
@@ -571,7 +738,7 @@ class AckerService:
             except Violation as v:
                 problems.append((REASON_TERMINATED, v.reason))
         for s in body.seals:
-            table = self._table_for(source, s.substream, problems)
+            table = self._table_for(source, s.substream, partition, problems)
             if table is None:
                 continue
             try:

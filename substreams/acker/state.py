@@ -22,7 +22,8 @@ from substreams.control.progress import ProgressTracker
 from substreams.errors import ProtocolError
 from substreams.frontier import Antichain, Time, UpperAntichain, time_from_wire, time_to_wire
 
-STATE_VERSION = 2
+STATE_VERSION = 3
+"""3: sessions per (source, acks partition); ``retired`` (a shard handed over)."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,14 @@ class AckerView:
     last_notification: dict[str, tuple[Time, int] | None]
 
 
+SessionKey = tuple[str, int]
+"""(source id, acks partition): a source writes each partition it registered in as its own
+ordered log (the segments of one partition), so the acker keeps one session per pair."""
+
+
 @dataclass
 class SourceSession:
-    """The current incarnation of a source id, as the acker knows it.
+    """The current incarnation of a source id on one acks partition, as the acker knows it.
 
     Invariants: ``incarnation`` is the incarnation of the latest Register the acker applied
     for the source id; a message of any other incarnation is stale (its writer was fenced
@@ -90,7 +96,7 @@ class AckerState:
     tables: dict[str, SegmentTable] = field(default_factory=dict)
     trackers: dict[str, ProgressTracker] = field(default_factory=dict)
     acks_offsets: dict[int, int] = field(default_factory=dict)
-    sessions: dict[str, SourceSession] = field(default_factory=dict)
+    sessions: dict[SessionKey, SourceSession] = field(default_factory=dict)
     last_notification: dict[str, tuple[Time, int] | None] = field(default_factory=dict)
     checkpoints: int = 0
     commands: dict[str, Any] | None = None
@@ -98,6 +104,10 @@ class AckerState:
     topics (a JSON document the handler writes and reads, :mod:`substreams.acker.handler`);
     None when no handler ran.  In the checkpoint so that a restarted acker's handler replays
     a few commands, not the command topic from offset 0."""
+    retired: dict[str, Any] | None = None
+    """Set in the last checkpoint of an acker whose partitions were handed over to another
+    shard layout (``{"to_shards": N, "by": name}``): the state is still what its successors
+    load, but no acker of this name may serve from it again."""
 
     def ensure(self, substream: str, snapshot_every: int, gap_ms: int | None = None) -> None:
         """Tables and trackers for ``substream`` (``gap_ms`` for a session substream)."""
@@ -129,7 +139,7 @@ class AckerState:
             "checkpoints": self.checkpoints,
             "tables": {s: t.to_state() for s, t in self.tables.items()},
             "trackers": {s: t.to_state() for s, t in self.trackers.items()},
-            "sessions": {k: v.to_state() for k, v in self.sessions.items()},
+            "sessions": [[k[0], k[1], *v.to_state()] for k, v in self.sessions.items()],
             "last_notification": {
                 s: None if v is None else [time_to_wire(v[0]), v[1]]
                 for s, v in self.last_notification.items()
@@ -137,6 +147,8 @@ class AckerState:
         }
         if self.commands is not None:
             doc["commands"] = self.commands
+        if self.retired is not None:
+            doc["retired"] = self.retired
         return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
 
     @classmethod
@@ -165,7 +177,9 @@ class AckerState:
             state.tables[sub] = SegmentTable.from_state(sub, t)
         for sub, t in doc["trackers"].items():
             state.trackers[sub] = ProgressTracker.from_state(sub, t, snapshot_every)
-        state.sessions = {k: SourceSession.from_state(v) for k, v in doc["sessions"].items()}
+        state.sessions = {
+            (str(v[0]), int(v[1])): SourceSession.from_state(v[2:]) for v in doc["sessions"]
+        }
         state.last_notification = {
             s: None if v is None else (time_from_wire(v[0]), int(v[1]))
             for s, v in doc["last_notification"].items()
@@ -174,7 +188,45 @@ class AckerState:
         if commands is not None and not isinstance(commands, dict):
             raise ProtocolError("acker checkpoint: 'commands' is not a JSON object")
         state.commands = commands
+        retired = doc.get("retired")
+        if retired is not None and not isinstance(retired, dict):
+            raise ProtocolError("acker checkpoint: 'retired' is not a JSON object")
+        state.retired = retired
         return state
+
+    def part(
+        self, partitions: set[int], substreams: set[str], commands: bool
+    ) -> AckerState:
+        """The part of this state that belongs to acks ``partitions`` (whose segments are
+        ``substreams``): what a shard taking these partitions over starts from.  Everything
+        of a segment lives in its partition's tables, trackers and sessions, so parts of
+        disjoint partition sets never overlap and their merge (:meth:`merge`) is the whole.
+        ``commands``: keep the command handler's state (it goes to shard 0)."""
+        return AckerState(
+            tables={s: t for s, t in self.tables.items() if s in substreams},
+            trackers={s: t for s, t in self.trackers.items() if s in substreams},
+            acks_offsets={p: o for p, o in self.acks_offsets.items() if p in partitions},
+            sessions={k: v for k, v in self.sessions.items() if k[1] in partitions},
+            last_notification={
+                s: v for s, v in self.last_notification.items() if s in substreams
+            },
+            checkpoints=self.checkpoints,
+            commands=self.commands if commands else None,
+        )
+
+    def merge(self, other: AckerState) -> None:
+        """Add ``other``'s part (of other partitions) to this state."""
+        clash = self.acks_offsets.keys() & other.acks_offsets.keys()
+        if clash:
+            raise ProtocolError(f"acker states overlap on acks partitions {sorted(clash)}")
+        self.tables.update(other.tables)
+        self.trackers.update(other.trackers)
+        self.acks_offsets.update(other.acks_offsets)
+        self.sessions.update(other.sessions)
+        self.last_notification.update(other.last_notification)
+        self.checkpoints = max(self.checkpoints, other.checkpoints)
+        if other.commands is not None:
+            self.commands = other.commands
 
 
 @dataclass(frozen=True)
@@ -191,9 +243,15 @@ class SourceLiveness:
 
 
 def source_liveness(state: AckerState, written_ms: int, timeout_ms: int) -> list[SourceLiveness]:
-    """The sources of a checkpointed state (written at ``written_ms``), by name."""
+    """The sources of a checkpointed state (written at ``written_ms``), by name (a source
+    on several acks partitions: its most recently seen session)."""
     out: list[SourceLiveness] = []
-    for source, session in sorted(state.sessions.items()):
+    latest: dict[str, SourceSession] = {}
+    for (source, _), session in state.sessions.items():
+        seen = latest.get(source)
+        if seen is None or session.last_seen_ms > seen.last_seen_ms:
+            latest[source] = session
+    for source, session in sorted(latest.items()):
         roles = {st.role for t in state.tables.values() if (st := t.sources.get(source))}
         subs = [s for s, t in state.tables.items() if t.is_registered(source)]
         if session.evicted:

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from substreams.acker.agent import segment_partition
 from substreams.acker.service import AckerService, checkpoint_topic, transactional_id
 from substreams.acker.state import AckerState, SourceSession
 from substreams.acker.table import SOURCE
@@ -90,7 +91,8 @@ def write_history(config: Config, notifications: int) -> dict[str, Any]:
     state.ensure(sub, acker.snapshot_every)
     table, tracker = state.tables[sub], state.trackers[sub]
     table.register("src", SOURCE)
-    state.sessions["src"] = SourceSession("incarnation", 0, now, "substreams.pub.src")
+    home = segment_partition(sub, acker.acks_partitions)
+    state.sessions[("src", home)] = SourceSession("incarnation", 0, now, "substreams.pub.src")
     writer = ControlWriter(
         config.kafka.bootstrap, acker.name, [control, cp], config,
         transactional_id=transactional_id(acker.name),

@@ -82,6 +82,26 @@ def _hex(x: int) -> str:
 @click.option("--standby", is_flag=True, help="Wait until the active acker stops, then take over.")
 @click.option("--name", default=None, help="Acker name (default: acker.name of the config).")
 @click.option(
+    "--shard",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Which shard this process is: it owns the acks partitions p with p % shards == shard.",
+)
+@click.option(
+    "--shards",
+    type=click.IntRange(min=1),
+    default=None,
+    help="How many shards share the acks partitions (default: acker.shards of the config).",
+)
+@click.option(
+    "--from-shards",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The layout changes: take this shard's partitions over from the shards of the "
+    "previous layout of this many shards (fenced and retired on the way).",
+)
+@click.option(
     "--every",
     type=click.IntRange(min=1),
     default=100,
@@ -94,16 +114,29 @@ def run(
     bootstrap: str | None,
     standby: bool,
     name: str | None,
+    shard: int,
+    shards: int | None,
+    from_shards: int | None,
     every: int,
     metrics_port: int | None,
 ) -> None:
-    """Run the acker until Ctrl-C or SIGTERM (a clean stop: the last transaction commits)."""
+    """Run the acker until Ctrl-C or SIGTERM (a clean stop: the last transaction commits).
+
+    With several shards, run one process per shard (``--shard i``), each with its own
+    ``--standby`` if wanted; shard 0 also serves the command protocol."""
     from substreams.acker.handler import CommandHandler
     from substreams.acker.service import AckerService
 
     config = load_config(config_path)
-    service = AckerService(config, bootstrap, name, standby=standby)
-    handler = CommandHandler(config, service.bootstrap, service.name)
+    try:
+        service = AckerService(
+            config, bootstrap, name, standby=standby, shard=shard, shards=shards,
+            from_shards=from_shards,
+        )
+    except SubstreamsError as exc:
+        raise click.UsageError(str(exc)) from exc
+    # One command handler for the deployment (answers would otherwise come N times).
+    handler = CommandHandler(config, service.bootstrap, service.name) if shard == 0 else None
     printed = [0]
 
     def step_hook(svc: AckerService) -> list[tuple[str, bytes]]:
@@ -116,12 +149,12 @@ def run(
             )
             detail = f"; last {last[0]}@{format_time(last[1][0])}" if last else ""
             click.echo(f"{svc.notifications} notifications{detail}")
-        return handler(svc)
+        return [] if handler is None else handler(svc)
 
     service.command_handler = step_hook
     stop = threading.Event()
     serve_metrics(metrics_port)
-    subs = ", ".join(handler.substreams) or "(none)"
+    subs = ", ".join(service.segments) or "(none)"
     mode = "standby (takes over when the active acker stops)" if standby else "active"
     click.echo(
         f"acker '{service.name}' {mode} on {service.bootstrap}: tracking {subs}; "
@@ -131,7 +164,8 @@ def run(
         try:
             service.run(stop)
         finally:
-            handler.close()
+            if handler is not None:
+                handler.close()
     click.echo(f"acker '{service.name}' stopped after {service.notifications} notifications")
 
 
@@ -351,20 +385,19 @@ def sources(config_path: str, bootstrap: str | None, name: str | None) -> None:
 def evict_source(config_path: str, bootstrap: str | None, source: str, reason: str) -> None:
     """Evict SOURCE now: the acker fences it and stops waiting for its seals (what it
     committed stays tracked; a SourceEvicted record goes on the control topics)."""
-    from substreams.acker.agent import AckMessage, Evict, ack_headers, acks_partition, encode_ack
+    from substreams.acker.agent import AckMessage, Evict, ack_headers, encode_ack
     from substreams.kafka import client
 
     config = load_config(config_path)
     server = client.resolve_bootstrap(config, bootstrap)
     producer = client.producer(server, config)
     msg = AckMessage("operator", -1, int(time.time() * 1000), Evict(source, reason))
-    producer.produce(
-        config.acker.acks_topic,
-        encode_ack(msg),
-        # the source's own partition: the eviction is ordered after what it wrote before
-        partition=acks_partition(source, config.acker.acks_partitions),
-        headers=ack_headers(),
-    )
+    # Every acks partition: the source may write to several (one per segment partition),
+    # and the shard owning each evicts it there, after what it wrote there before.
+    for partition in range(config.acker.acks_partitions):
+        producer.produce(
+            config.acker.acks_topic, encode_ack(msg), partition=partition, headers=ack_headers()
+        )
     if producer.flush(10):
         raise SubstreamsError(f"could not write the eviction to '{config.acker.acks_topic}'")
     click.echo(f"eviction of '{source}' sent to the acker (see `substreams acker sources`)")

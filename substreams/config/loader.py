@@ -78,6 +78,7 @@ _ACKER_KEYS: Final = (
     "name",
     "acks_topic",
     "acks_partitions",
+    "shards",
     "control_topic_prefix",
     "command_topic",
     "response_topic",
@@ -97,6 +98,7 @@ _ACKER_KEYS: Final = (
 _ACKER_TOPIC_KEYS: Final = ("acks_topic", "command_topic", "response_topic", "dead_letter_topic")
 _ACKER_INT_KEYS: Final = (
     "acks_partitions",
+    "shards",
     "flush_ms",
     "flush_reports",
     "source_heartbeat_ms",
@@ -848,6 +850,17 @@ def _acker(ctx: _Ctx, sec: _Section | None) -> AckerConfig:
         defaults.checkpoint_retention_bytes,
     )
     acker = AckerConfig(**values)
+    if acker.shards > acker.acks_partitions:
+        # A shard owns the acks partitions p with p % shards == shard: more shards than
+        # partitions would leave a shard with nothing to do.
+        key = "shards" if "shards" in sec.entries else "acks_partitions"
+        raise ctx.error(
+            sec.value_node(key),
+            sec.key_path(key),
+            f"shards ({acker.shards}) must not exceed acks_partitions "
+            f"({acker.acks_partitions}): each shard owns whole acks partitions",
+            value=getattr(acker, key),
+        )
     for timeout, beat, why in (
         ("standby_timeout_ms", "heartbeat_ms", "standbys would take over from a live acker"),
         ("source_timeout_ms", "source_heartbeat_ms", "live sources would be evicted"),

@@ -167,6 +167,10 @@ class AckerConfig:
     """Used for the transactional.id, so that a restarted acker fences the old one."""
     acks_topic: str = "_substreams.acks"
     acks_partitions: int = 1
+    """Messages about acker substream S go to partition crc32(S) % acks_partitions."""
+    shards: int = 1
+    """How many acker processes share the acks partitions (shard i owns the partitions
+    p with p % shards == i; ``acker run --shard i``).  At most ``acks_partitions``."""
     control_topic_prefix: str = "_substreams.control."
     command_topic: str = "_substreams.commands"
     response_topic: str = "_substreams.responses"
@@ -200,6 +204,15 @@ class AckerConfig:
     def control_topic(self, substream: str) -> str:
         """The control topic (punctuations, notifications) of substream ``substream``."""
         return self.control_topic_prefix + substream
+
+    def shard_name(self, shard: int, shards: int | None = None, name: str | None = None) -> str:
+        """The name (checkpoint topic, transactional id, chain writer) of shard ``shard`` of
+        ``shards``: the acker's name itself when there is one shard, else
+        ``<name>.shard<i>of<N>`` (the layout is in the name, so that a shard of a new layout
+        never mistakes the checkpoint of a shard of the old one for its own)."""
+        base = name or self.name
+        n = shards or self.shards
+        return base if n == 1 else f"{base}.shard{shard}of{n}"
 
     def checkpoint_topic(self, acker_name: str | None = None) -> str:
         """The acker's own control topic: its checkpoints and heartbeats (standbys watch it)."""
@@ -244,7 +257,10 @@ class Config:
         a = self.acker
         out = [self._spec(s.name, s.partitions, "data", self.retention_of(s)) for s in self.streams]
         out += [self._spec(a.control_topic(s.name), 1, "control") for s in self.substreams]
-        out.append(self._spec(a.checkpoint_topic(), 1, "checkpoint"))
+        out += [
+            self._spec(a.checkpoint_topic(a.shard_name(i)), 1, "checkpoint")
+            for i in range(a.shards)
+        ]
         out.append(self._spec(a.acks_topic, a.acks_partitions, "acks", a.acks_retention_ms))
         out += [
             self._spec(a.command_topic, 1, "command"),

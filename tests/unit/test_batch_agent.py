@@ -54,4 +54,4 @@ def test_sent_and_delivered_many_equals_per_record(batch: list[tuple[int, int, i
         one.sent_and_delivered("ep", r.times["ep"], r.stream, r.partition, o)
     many.sent_and_delivered_many("ep", records, offsets)
     assert _table(many) == _table(one)
-    assert [m.body for m in many.take()] == [m.body for m in one.take()]
+    assert [m.body for _, m in many.take()] == [m.body for _, m in one.take()]
