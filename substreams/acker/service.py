@@ -357,25 +357,7 @@ class AckerService:
         for pred, parts in sorted(preds.items()):
             topic = checkpoint_topic(self.config, pred)
             ensure_topics(admin, [self.config.topic_spec(topic)])
-            writer = ControlWriter(
-                self.bootstrap, pred, [topic], self.config, transactional_id=transactional_id(pred)
-            )
-            try:
-                heads = writer.recover_heads()
-                found = latest_checkpoint(self.bootstrap, self.config, pred, heads.get(topic))
-                full = AckerState() if found is None else self._load(found[1])
-                if full.retired is not None and full.retired.get("to_shards") != self.shards:
-                    raise retired_error(pred, full)
-                full.retired = {"to_shards": self.shards, "by": self.name}
-                offsets = tuple(sorted(full.acks_offsets.items()))
-                writer.write([(topic, Checkpoint(offsets, full.dumps()))])
-            except PublisherFencedError as exc:
-                raise SubstreamsError(
-                    f"acker '{self.name}': '{pred}' was taken over by someone else while "
-                    "this shard took its partitions over; start again"
-                ) from exc
-            finally:
-                writer.close()
+            full, found = self._retire(pred, topic)
             subs = {s for s, p in self.home.items() if p in parts}
             first = self.shard == 0 and pred == self.config.acker.shard_name(0, old, self.base_name)
             state.merge(full.part(parts, subs, commands=first))
@@ -386,6 +368,43 @@ class AckerService:
                 len(subs),
             )
         return state
+
+    def _retire(
+        self, pred: str, topic: str, attempts: int = 10
+    ) -> tuple[AckerState, tuple[int, ControlRecord] | None]:
+        """Fence ``pred``, read its latest checkpoint and commit it again marked retired;
+        again from the fence when someone else (a sibling shard retiring it too, its
+        standby) took the id in between.  The state and the checkpoint it came from."""
+        for attempt in range(attempts):
+            writer = ControlWriter(
+                self.bootstrap, pred, [topic], self.config, transactional_id=transactional_id(pred)
+            )
+            fenced = False
+            try:
+                heads = writer.recover_heads()
+                found = latest_checkpoint(self.bootstrap, self.config, pred, heads.get(topic))
+                full = AckerState() if found is None else self._load(found[1])
+                if full.retired is not None and full.retired.get("to_shards") != self.shards:
+                    raise retired_error(pred, full)
+                retired = self._load(found[1]) if found is not None else AckerState()
+                retired.retired = {"to_shards": self.shards, "by": self.name}
+                offsets = tuple(sorted(retired.acks_offsets.items()))
+                writer.write([(topic, Checkpoint(offsets, retired.dumps()))])
+                return full, found
+            except (PublisherFencedError, KafkaException) as exc:
+                # Fenced: a sibling shard retiring it too, or its standby.  Kafka 4 may say
+                # so with an error librdkafka does not know (see _superseded).
+                fenced = True
+                log.warning("acker '%s': retiring '%s' failed (%s; attempt %d); again from "
+                            "the fence", self.name, pred, exc, attempt + 1)
+                time.sleep(0.2 * (attempt + 1))
+            finally:
+                if not fenced:
+                    writer.close()
+        raise SubstreamsError(
+            f"acker '{self.name}': could not retire '{pred}' in {attempts} attempts (someone "
+            "keeps taking its transactional id)"
+        )
 
     def _assign(self) -> None:
         """Point the acks consumer at the next expected offset of every partition."""

@@ -1,0 +1,250 @@
+"""Sharded ackers on a real broker, as separate `substreams acker run --shard` processes:
+
+- two shards, a workload running, shard 0's acker SIGKILLed: its standby takes over, every
+  substream is notified exactly once and in order, and shard 1's notifications keep coming
+  while shard 0 is down;
+- one shard becomes two while a workload runs (``--from-shards 1``, the old acker still
+  running: it is fenced and retired): exactly once and in order through the change of owner,
+  each control topic written by one owner at a time.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from substreams.acker.agent import segment_partition
+from substreams.app import Application
+from substreams.config import Config
+from substreams.control.io import read_control
+from substreams.control.messages import EpochComplete
+from substreams.control.verify import verify_config
+from substreams.frontier import Time
+from tests.conftest import ConfigFactory
+from tests.integration.test_acker import check_exactly_once, notifications
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTITIONS = 4
+EPOCHS = 60
+
+
+def sharded_config(make_config: ConfigFactory, acker: dict[str, Any]) -> Config:
+    """Four epoch substreams over one stream, two on each shard of a two-shard layout
+    (names carry a random suffix, so draw until they spread)."""
+    for _ in range(20):
+        config = make_config(
+            [{"name": "clicks", "partitions": 2}],
+            [{"name": f"s{i}", "stream": "clicks", "kind": "epoch", "field": "ts"}
+             for i in range(4)],
+            acker={"acks_partitions": PARTITIONS, "heartbeat_ms": 100, "flush_ms": 2, **acker},
+            create=False,
+        )
+        shards = [shard_of(config, s.name) for s in config.substreams]
+        if shards.count(0) == 2:
+            from substreams.kafka import client
+            from substreams.kafka.topics import ensure_topics
+
+            ensure_topics(client.admin(config.kafka.bootstrap), config.topics())
+            return config
+    raise AssertionError("no spread of substream names over two shards in 20 draws")
+
+
+def shard_of(config: Config, sub: str, shards: int = 2) -> int:
+    return segment_partition(sub, config.acker.acks_partitions) % shards
+
+
+class Workload:
+    """Three sources publish epochs 0..EPOCHS-1 (1-3 records each per epoch) and seal every
+    substream after each epoch, one epoch every ``pace`` seconds."""
+
+    def __init__(self, config: Config, pace: float = 0.08) -> None:
+        self.config = config
+        self.pace = pace
+        self.sent: dict[Time, list[tuple[str, str]]] = {}
+        self.done = threading.Event()
+        self.errors: list[BaseException] = []
+        self.epoch = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        rng = random.Random(5)
+        stream = self.config.streams[0].name
+        subs = [s.name for s in self.config.substreams]
+        try:
+            pubs = [
+                Application(self.config).publisher(stream, f"src{i}", batch_size=50)
+                for i in range(3)
+            ]
+            for epoch in range(EPOCHS):
+                self.epoch = epoch
+                for i, pub in enumerate(pubs):
+                    for k in range(rng.randint(1, 3)):
+                        url = f"/{epoch}/{i}/{k}"
+                        pub.publish({"user": "u", "url": url, "ts": epoch}, partition=i % 2)
+                        self.sent.setdefault(epoch, []).append((f"src{i}", url))
+                    for sub in subs:
+                        pub.seal(sub, epoch, commit=sub == subs[-1])
+                time.sleep(self.pace)
+            for pub in pubs:
+                pub.close()
+        except BaseException as exc:
+            self.errors.append(exc)
+        finally:
+            self.done.set()
+
+    def __enter__(self) -> Workload:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.join(120)
+
+
+class Acker:
+    """One `substreams acker run` process, its output in a log file."""
+
+    def __init__(self, config: Config, log: Path, *args: str) -> None:
+        self.log = log
+        self.handle = log.open("ab")
+        cmd = [sys.executable, "-m", "substreams", "--log-level", "INFO", "acker", "run",
+               "-c", str(config.path), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.handle, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, needle: str, timeout: float = 60.0) -> float:
+        """Wait until the log holds ``needle``; the time.time() it was seen."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if needle in self.text():
+                return time.time()
+            assert self.proc.poll() is None, self.text()[-3000:]
+            time.sleep(0.05)
+        raise AssertionError(f"{self.log.name}: no {needle!r} in {timeout} s:\n"
+                             + self.text()[-3000:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.handle.close()
+
+
+@contextmanager
+def ackers() -> Iterator[list[Acker]]:
+    started: list[Acker] = []
+    try:
+        yield started
+    finally:
+        for a in started:
+            a.stop()
+
+
+def written(config: Config, sub: str) -> list[tuple[str, int, Time]]:
+    """(writer, written_at_ms, time) of every EpochComplete of ``sub``, in topic order."""
+    return [
+        (rec.writer, rec.written_at_ms, rec.body.time)
+        for _, rec in read_control(config.kafka.bootstrap, config.acker.control_topic(sub), config)
+        if isinstance(rec.body, EpochComplete)
+    ]
+
+
+def wait_until(cond: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_a_killed_shard_is_taken_over_and_the_other_never_pauses(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    config = sharded_config(make_config, {"shards": 2, "standby_timeout_ms": 1500})
+    subs = [s.name for s in config.substreams]
+    mine = {i: [s for s in subs if shard_of(config, s) == i] for i in (0, 1)}
+    name0 = config.acker.shard_name(0)
+    with ackers() as procs:
+        one = Acker(config, tmp_path / "shard1.log", "--shard", "1")
+        zero = Acker(config, tmp_path / "shard0.log", "--shard", "0")
+        spare = Acker(config, tmp_path / "standby0.log", "--shard", "0", "--standby")
+        procs += [one, zero, spare]
+        one.wait_for("' started in ")
+        zero.wait_for("' started in ")
+        spare.wait_for("following the heartbeats")
+        with Workload(config) as work:
+            wait_until(lambda: all(len(notifications(config, s)) >= 10 for s in subs), 90)
+            zero.proc.kill()  # SIGKILL: no last commit
+            zero.proc.wait(10)
+            killed_ms = int(time.time() * 1000)
+            spare.wait_for("' started in ", 60)
+        assert not work.errors, work.errors
+        for sub in subs:
+            check_exactly_once(config, sub, work.sent, set(range(EPOCHS)))
+    # Shard 0's substreams: written by shard 0's name only (active, then its standby);
+    # there was an outage (nothing written for at least most of the standby timeout).
+    resumed_ms = min(
+        at for s in mine[0] for _, at, _ in written(config, s) if at > killed_ms
+    )
+    assert resumed_ms - killed_ms >= 1000, (killed_ms, resumed_ms)
+    for s in mine[0]:
+        assert {w for w, _, _ in written(config, s)} == {name0}
+    # Shard 1 kept notifying while shard 0 was down: no gap over 1 s in the outage.
+    during = sorted(
+        at for s in mine[1] for _, at, _ in written(config, s) if killed_ms <= at <= resumed_ms
+    )
+    edges = [killed_ms, *during, resumed_ms]
+    gaps = [b - a for a, b in zip(edges, edges[1:], strict=False)]
+    assert len(during) >= 5 and max(gaps) < 1000, (len(during), max(gaps), resumed_ms - killed_ms)
+    assert all(r.ok for r in verify_config(config)), [r.broken for r in verify_config(config)]
+
+
+def test_adding_a_shard_while_a_workload_runs(make_config: ConfigFactory, tmp_path: Path) -> None:
+    config = sharded_config(make_config, {})
+    assert config.acker.shards == 1
+    subs = [s.name for s in config.substreams]
+    old_name = config.acker.name
+    with ackers() as procs:
+        old = Acker(config, tmp_path / "old.log")
+        procs.append(old)
+        old.wait_for("' started in ")
+        with Workload(config) as work:
+            wait_until(lambda: all(len(notifications(config, s)) >= 10 for s in subs), 90)
+            # The new layout starts while the old acker still runs: each new shard fences
+            # and retires it, then serves its own partitions from the retired checkpoint.
+            new = [
+                Acker(config, tmp_path / f"new{i}.log", "--shard", str(i), "--shards", "2",
+                      "--from-shards", "1")
+                for i in (0, 1)
+            ]
+            procs += new
+            for a in new:
+                a.wait_for("' started in ")
+            assert old.proc.wait(30) != 0  # fenced: it stops
+            assert "fenced" in old.text()
+        assert not work.errors, work.errors
+        for sub in subs:
+            check_exactly_once(config, sub, work.sent, set(range(EPOCHS)))
+        # The retired acker refuses to serve again.
+        again = Acker(config, tmp_path / "again.log")
+        assert again.proc.wait(60) != 0
+        assert "was retired" in again.text()
+    for sub in subs:
+        writers = [w for w, _, _ in written(config, sub)]
+        owner = config.acker.shard_name(shard_of(config, sub), 2)
+        # One owner at a time: the old acker's notifications, then only the new owner's.
+        switch = writers.index(owner)
+        assert set(writers[:switch]) == {old_name} and set(writers[switch:]) == {owner}
+        assert switch >= 10
+    assert all(r.ok for r in verify_config(config)), [r.broken for r in verify_config(config)]
