@@ -8,6 +8,15 @@ measurement is the acker's consumption alone: acks-topic reads, XOR tables, term
 the transactional EpochComplete + checkpoint writes, with the command handler attached as in
 ``substreams acker run``.
 
+(a') Shards.  The same kind of input, split per acks partition as a publisher's agent splits it
+(:func:`~substreams.acker.agent.split_body`: 2 acks partitions, 2 substreams on each), written
+once; then read by one acker process owning both partitions, and by two shard processes
+(``shard=0/1, shards=2``) under another acker name, from the same topic: the same run, the
+same input.  Each acker is a child process (started, then released together; the time is from
+the release to the last shard's end), as ``acker run --shard i`` would run them; shard 0 has
+the command handler.  Every second message closes a time of each of its substreams, so the
+rows also say how many times per second the acker completes (notifications written).
+
 (b) Latency.  An acker runs in a thread; a publisher writes g records of epoch i, commits, and
 calls ``seal()`` at t0; a ``ControlTail`` on the substream's control topic sees the
 ``EpochComplete`` of i at t1; latency = t1 - t0.  Baseline in the same run, same broker: raw
@@ -20,12 +29,14 @@ Run: ``substreams bench acker [--quick]``; prints a table and the target, and wr
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import random
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import TopicPartition
 
@@ -37,6 +48,8 @@ from substreams.acker.agent import (
     SealEntry,
     ack_headers,
     encode_ack,
+    segment_partition,
+    split_body,
 )
 from substreams.acker.handler import CommandHandler
 from substreams.acker.service import AckerService
@@ -52,6 +65,7 @@ from substreams.bench.harness import (
     save_figure,
     titled,
 )
+from substreams.config import Config
 from substreams.control.io import ControlTail
 from substreams.control.messages import EpochComplete
 from substreams.kafka import client
@@ -149,6 +163,143 @@ def throughput(ctx: BenchContext, messages: int, entries: int, substreams: int) 
     }
 
 
+# -- (a') shards ------------------------------------------------------------------------------
+
+SHARD_PARTITIONS = 2
+
+
+class _Flag(Protocol):
+    def set(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+def _balanced_config(ctx: BenchContext, substreams: int) -> Config:
+    """A config whose ``substreams`` split evenly over the acks partitions (names carry a
+    random suffix: drawn again until they do)."""
+    for _ in range(50):
+        config = ctx.config(
+            [("bench", 1)],
+            [
+                {"name": f"s{i}", "stream": "bench", "kind": "epoch", "field": "batch"}
+                for i in range(substreams)
+            ],
+            acker={"heartbeat_ms": 1000, "acks_partitions": SHARD_PARTITIONS},
+        )
+        homes = [segment_partition(s.name, SHARD_PARTITIONS) for s in config.substreams]
+        if all(homes.count(p) == substreams // SHARD_PARTITIONS for p in range(SHARD_PARTITIONS)):
+            return config
+    raise RuntimeError("no even spread of substream names over the acks partitions")
+
+
+def _shard_worker(
+    config: Config,
+    bootstrap: str,
+    name: str,
+    shard: int,
+    shards: int,
+    expected: int,
+    ready: _Flag,
+    go: _Flag,
+    out: Any,
+) -> None:
+    """One acker (shard) process: start, say ready, wait for the release, then apply
+    ``expected`` ack messages; put (applied, notifications, t0, t1) on ``out``."""
+    service = AckerService(config, bootstrap, name, max_batch=5000, shard=shard, shards=shards)
+    handler = CommandHandler(config, service.bootstrap, service.name) if shard == 0 else None
+    if handler is not None:
+        service.command_handler = handler
+    service.start()
+    if handler is not None:
+        handler(service)  # the handler's one-off start-up
+    service.step(0.0)  # connections up
+    applied = notifications = 0
+    ready.set()
+    go.wait()
+    t0 = time.time()
+    applied = service.step(0.0)
+    deadline = t0 + 300
+    while applied < expected and time.time() < deadline:
+        applied += service.step(0.05)
+    t1 = time.time()
+    notifications = service.notifications
+    service.close()
+    if handler is not None:
+        handler.close()
+    out.put((shard, applied, notifications, t0, t1))
+
+
+def shard_throughput(
+    ctx: BenchContext, messages: int, entries: int, substreams: int
+) -> list[dict[str, Any]]:
+    """One acker over both acks partitions, then two shards, on the same acks topic."""
+    per_time = 2
+    config = _balanced_config(ctx, substreams)
+    subs = [s.name for s in config.substreams]
+    batching: dict[str, Any] = {"linger.ms": 20}
+    producer = client.producer(ctx.bootstrap, config, **batching)
+    headers = ack_headers()
+    per_partition: dict[int, int] = {}
+    seqs: dict[int, int] = {}
+    for whole in ack_messages(subs, messages, entries, per_time):
+        for p, body in split_body(whole.body, lambda s: segment_partition(s, SHARD_PARTITIONS)):
+            msg = AckMessage(whole.source, seqs.get(p, 0), 0, body, whole.incarnation)
+            seqs[p] = msg.seq + 1
+            per_partition[p] = per_partition.get(p, 0) + 1
+            while True:
+                try:
+                    producer.produce(
+                        config.acker.acks_topic, encode_ack(msg), partition=p, headers=headers
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+    producer.flush(60)
+    rows = []
+    spawn = multiprocessing.get_context("spawn")
+    for shards in (1, 2):
+        name = f"{config.acker.name}.x{shards}"
+        ready = [spawn.Event() for _ in range(shards)]
+        go = spawn.Event()
+        out = spawn.Queue()
+        procs = []
+        for i in range(shards):
+            expected = sum(n for p, n in per_partition.items() if p % shards == i)
+            proc = spawn.Process(
+                target=_shard_worker,
+                args=(config, ctx.bootstrap, name, i, shards, expected, ready[i], go, out),
+                daemon=True,
+            )
+            proc.start()
+            procs.append(proc)
+        for r in ready:
+            if not r.wait(120):
+                raise RuntimeError("an acker shard process did not start")
+        go.set()
+        results = [out.get(timeout=330) for _ in procs]
+        for proc in procs:
+            proc.join(30)
+        applied = sum(r[1] for r in results)
+        notes = sum(r[2] for r in results)
+        elapsed = max(r[4] for r in results) - min(r[3] for r in results)
+        rows.append({
+            "measurement": f"acks applied, {shards} shard{'s' if shards > 1 else ''} "
+                           f"({SHARD_PARTITIONS} acks partitions, own processes)",
+            "samples": applied,
+            "rate": round(applied / elapsed, 1),
+            "entries_per_s": round(applied * entries / elapsed, 1),
+            "completed_per_s": round(notes / elapsed, 1),
+            "notifications": notes,
+            "expected_notifications": substreams * (messages // per_time),
+            "entries_per_message": entries,
+            "substreams": substreams,
+            "shards": shards,
+            "per_shard_s": [round(r[4] - r[3], 3) for r in sorted(results)],
+            "seconds": round(elapsed, 3),
+        })
+    return rows
+
+
 # -- (b) latency ------------------------------------------------------------------------------
 
 
@@ -234,6 +385,7 @@ COLUMNS = [
     Column("samples", "samples"),
     Column("rate", "per second", "{:,.0f}"),
     Column("entries_per_s", "entries/s", "{:,.0f}"),
+    Column("completed_per_s", "times completed/s", "{:,.0f}"),
     Column("p50_ms", "p50 ms", "{:.2f}"),
     Column("p99_ms", "p99 ms", "{:.2f}"),
 ]
@@ -256,11 +408,15 @@ def run(ctx: BenchContext) -> BenchResult:
     messages, entries, samples = (2000, 20, 50) if ctx.quick else (20000, 50, 300)
     lat: list[float] = []
     missed = 0
-    steps = ("throughput", "seal latency", "raw baseline")
+    steps = ("throughput", "shards", "seal latency", "raw baseline")
+    shard_rows: list[dict[str, Any]] = []
     # ctx.track deletes each step's topics before the next one starts
     for step in ctx.track(steps, str):
         if step == "throughput":
             result.rows.append(throughput(ctx, messages, entries, substreams=4))
+        elif step == "shards":
+            shard_rows = shard_throughput(ctx, messages, 8, substreams=4)
+            result.rows += shard_rows
         elif step == "seal latency":
             lat, missed = seal_latency(ctx, samples, records=10)
             result.rows.append(_latency_row("seal() -> EpochComplete seen", lat, missed=missed))
@@ -276,15 +432,37 @@ def run(ctx: BenchContext) -> BenchResult:
             None if not lat else p99 <= TARGET_P99_MS,
         )
     )
-    tp = result.rows[0]
-    if tp["notifications"] != tp["expected_notifications"]:
-        result.notes.append(
-            f"throughput run wrote {tp['notifications']} notifications, expected "
-            f"{tp['expected_notifications']}"
+    if len(shard_rows) == 2:
+        one, two = shard_rows
+        result.targets.append(
+            Target(
+                "one acker process completes times",
+                ">= 100,000 /s",
+                f"{one['completed_per_s']:,.0f} /s",
+                one["completed_per_s"] >= 100_000,
+            )
         )
+        result.targets.append(
+            Target(
+                "two shards against one (acks/s)",
+                "reported",
+                f"{two['rate'] / one['rate']:.2f} x",
+                None,
+            )
+        )
+    for tp in (r for r in result.rows if "expected_notifications" in r):
+        if tp["notifications"] != tp["expected_notifications"]:
+            result.notes.append(
+                f"{tp['measurement']} wrote {tp['notifications']} notifications, expected "
+                f"{tp['expected_notifications']}"
+            )
     if missed:
         result.notes.append(f"{missed} seals produced no EpochComplete within the wait")
     result.notes.append("publisher, subscriber tail and acker share one Python process")
+    result.notes.append(
+        f"shard rows: {os.cpu_count()} CPUs on this machine; every acker shard is its own "
+        "process, the broker shares the CPUs"
+    )
     return result
 
 
@@ -311,7 +489,7 @@ def plot(result: BenchResult, path: Path) -> None:
     lat_ax.set_title("seal → EpochComplete vs produce → consume", fontsize=9)
     lat_ax.grid(True, axis="y", alpha=0.3)
     lat_ax.legend(fontsize=7)
-    tp = next((r for r in result.rows if "rate" in r), None)
+    tp = next((r for r in result.rows if "rate" in r and "shards" not in r), None)
     if tp is not None:
         bars = tp_ax.bar(
             ["ack messages/s", "entries/s"],

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import subprocess
 import sys
@@ -208,7 +209,7 @@ def test_a_killed_shard_is_taken_over_and_the_other_never_pauses(
         at for s in mine[1] for _, at, _ in written(config, s) if killed_ms <= at <= resumed_ms
     )
     edges = [killed_ms, *during, resumed_ms]
-    gaps = [b - a for a, b in zip(edges, edges[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(edges)]
     assert len(during) >= 5 and max(gaps) < 1000, (len(during), max(gaps), resumed_ms - killed_ms)
     assert all(r.ok for r in verify_config(config)), [r.broken for r in verify_config(config)]
 

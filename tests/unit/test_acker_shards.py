@@ -28,7 +28,6 @@ from substreams.acker.agent import (
 )
 from substreams.acker.state import AckerState, SourceSession
 from substreams.acker.table import SOURCE
-
 from substreams.config.loader import load_config_text
 from substreams.control.messages import OffsetRange
 from substreams.errors import ConfigError, SubstreamsError
@@ -99,7 +98,8 @@ def test_split_membership(subs: list[str], partitions: int) -> None:
 
     reg = split_body(Register(tuple(subs), SOURCE, "tx"), where)
     unreg = split_body(Unregister(tuple(subs)), where)
-    assert sorted(s for _, b in reg if isinstance(b, Register) for s in b.substreams) == sorted(subs)
+    joined = [s for _, b in reg if isinstance(b, Register) for s in b.substreams]
+    assert sorted(joined) == sorted(subs)
     assert all(isinstance(b, Register) and b.writer == "tx" and b.role == SOURCE for _, b in reg)
     assert [p for p, _ in reg] == [p for p, _ in unreg]
     for p, b in [*reg, *unreg]:
