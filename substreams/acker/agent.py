@@ -264,6 +264,10 @@ class TrackingAgent:
         self._after: list[AckBody] = []
         self._seq: dict[int, int] = {}
         """The next sequence number per acks partition."""
+        self._last_sent: dict[int, float] = {}
+        """Per acks partition, when (monotonic) messages for it were last taken to be
+        written, or a heartbeat sent there."""
+        self._born = time.monotonic()
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -389,6 +393,18 @@ class TrackingAgent:
     def partition_of(self, substream: str) -> int:
         return segment_partition(substream, self.acks_partitions)
 
+    def heartbeat_due(self, now: float, interval: float) -> list[int]:
+        """The registered partitions that got nothing for ``interval`` seconds (marked as
+        served: the caller sends a heartbeat to each).  Called from the heartbeat thread;
+        a dict read and write per partition is atomic enough under the GIL (a race costs
+        one heartbeat more or later, never a missing one for long)."""
+        due = []
+        for p in sorted(self.partitions):
+            if now - self._last_sent.get(p, self._born) >= interval:
+                self._last_sent[p] = now
+                due.append(p)
+        return due
+
     def heartbeat_message(self) -> AckMessage:
         """A SourceHeartbeat of this incarnation, to be sent outside any transaction (to
         every partition of :attr:`partitions`)."""
@@ -430,10 +446,12 @@ class TrackingAgent:
         sent = now_ms()
         out = []
         seqs = self._seq
+        taken = time.monotonic()
         for whole in bodies:
             for p, body in split_body(whole, self.partition_of):
                 seq = seqs.get(p, 0)
                 seqs[p] = seq + 1
+                self._last_sent[p] = taken
                 msg = AckMessage(self.source, seq, sent, body, self.incarnation)
                 for sub in msg.substreams():
                     TRAFFIC.add(ACK_SENT, sub)

@@ -37,8 +37,10 @@ def write_agent(publisher: Publisher, agent: TrackingAgent) -> None:
 
 
 class Heartbeat:
-    """Says "alive" for an idle source: a SourceHeartbeat of its incarnation whenever it
-    committed nothing for ``source_heartbeat_ms``.  Outside the publisher's transactions (an
+    """Says "alive" for an idle source: a SourceHeartbeat of its incarnation to every acks
+    partition it committed nothing to for ``source_heartbeat_ms`` (per partition: a source
+    that commits only about the segments of one partition is idle on the others, and the
+    acker shard owning those must hear it too).  Outside the publisher's transactions (an
     idle publisher has none; another thread must not write into the caller's), with a small
     producer of its own.  A stopped process (SIGSTOP, a long GC pause) stops heartbeating
     too, which is the point: the acker evicts what it cannot hear."""
@@ -48,7 +50,6 @@ class Heartbeat:
         self.interval = publisher.config.acker.source_heartbeat_ms / 1000.0
         no_linger: dict[str, Any] = {"linger.ms": 0}
         self._producer = client.producer(publisher.bootstrap, publisher.config, **no_linger)
-        self._last = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"heartbeat-{agent.source}", daemon=True
@@ -56,16 +57,16 @@ class Heartbeat:
         self._thread.start()
 
     def touch(self) -> None:
-        """A commit just proved the source alive."""
-        self._last = time.monotonic()
+        """A commit just proved the source alive (on the partitions it wrote: the agent
+        keeps when it last handed messages for each)."""
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval / 4):
-            if time.monotonic() - self._last < self.interval:
+            due = self.agent.heartbeat_due(time.monotonic(), self.interval)
+            if not due:
                 continue
-            self._last = time.monotonic()
             value = encode_ack(self.agent.heartbeat_message())
-            for partition in sorted(self.agent.partitions):  # every shard it registered with
+            for partition in due:
                 produce(
                     self._producer, self.agent.topic, value,
                     partition=partition, headers=self.agent.headers,

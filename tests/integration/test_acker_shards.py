@@ -29,7 +29,13 @@ from substreams.control.messages import EpochComplete
 from substreams.control.verify import verify_config
 from substreams.frontier import Time
 from tests.conftest import ConfigFactory
-from tests.integration.test_acker import check_exactly_once, notifications
+from tests.integration.test_acker import (
+    acker,
+    check_exactly_once,
+    notifications,
+    wait_notifications,
+)
+from tests.integration.test_source_liveness import evictions
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
@@ -252,3 +258,36 @@ def test_adding_a_shard_while_a_workload_runs(make_config: ConfigFactory, tmp_pa
         assert set(writers[:switch]) == {old_name} and set(writers[switch:]) == {owner}
         assert switch >= 10
     assert all(r.ok for r in verify_config(config)), [r.broken for r in verify_config(config)]
+
+
+def test_a_source_idle_on_one_shard_is_not_evicted_there(make_config: ConfigFactory) -> None:
+    """A source that for a while commits only about shard 0's segments (here: seals of one
+    substream) heartbeats to shard 1's partition, so shard 1 does not evict it."""
+    config = sharded_config(
+        make_config,
+        # heartbeat_ms 500: an acker step slower than two of its heartbeats is taken as
+        # the acker's own stall and excused from every source's silence
+        {"shards": 2, "heartbeat_ms": 500, "source_heartbeat_ms": 300, "source_timeout_ms": 2000},
+    )
+    subs = [s.name for s in config.substreams]
+    a = next(s for s in subs if shard_of(config, s) == 0)
+    b = next(s for s in subs if shard_of(config, s) == 1)
+    stream = config.streams[0].name
+    with acker(config, shard=0, shards=2) as zero, acker(config, shard=1, shards=2) as one:
+        with Application(config).publisher(stream, "only-a") as pub:
+            pub.publish({"user": "u", "url": "/0", "ts": 0})
+            for s in subs:
+                pub.seal(s, 0, commit=s == subs[-1])
+            t, until = 1, time.monotonic() + 6.0  # three times the eviction timeout
+            while time.monotonic() < until:
+                pub.seal(a, t)  # commits about partition of `a` only
+                t += 1
+                time.sleep(0.1)
+            pub.publish({"user": "u", "url": f"/{t}", "ts": t})  # not fenced
+            for s in subs:
+                pub.seal(s, t, commit=s == subs[-1])
+            got = wait_notifications(config, b, 2)
+        assert [n.time for n in got] == [0, t]
+        assert zero.service.evictions == 0 and one.service.evictions == 0
+    for s in subs:
+        assert evictions(config, s) == []

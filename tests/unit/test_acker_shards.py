@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import substreams.acker.agent as agent_module
 from substreams.acker.agent import (
     AckEntry,
     AckReport,
@@ -217,3 +218,27 @@ def test_config_refuses_more_shards_than_partitions(tmp_path: Path) -> None:
     assert ok.acker.shard_name(0, 1) == ok.acker.name
     names = {t.name for t in ok.topics() if t.kind == "checkpoint"}
     assert names == {ok.acker.checkpoint_topic(ok.acker.shard_name(i)) for i in range(2)}
+
+
+def test_heartbeats_go_to_each_partition_idle_for_an_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A source that commits only about one partition's segments still heartbeats to the
+    others (the shards owning them would evict it otherwise)."""
+    clock = [100.0]
+    monkeypatch.setattr(agent_module.time, "monotonic", lambda: clock[0])
+    config: Any = SimpleNamespace(acker=SimpleNamespace(acks_topic="acks", acks_partitions=4))
+    agent = TrackingAgent(config, "src", "inc")
+    subs = [s for s in SUBS if segment_partition(s, 4) in (0, 1)]
+    a = next(s for s in subs if segment_partition(s, 4) == 0)
+    agent.register(subs)
+    assert agent.partitions == {0, 1}
+    assert agent.heartbeat_due(100.5, 1.0) == []  # nothing due yet
+    agent.take()  # the Register goes to both at 100
+    clock[0] = 100.8
+    agent.seal(a, 1)
+    agent.take()  # a commit about partition 0 only
+    assert agent.heartbeat_due(101.2, 1.0) == [1]  # idle there since 100
+    assert agent.heartbeat_due(101.5, 1.0) == []
+    assert agent.heartbeat_due(101.8, 1.0) == [0]  # and now idle on 0 too
+    assert agent.heartbeat_due(102.2, 1.0) == [1]
