@@ -702,8 +702,8 @@ class AckerService:
             fence(self.bootstrap, self.config, session.writer)
         assert self._reader is not None
         _, high = self._reader.watermarks(self.acks_topic, partition)
-        log.warning("evicting source '%s' from acks partition %d (%s): fenced, reading acks "
-                    "up to %d", source, partition, reason, high)
+        log.warning("evicting source '%s' (%s): fenced, reading acks partition %d up to %d",
+                    source, reason, partition, high)
         self._evicting[key] = (int(high), reason)
         return True
 
