@@ -340,16 +340,16 @@ class _ControlWatch:
         self.done: set[int] = set()
 
     def wait_for(self, epoch: int, timeout: float) -> None:
-        from substreams.control.messages import EpochComplete
+        from substreams.control.messages import completions
 
         deadline = time.monotonic() + timeout
         while epoch not in self.done:
             if time.monotonic() > deadline:
                 raise BenchError(f"bench traffic: acker: no notification of epoch {epoch}")
             for _, rec in self.tail.poll(0.05):
-                body = getattr(rec, "body", None)
-                if isinstance(body, EpochComplete) and isinstance(body.time, int):
-                    self.done.add(body.time)
+                for note in completions(getattr(rec, "body", None)):
+                    if isinstance(note.time, int):
+                        self.done.add(note.time)
 
     def __enter__(self) -> _ControlWatch:
         return self

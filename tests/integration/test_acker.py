@@ -29,7 +29,7 @@ from substreams.app import Application
 from substreams.config import Config
 from substreams.control.chain import ChainVerifier
 from substreams.control.io import read_control
-from substreams.control.messages import EpochComplete
+from substreams.control.messages import EpochComplete, completions
 from substreams.control.ranges import read_ranges
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.frontier import Time, sort_key
@@ -76,8 +76,7 @@ def notifications(config: Config, substream: str) -> list[EpochComplete]:
     topic = config.acker.control_topic(substream)
     out = []
     for _, rec in read_control(config.kafka.bootstrap, topic, config):
-        if isinstance(rec.body, EpochComplete):
-            out.append(rec.body)
+        out.extend(completions(rec.body))  # one per time, batched or not
     return out
 
 
