@@ -578,6 +578,22 @@ class AckerService:
                     trackers[e.substream].activate(e.time)
             except Violation as v:
                 problems.append((REASON_TERMINATED, v.reason))
+        for block in body.blocks:
+            table = self._table_for(source, block.substream, problems)
+            if table is None:
+                continue
+            shape = block.problem()
+            if shape is not None:
+                problems.append((REASON_MALFORMED, shape))
+                continue
+            new, refused = table.report_block(
+                block.times, block.xors, block.records, block.reports, block.range_counts,
+                block.ranges, now,
+            )
+            tracker = trackers[block.substream]
+            for t in new:
+                tracker.activate(t)
+            problems.extend((REASON_TERMINATED, v.reason) for v in refused)
         for s in body.seals:
             table = self._table_for(source, s.substream, problems)
             if table is None:

@@ -313,7 +313,7 @@ def run_acker(ctx: BenchContext, case: Case) -> dict[str, int]:
     reports = [a for a in acks if isinstance(a.body, AckReport)]
     setup = sum(isinstance(a.body, Register | Unregister) for a in acks)
     heartbeats = sum(isinstance(a.body, SourceHeartbeat) for a in acks)
-    unagg = sum(e.reports for a in reports for e in a.body.entries) + sum(
+    unagg = sum(e.reports for a in reports for e in a.body.all_entries()) + sum(
         len(a.body.seals) for a in reports
     )
     control = len(read_control(ctx.bootstrap, control_topic, config))
