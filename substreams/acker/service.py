@@ -636,8 +636,9 @@ class AckerService:
                         items.append((topic, tracker.snapshot(_open_starts(table))))
                     else:
                         items.append((topic, body))
-            for term in terms:
-                metrics.observe_notification(self.name, sub, term.sealed_at_ms, now)
+            metrics.observe_notifications(
+                self.name, sub, (term.sealed_at_ms for term in terms), now
+            )
             self.state.last_notification[sub] = (terms[-1].time, now)
             self.notifications += len(terms)
             tracker.prune_keyed(table.keyed_floor())

@@ -58,6 +58,8 @@ class OffsetRange:
 
 def merge_ranges(ranges: Sequence[OffsetRange]) -> tuple[OffsetRange, ...]:
     """One range per (stream, partition): the hull of the given ones."""
+    if len(ranges) <= 1:  # already merged (the acker's common case: one partition per time)
+        return tuple(ranges)
     hull: dict[tuple[str, int], tuple[int, int]] = {}
     for r in ranges:
         key = (r.stream, r.partition)
