@@ -154,6 +154,22 @@ def observe_notification(writer: str, substream: str, sealed_at_ms: int, now_ms:
         )
 
 
+def observe_notifications(
+    writer: str, substream: str, sealed_at_ms: Iterable[int], now_ms: int
+) -> None:
+    """:func:`observe_notification` for several notifications of one substream (the metric
+    children are looked up once: per notification, that lookup cost the acker 10 % of its
+    CPU at one record per time)."""
+    count = NOTIFICATIONS.labels(writer, substream)
+    latency = NOTIFICATION_LATENCY.labels(writer, substream)
+    n = 0
+    for sealed in sealed_at_ms:
+        n += 1
+        if sealed > 0:
+            latency.observe(max(0.0, (now_ms - sealed) / 1000.0))
+    count.inc(n)
+
+
 def record_lag(component: str, name: str, lags: Mapping[tuple[str, int], int]) -> None:
     """Set the lag gauge of every (topic, partition) in ``lags`` (from
     :meth:`substreams.kafka.read.Reader.lag`)."""

@@ -59,7 +59,7 @@ from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter
 from substreams.acker.history import CommandHistory, OutcomeKind
 from substreams.config import Config
 from substreams.control.io import decode_control
-from substreams.control.messages import EpochComplete, OffsetRange
+from substreams.control.messages import OffsetRange, completions
 from substreams.errors import BrokerError, ProtocolError, SubstreamsError
 from substreams.frontier import Time, sort_key
 from substreams.kafka import client
@@ -492,8 +492,7 @@ class CommandHandler:
                 rec = decode_control(msg)
             except (SubstreamsError, ValueError, KeyError, TypeError):
                 continue
-            body = rec.body
-            if isinstance(body, EpochComplete):
+            for body in completions(rec.body):
                 sub = self._topic_sub.get(msg.topic())
                 if sub is None or self.history.state.is_compacted(sub, body.time):
                     continue

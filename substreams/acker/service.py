@@ -2,11 +2,12 @@
 
 Loop (:meth:`AckerService.step`): take whatever acks are buffered (up to ``max_batch``; wait
 up to ``timeout`` only when none are), apply them to the segment tables, and write every
-resulting control record — ``EpochComplete`` per terminated time (lower-frontier changes
-ride inside), periodic ``FrontierSnapshot``s — in ONE Kafka transaction together with a
-``Checkpoint`` (acks offsets + the serialized :class:`AckerState`).  Steps that terminate
-nothing write nothing, except every ``heartbeat_ms``: a ``WriterHeartbeat``, pending
-``FrontierUpdate``s and a fresh checkpoint (bounding replay after a crash).
+resulting control record — per substream one ``EpochComplete`` for a terminated time, or one
+``EpochsComplete`` for a run of them (lower-frontier changes ride inside), periodic
+``FrontierSnapshot``s — in ONE Kafka transaction together with a ``Checkpoint`` (acks
+offsets + the serialized :class:`AckerState`). Steps that terminate nothing write nothing,
+except every ``heartbeat_ms``: a ``WriterHeartbeat``, pending ``FrontierUpdate``s and a
+fresh checkpoint (bounding replay after a crash).
 
 Where checkpoints go: a dedicated control topic per acker, ``<control prefix>__acker.<name>``
 (created at start), so subscribers of a substream never read state blobs and recovery finds
@@ -73,6 +74,7 @@ from substreams.config import Config
 from substreams.control.io import ControlTail, ControlWriter, Corrupt, find_last, read_control
 from substreams.control.messages import (
     Checkpoint,
+    Completion,
     ControlBody,
     ControlRecord,
     FrontierSnapshot,
@@ -86,6 +88,12 @@ from substreams.kafka.read import Reader
 from substreams.kafka.topics import ensure_topics
 
 CommandHandler = Callable[["AckerService"], list[tuple[str, bytes]]]
+
+MAX_COMPLETIONS_PER_RECORD = 500
+"""Times one ``EpochsComplete`` may announce.  Why bounded: a control record must stay well
+under the broker's ``message.max.bytes`` (1 MiB) whatever the keys and ranges; 500 epochs
+of a session substream with 100-byte keys and a few ranges each are ~100 KiB, and the
+saving per record is already ~99 % at that size."""
 
 log = logging.getLogger(__name__)
 
@@ -756,6 +764,22 @@ class AckerService:
                     trackers[e.substream].activate(e.time)
             except Violation as v:
                 problems.append((REASON_TERMINATED, v.reason))
+        for block in body.blocks:
+            table = self._table_for(source, block.substream, partition, problems)
+            if table is None:
+                continue
+            shape = block.problem()
+            if shape is not None:
+                problems.append((REASON_MALFORMED, shape))
+                continue
+            new, refused = table.report_block(
+                block.times, block.xors, block.records, block.reports, block.range_counts,
+                block.ranges, now,
+            )
+            tracker = trackers[block.substream]
+            for t in new:
+                tracker.activate(t)
+            problems.extend((REASON_TERMINATED, v.reason) for v in refused)
         for s in body.seals:
             table = self._table_for(source, s.substream, partition, problems)
             if table is None:
@@ -777,6 +801,8 @@ class AckerService:
         metrics.DEAD_LETTERS.labels(self.name, reason).inc()
 
     def _terminations(self, now: int) -> list[tuple[str, ControlBody]]:
+        """The control records announcing what terminated now: per substream, its times in
+        runs of at most ``MAX_COMPLETIONS_PER_RECORD`` per record (batched completions)."""
         items: list[tuple[str, ControlBody]] = []
         for sub, table in self.state.tables.items():
             terms = table.terminations()
@@ -784,23 +810,23 @@ class AckerService:
                 continue
             tracker = self.state.trackers[sub]
             topic = self.control_topics[sub]
-            for term in terms:
-                bodies = tracker.complete(
-                    term.time,
-                    term.ranges,
-                    term.records,
-                    term.sealed_at_ms or now,
-                    until=term.until,
-                    members=term.members,
-                )
+            for at in range(0, len(terms), MAX_COMPLETIONS_PER_RECORD):
+                run = terms[at:at + MAX_COMPLETIONS_PER_RECORD]
+                bodies = tracker.complete_many([
+                    (Completion(term.time, term.ranges, term.records,
+                                term.sealed_at_ms or now, term.until), term.members)
+                    for term in run
+                ])
                 for body in bodies:
                     if isinstance(body, FrontierSnapshot):  # with the open times' starts
                         items.append((topic, tracker.snapshot(_open_starts(table))))
                     else:
                         items.append((topic, body))
-                self.state.last_notification[sub] = (term.time, now)
-                self.notifications += 1
-                metrics.observe_notification(self.name, sub, term.sealed_at_ms, now)
+            metrics.observe_notifications(
+                self.name, sub, (term.sealed_at_ms for term in terms), now
+            )
+            self.state.last_notification[sub] = (terms[-1].time, now)
+            self.notifications += len(terms)
             tracker.prune_keyed(table.keyed_floor())
         return items
 

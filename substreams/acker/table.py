@@ -44,7 +44,7 @@ below the maximal terminated times) are protocol violations: the caller dead-let
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -310,6 +310,50 @@ class SegmentTable:
         entry.add_ranges(ranges)
         self.dirty = True
         return new
+
+    def report_block(
+        self,
+        times: Sequence[int],
+        xors: Sequence[int],
+        records: Sequence[int],
+        reports: Sequence[int],
+        range_counts: Sequence[int],
+        ranges: Sequence[OffsetRange],
+        now_ms: int,
+    ) -> tuple[list[Time], list[Violation]]:
+        """:meth:`report` for a block of int-time entries (``AckBlock``: the caller checked
+        its shape), in one loop.  Returns the newly open times and the violations of the
+        entries that were refused (the others are applied, as separate entries would be)."""
+        if self.gap_ms is not None:
+            return [], [Violation(
+                f"substream '{self.substream}' is a session substream: times must be "
+                f"Keyed(key, event_ms), got a block of int times"
+            )]
+        new: list[Time] = []
+        refused: list[Violation] = []
+        open_ = self.open
+        at = 0
+        for i, t in enumerate(times):
+            n = range_counts[i]
+            entry = open_.get(t)
+            if entry is None:
+                try:
+                    self._check_open(t)
+                except Violation as v:
+                    refused.append(v)
+                    at += n
+                    continue
+                entry, _ = self._entry(t, now_ms)
+                new.append(t)
+            if xors:
+                entry.xor ^= xors[i]
+            entry.records += records[i]
+            entry.reports += reports[i]
+            if n:
+                entry.add_ranges(ranges[at:at + n])
+                at += n
+        self.dirty = True
+        return new, refused
 
     def seal(self, source: str, t: Time, sealed_at_ms: int, now_ms: int) -> bool:
         """Source ``source`` writes nothing more at times ``<= t``.  True iff ``t`` became a

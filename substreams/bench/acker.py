@@ -67,7 +67,7 @@ from substreams.bench.harness import (
 )
 from substreams.config import Config
 from substreams.control.io import ControlTail
-from substreams.control.messages import EpochComplete
+from substreams.control.messages import completions
 from substreams.kafka import client
 
 NAME = "acker"
@@ -348,8 +348,7 @@ def _wait_complete(tail: ControlTail, t: int, timeout: float) -> float | None:
     deadline = time.perf_counter() + timeout
     while time.perf_counter() < deadline:
         for _, rec in tail.poll(0.001, 100):
-            body = getattr(rec, "body", None)
-            if isinstance(body, EpochComplete) and body.time == t:
+            if any(note.time == t for note in completions(getattr(rec, "body", None))):
                 return time.perf_counter()
     return None
 

@@ -98,10 +98,9 @@ class AckerObserver(Observer):
 
     def _handle(self, msg: Message) -> list[object]:
         from substreams.control.io import decode_control
-        from substreams.control.messages import EpochComplete
+        from substreams.control.messages import completions
 
-        body = decode_control(msg).body
-        return [body.time] if isinstance(body, EpochComplete) else []
+        return [note.time for note in completions(decode_control(msg).body)]
 
 
 class PunctuationObserver(Observer):

@@ -313,7 +313,7 @@ def run_acker(ctx: BenchContext, case: Case) -> dict[str, int]:
     reports = [a for a in acks if isinstance(a.body, AckReport)]
     setup = sum(isinstance(a.body, Register | Unregister) for a in acks)
     heartbeats = sum(isinstance(a.body, SourceHeartbeat) for a in acks)
-    unagg = sum(e.reports for a in reports for e in a.body.entries) + sum(
+    unagg = sum(e.reports for a in reports for e in a.body.all_entries()) + sum(
         len(a.body.seals) for a in reports
     )
     control = len(read_control(ctx.bootstrap, control_topic, config))
@@ -340,16 +340,16 @@ class _ControlWatch:
         self.done: set[int] = set()
 
     def wait_for(self, epoch: int, timeout: float) -> None:
-        from substreams.control.messages import EpochComplete
+        from substreams.control.messages import completions
 
         deadline = time.monotonic() + timeout
         while epoch not in self.done:
             if time.monotonic() > deadline:
                 raise BenchError(f"bench traffic: acker: no notification of epoch {epoch}")
             for _, rec in self.tail.poll(0.05):
-                body = getattr(rec, "body", None)
-                if isinstance(body, EpochComplete) and isinstance(body.time, int):
-                    self.done.add(body.time)
+                for note in completions(getattr(rec, "body", None)):
+                    if isinstance(note.time, int):
+                        self.done.add(note.time)
 
     def __enter__(self) -> _ControlWatch:
         return self

@@ -13,12 +13,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from substreams.control.framing import encode_unsigned_epoch_complete
+from substreams.control.framing import encode_unsigned
 from substreams.control.messages import (
     ChainResume,
     ControlBody,
     ControlRecord,
-    EpochComplete,
     record_to_wire,
 )
 from substreams.errors import ProtocolError
@@ -31,12 +30,11 @@ log = logging.getLogger(__name__)
 
 
 def _unsigned(record: ControlRecord) -> tuple[bytes, bytes]:
-    """The record's encoding with an empty digest, and its digest.  ``EpochComplete`` (one
-    per terminated time) is framed by hand, byte-identical to fastavro (see
-    :mod:`substreams.control.framing`)."""
-    if isinstance(record.body, EpochComplete):
-        encoded = encode_unsigned_epoch_complete(record)
-    else:
+    """The record's encoding with an empty digest, and its digest.  Notifications
+    (``EpochComplete``/``EpochsComplete``, the acker's hot path) are framed by hand,
+    byte-identical to fastavro (see :mod:`substreams.control.framing`)."""
+    encoded = encode_unsigned(record)
+    if encoded is None:
         encoded = protocol_codec("control").encode(record_to_wire(replace(record, digest=b"")))
     return encoded, hashlib.sha256(record.prev_digest + encoded).digest()
 

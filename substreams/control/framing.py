@@ -1,4 +1,5 @@
-"""Encoding an ``EpochComplete`` control record field by field: the acker's hot path.
+"""Encoding ``EpochComplete``/``EpochsComplete`` control records field by field: the acker's
+hot path.
 
 Why not fastavro: the acker writes one signed ``EpochComplete`` per terminated time, and at
 one record per epoch that encoding was 35 % of the acker's CPU (py-spy, 2026-11-22) --
@@ -7,12 +8,21 @@ here against ~11 µs for concatenating the fields' encodings.  Avro's binary enc
 record is the concatenation of its fields', a union is its branch index then the value, and
 an array is blocks (count, items) ended by a zero count, so the encoding is written here
 directly.  It is byte-identical to fastavro's (a property test holds it to that); every
-other body still goes through fastavro (:func:`substreams.control.chain._unsigned`).
+other body still goes through fastavro.  ``EpochsComplete`` (a run of completions in one
+record) reuses the same pieces: with batched completions fastavro would again walk every
+nested ``Time`` of every epoch (:func:`substreams.control.chain._unsigned`).
 """
 
 from __future__ import annotations
 
-from substreams.control.messages import ControlRecord, EpochComplete, OffsetRange
+from substreams.control.messages import (
+    Completion,
+    ControlRecord,
+    EpochComplete,
+    EpochsComplete,
+    OffsetRange,
+)
+from substreams.frontier import Time
 from substreams.streams.framing import avro_array, avro_string, avro_time, zigzag_long
 from substreams.streams.schemas import raw_schema
 
@@ -27,6 +37,7 @@ def _body_branch(name: str) -> bytes:
 
 
 _EPOCH_COMPLETE = _body_branch("EpochComplete")
+_EPOCHS_COMPLETE = _body_branch("EpochsComplete")
 
 
 def encode_range(r: OffsetRange) -> bytes:
@@ -35,10 +46,8 @@ def encode_range(r: OffsetRange) -> bytes:
     )
 
 
-def encode_unsigned_epoch_complete(record: ControlRecord) -> bytes:
-    """The Avro encoding of ``record`` (an ``EpochComplete``) with an empty digest."""
-    body = record.body
-    assert isinstance(body, EpochComplete)
+def _header(record: ControlRecord, branch: bytes) -> bytes:
+    """The fields before the body, with an empty digest, then the body's union branch."""
     return b"".join(
         (
             avro_string(record.writer),
@@ -47,14 +56,69 @@ def encode_unsigned_epoch_complete(record: ControlRecord) -> bytes:
             record.prev_digest,
             _ZERO,  # digest: empty bytes
             zigzag_long(record.written_at_ms),
-            _EPOCH_COMPLETE,
+            branch,
+        )
+    )
+
+
+def _until(until: Time | None) -> bytes:
+    # ["null", Time]: branch 0 or 1 (zig-zag 0 / 2)
+    return _ZERO if until is None else b"\x02" + avro_time(until)
+
+
+def _lower(updates: tuple[tuple[Time, int], ...]) -> bytes:
+    return avro_array([avro_time(t) + zigzag_long(d) for t, d in updates])
+
+
+def encode_unsigned_epoch_complete(record: ControlRecord) -> bytes:
+    """The Avro encoding of ``record`` (an ``EpochComplete``) with an empty digest."""
+    body = record.body
+    assert isinstance(body, EpochComplete)
+    return b"".join(
+        (
+            _header(record, _EPOCH_COMPLETE),
             avro_string(body.substream),
             avro_time(body.time),
             avro_array([encode_range(r) for r in body.ranges]),
             zigzag_long(body.records),
             zigzag_long(body.sealed_at_ms),
-            avro_array([avro_time(t) + zigzag_long(d) for t, d in body.lower_updates]),
-            # until: ["null", Time], branch 0 or 1 (zig-zag 0 / 2)
-            _ZERO if body.until is None else b"\x02" + avro_time(body.until),
+            _lower(body.lower_updates),
+            _until(body.until),
         )
     )
+
+
+def _completion(c: Completion) -> bytes:
+    return b"".join(
+        (
+            avro_time(c.time),
+            avro_array([encode_range(r) for r in c.ranges]),
+            zigzag_long(c.records),
+            zigzag_long(c.sealed_at_ms),
+            _until(c.until),
+        )
+    )
+
+
+def encode_unsigned_epochs_complete(record: ControlRecord) -> bytes:
+    """The Avro encoding of ``record`` (an ``EpochsComplete``) with an empty digest."""
+    body = record.body
+    assert isinstance(body, EpochsComplete)
+    return b"".join(
+        (
+            _header(record, _EPOCHS_COMPLETE),
+            avro_string(body.substream),
+            avro_array([_completion(c) for c in body.epochs]),
+            _lower(body.lower_updates),
+        )
+    )
+
+
+def encode_unsigned(record: ControlRecord) -> bytes | None:
+    """The hand framing of ``record`` with an empty digest, None for a body without one."""
+    body = record.body
+    if isinstance(body, EpochComplete):
+        return encode_unsigned_epoch_complete(record)
+    if isinstance(body, EpochsComplete):
+        return encode_unsigned_epochs_complete(record)
+    return None

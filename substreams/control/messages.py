@@ -11,6 +11,12 @@ not care whether the acker or the punctuation aligner wrote it.  The messages:
   the data itself; on Kafka the data is already durable in the data topic, so the
   announcement carries the exact offset ranges that hold every record of ``time``.  This is
   what makes a firm bound possible for a reader: it reads exactly those ranges.
+- ``EpochsComplete{epochs, lower_updates}``: a run of completed times of one substream in
+  one record (the acker writes one per substream and step when several times terminate
+  together: at one record per epoch, a control record per epoch bounded its rate).  It means
+  exactly the ``EpochComplete``s of its epochs, in order, with ``lower_updates`` after the
+  last one: :func:`completions` expands either form, and a reader that needs a position for
+  a notification uses (control offset, index in the record).
 - ``WriterHeartbeat``: liveness of the writer, for standby ackers.
 - ``Checkpoint``: the acker's recoverable state (ignored by subscribers).
 - ``SourceEvicted``: the acker stopped waiting for a source (liveness; hash-chained like the
@@ -52,6 +58,8 @@ class OffsetRange:
 
 def merge_ranges(ranges: Sequence[OffsetRange]) -> tuple[OffsetRange, ...]:
     """One range per (stream, partition): the hull of the given ones."""
+    if len(ranges) <= 1:  # already merged (the acker's common case: one partition per time)
+        return tuple(ranges)
     hull: dict[tuple[str, int], tuple[int, int]] = {}
     for r in ranges:
         key = (r.stream, r.partition)
@@ -99,6 +107,53 @@ def epoch_covers(time: Time, until: Time | None, t: Time) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Completion:
+    """One completed time inside an :class:`EpochsComplete` (an ``EpochComplete``'s
+    per-time fields)."""
+
+    time: Time
+    ranges: tuple[OffsetRange, ...]
+    records: int
+    sealed_at_ms: int
+    until: Time | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EpochsComplete:
+    """Several completed times of ``substream`` in one record, in notification order.
+
+    Invariants (the writer's, checked by nothing else): ``epochs`` is non-empty and in the
+    order a reader must announce them (a linear extension of the partial order, as for
+    consecutive ``EpochComplete`` records); ``lower_updates`` apply after the last epoch."""
+
+    substream: str
+    epochs: tuple[Completion, ...]
+    lower_updates: tuple[tuple[Time, int], ...] = ()
+
+
+def completions(body: object) -> tuple[EpochComplete, ...]:
+    """The notifications a control record's body carries, in order: itself for an
+    ``EpochComplete``, one per epoch for an ``EpochsComplete`` (its ``lower_updates`` on the
+    last), none for any other body.  Every reader of notifications goes through here, so
+    both forms mean the same thing everywhere.  A reader that follows the lower frontier
+    applies a run's changes once, after its last time
+    (:meth:`~substreams.control.subscription.SubscriptionFrontiers.complete_many`): between
+    two epochs of one record the writer's frontier is not defined."""
+    if isinstance(body, EpochComplete):
+        return (body,)
+    if isinstance(body, EpochsComplete):
+        last = len(body.epochs) - 1
+        return tuple(
+            EpochComplete(
+                body.substream, c.time, c.ranges, c.records, c.sealed_at_ms,
+                body.lower_updates if i == last else (), c.until,
+            )
+            for i, c in enumerate(body.epochs)
+        )
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
 class WriterHeartbeat:
     substream: str | None = None
 
@@ -142,6 +197,7 @@ ControlBody = (
     | Checkpoint
     | SourceEvicted
     | ChainResume
+    | EpochsComplete
 )
 
 

@@ -5,18 +5,22 @@ subscriber sees the same protocol whichever mechanism produced it.  The lower fr
 seed 000's "antichain of minimal elements in active" (active = seen, not yet complete); the
 upper frontier holds the maximal times seen.  Lower-frontier changes are not written on
 their own: they ride inside the next ``EpochComplete`` (or a ``FrontierUpdate`` on the
-writer's heartbeat when nothing completes), so a completed time costs one control record.
+writer's heartbeat when nothing completes), so a completed time costs one control record --
+or less: :meth:`ProgressTracker.complete_many` announces a run of times in one
+``EpochsComplete``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from substreams.control.messages import (
+    Completion,
     ControlBody,
     EpochComplete,
+    EpochsComplete,
     FrontierSnapshot,
     FrontierUpdate,
     OffsetRange,
@@ -70,17 +74,7 @@ class ProgressTracker:
         ``snapshot_every`` completions; ``open_starts`` as for `snapshot`).  A session is
         announced as its first time with ``until`` its last; ``members`` are its times, all
         retired from the lower frontier with it."""
-        retired = [time, *(m for m in members if m != time)]
-        for t in retired:
-            self.activate(t)
-            self.active.discard(t)
-        self._pending.extend(self.lower.update_iter([(t, -1) for t in retired]))
-        merged = merge_ranges(list(ranges))
-        for r in merged:
-            key = (r.stream, r.partition)
-            self.data_end[key] = max(self.data_end.get(key, 0), r.end)
-        self.completed += 1
-        self.last_completed = time
+        merged = self._retire(time, ranges, members)
         out: list[ControlBody] = [
             EpochComplete(
                 self.substream,
@@ -95,6 +89,50 @@ class ProgressTracker:
         if self.completed % self.snapshot_every == 0:
             out.append(self.snapshot(open_starts))
         return out
+
+    def complete_many(
+        self,
+        done: Sequence[tuple[Completion, Iterable[Time]]],
+        open_starts: Mapping[tuple[str, int], int] | None = None,
+    ) -> list[ControlBody]:
+        """Like :meth:`complete` for a run of times (each with its session ``members``), in
+        the given order, announced in ONE record: an ``EpochComplete`` for a single time, an
+        ``EpochsComplete`` otherwise; then a snapshot if the run crossed a multiple of
+        ``snapshot_every`` (taken after the whole run, which is what a reader joining at it
+        has seen)."""
+        if len(done) == 1:
+            c, members = done[0]
+            return self.complete(c.time, c.ranges, c.records, c.sealed_at_ms, open_starts,
+                                 until=c.until, members=members)
+        before = self.completed // self.snapshot_every
+        epochs = tuple(
+            Completion(c.time, self._retire(c.time, c.ranges, members), c.records,
+                       c.sealed_at_ms, c.until)
+            for c, members in done
+        )
+        out: list[ControlBody] = [
+            EpochsComplete(self.substream, epochs, tuple(self._pending.drain()))
+        ]
+        if self.completed // self.snapshot_every > before:
+            out.append(self.snapshot(open_starts))
+        return out
+
+    def _retire(
+        self, time: Time, ranges: Iterable[OffsetRange], members: Iterable[Time]
+    ) -> tuple[OffsetRange, ...]:
+        """Account for ``time`` (and its session members) completing; its merged ranges."""
+        retired = [time, *(m for m in members if m != time)]
+        for t in retired:
+            self.activate(t)
+            self.active.discard(t)
+        self._pending.extend(self.lower.update_iter([(t, -1) for t in retired]))
+        merged = merge_ranges(list(ranges))
+        for r in merged:
+            key = (r.stream, r.partition)
+            self.data_end[key] = max(self.data_end.get(key, 0), r.end)
+        self.completed += 1
+        self.last_completed = time
+        return merged
 
     def prune_keyed(self, floor: int | None) -> None:
         """Forget upper-frontier keyed times at or below ``floor`` that are complete: every

@@ -8,8 +8,10 @@ time at or below the snapshot's upper frontier until the lower frontier has pass
 subscriber sees each epoch whole or not at all.  Why one filter for all topics: seed 000 merges
 the parts' snapshots (upper by union, lower by meet) so atomicity holds across all of them.
 
-Firm mode builds a ``Data`` event from each ``EpochComplete`` by reading exactly its offset
-ranges, so records always precede the frontier change that completes them.  Soft mode streams
+Firm mode builds a ``Data`` event from each ``EpochComplete`` (and from each epoch of an
+``EpochsComplete``, in order) by reading exactly its offset ranges, so records always precede
+the frontier change that completes them; a batched record's frontier change comes once, after
+its last epoch's ``Data``.  Soft mode streams
 records from the data topics as they arrive and holds each control record back until the data
 reader has passed the ranges it names (so no record of a time follows its completion).
 """
@@ -17,8 +19,8 @@ reader has passed the ranges it names (so no record of a time follows its comple
 from __future__ import annotations
 
 import time as _time
-from collections import deque
-from collections.abc import Iterator, Sequence
+from collections import defaultdict, deque
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -28,11 +30,12 @@ from substreams.config import Config
 from substreams.control.chain import TrustingVerifier
 from substreams.control.io import ControlTail, ResumeLookup, decode_control, find_last
 from substreams.control.messages import (
+    ControlBody,
     ControlRecord,
-    EpochComplete,
     FrontierSnapshot,
     FrontierUpdate,
     OffsetRange,
+    completions,
     merge_ranges,
 )
 from substreams.control.ranges import EpochIndex, read_ranges
@@ -149,7 +152,7 @@ class Subscriber:
         self.frontiers = SubscriptionFrontiers()
         self.verifiers: dict[str, TrustingVerifier] = {}  # one per topic: chains are per topic
         self.positions: dict[str, int] = {}
-        self._pending: deque[tuple[str, int, ControlRecord]] = deque()
+        self._pending: deque[tuple[str, int, ControlBody]] = deque()
         self._data_from: dict[str, dict[tuple[str, int], int]] = {}
         self._closed = False
         self._control = Reader(self.bootstrap, config, name="subscriber: control")
@@ -254,13 +257,16 @@ class Subscriber:
             timeout /= 2
         for msg in self._control.poll(timeout, 500):
             self._take_control(msg)
-        ready: list[tuple[str, ControlRecord]] = []
+        ready: list[tuple[str, ControlBody]] = []
         while self._pending and self._ready(self._pending[0][2]):
-            topic, _, rec = self._pending.popleft()
-            ready.append((topic, rec))
+            topic, _, body = self._pending.popleft()
+            ready.append((topic, body))
         epochs = self._read_epochs(ready) if self._data is None else {}
-        for i, (topic, rec) in enumerate(ready):
-            events.extend(self._handle(topic, rec, epochs.get(i, [])))
+        by_record: dict[int, dict[int, list[Entry]]] = defaultdict(dict)
+        for (i, j), entries in epochs.items():
+            by_record[i][j] = entries
+        for i, (topic, body) in enumerate(ready):
+            events.extend(self._handle(topic, body, by_record.get(i, {})))
         return events
 
     def _take_control(self, msg: Message) -> None:
@@ -275,56 +281,72 @@ class Subscriber:
         self.verifiers[topic].check(topic, offset, rec)
         self.positions[topic] = offset + 1
         TRAFFIC.add(CONTROL_READ, self.topics[topic])
-        self._pending.append((topic, offset, rec))
+        self._pending.append((topic, offset, rec.body))
 
-    def _ready(self, rec: ControlRecord) -> bool:
-        """Soft mode: the data reader has passed every range the record names."""
-        if self._data is None or not isinstance(rec.body, EpochComplete):
+    def _ready(self, body: ControlBody) -> bool:
+        """Soft mode: the data reader has passed every range the notification names."""
+        if self._data is None:
             return True
         return all(
-            self._data_pos.get((r.stream, r.partition), r.end) >= r.end for r in rec.body.ranges
+            self._data_pos.get((r.stream, r.partition), r.end) >= r.end
+            for note in completions(body)
+            for r in note.ranges
         )
 
-    def _handle(self, topic: str, rec: ControlRecord, records: list[Entry]) -> list[Event]:
-        body = rec.body
+    def _handle(
+        self, topic: str, body: ControlBody, records: Mapping[int, list[Entry]]
+    ) -> list[Event]:
+        """The events of one control record: a Data per announced epoch (firm mode;
+        ``records`` by index in the record), then the frontier it moved to."""
         sub = self.topics[topic]
         out: list[Event] = []
         moved: Antichain | None = None
-        if isinstance(body, EpochComplete):
-            if self._data is None and self.frontiers.admits(body.time):
-                out.append(Data(sub, body.time, records))
-            moved = self.frontiers.complete(topic, body.time, body.lower_updates)
+        notes = completions(body)
+        if notes:
+            if self._data is None:
+                out.extend(
+                    Data(sub, note.time, records.get(j, []))
+                    for j, note in enumerate(notes)
+                    if self.frontiers.admits(note.time)
+                )
+            # A run's frontier changes hold after its last time (see complete_many).
+            moved = self.frontiers.complete_many(
+                topic, [n.time for n in notes], notes[-1].lower_updates
+            )
         elif isinstance(body, FrontierUpdate):
             moved = self.frontiers.apply(topic, body.updates)
         if moved is not None:
             out.append(FrontierAdvanced(moved))
         return out
 
-    def _read_epochs(self, ready: Sequence[tuple[str, ControlRecord]]) -> dict[int, list[Entry]]:
-        """Firm mode: the records of every epoch announced in ``ready`` (by position), read
-        in one pass over the hull of their ranges: one consumer per batch, not per epoch."""
-        wanted: dict[int, tuple[OffsetRange, ...]] = {}
-        index: dict[str, EpochIndex[int]] = {}
-        for i, (topic, rec) in enumerate(ready):
-            if isinstance(rec.body, EpochComplete):
-                wanted[i] = tuple(
-                    r for r in rec.body.ranges if self.stream is None or r.stream == self.stream
+    def _read_epochs(
+        self, ready: Sequence[tuple[str, ControlBody]]
+    ) -> dict[tuple[int, int], list[Entry]]:
+        """Firm mode: the records of every epoch announced in ``ready``, by (position in
+        ``ready``, index in its record), read in one pass over the hull of their ranges: one
+        consumer per batch, not per epoch."""
+        wanted: dict[tuple[int, int], tuple[OffsetRange, ...]] = {}
+        index: dict[str, EpochIndex[tuple[int, int]]] = {}
+        for i, (topic, body) in enumerate(ready):
+            for j, note in enumerate(completions(body)):
+                wanted[(i, j)] = tuple(
+                    r for r in note.ranges if self.stream is None or r.stream == self.stream
                 )
                 index.setdefault(self.topics[topic], EpochIndex()).add(
-                    rec.body.time, rec.body.until, i
+                    note.time, note.until, (i, j)
                 )
-        out: dict[int, list[Entry]] = {i: [] for i in wanted}
+        out: dict[tuple[int, int], list[Entry]] = {k: [] for k in wanted}
         hull = merge_ranges([r for rs in wanted.values() for r in rs])
         for entry in read_ranges(self.bootstrap, self.config, hull) if hull else ():
             for sub, epochs in index.items():
                 t = entry.times.get(sub)
-                for i in epochs.get(t) if t is not None else ():
+                for key in epochs.get(t) if t is not None else ():
                     if any(
                         r.stream == entry.stream and r.partition == entry.partition
                         and r.start <= entry.index < r.end
-                        for r in wanted[i]
+                        for r in wanted[key]
                     ):
-                        out[i].append(entry)
+                        out[key].append(entry)
         return out
 
     def _read_data(self, timeout: float) -> list[Event]:

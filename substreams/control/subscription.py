@@ -60,6 +60,16 @@ class SubscriptionFrontiers:
         still unpublished would otherwise leave ``t`` in the frontier for good)."""
         return self.apply(part, [*updates, (t, -1)])
 
+    def complete_many(
+        self, part: str, times: Iterable[Time], updates: Iterable[tuple[Time, int]]
+    ) -> Antichain | None:
+        """A run of times of ``part`` completed in one record (``EpochsComplete``): its
+        frontier changes hold for the run as a whole, so they are applied once, after every
+        time of it -- completing the times one by one would pass through frontiers the
+        writer never had (the first time retired before the activation of the next one,
+        which the run's changes carry, was applied)."""
+        return self.apply(part, [*updates, *((t, -1) for t in times)])
+
     def _set(self, part: str, lower: Iterable[Time]) -> None:
         mut = self.parts[part]
         wanted = set(lower)

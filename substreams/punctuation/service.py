@@ -33,7 +33,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from substreams import metrics
 from substreams.config import Config
 from substreams.control.io import ControlWriter, now_ms
-from substreams.control.messages import ControlBody, EpochComplete, FrontierSnapshot
+from substreams.control.messages import ControlBody, FrontierSnapshot, completions
 from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.errors import BrokerError, SubstreamsError
@@ -90,12 +90,9 @@ class PunctuationAligner:
                  self.topic)
         records = self.writer.recover()[self.topic]
         for _, rec in records:
-            body = rec.body
-            if (
-                isinstance(body, EpochComplete)
-                and body.substream == self.substream
-                and body.time not in self._announced
-            ):
+            for body in completions(rec.body):
+                if body.substream != self.substream or body.time in self._announced:
+                    continue
                 self._announced.add(body.time)
                 self.tracker.complete(body.time, body.ranges, body.records, body.sealed_at_ms)
         self._dead = self._read_dead_letters()

@@ -181,6 +181,23 @@ class Codec:
 
 
 @cache
+def _previous_versions(name: str) -> dict[bytes, dict[str, Any]]:
+    """Earlier versions of a protocol schema (``substreams/avro/<name>.v<N>.avsc``) by
+    fingerprint (hex).  Why kept: topics outlive an upgrade, and a reader must still decode
+    what the previous version wrote (a new message type is appended to a union, so records
+    of the old types resolve unchanged)."""
+    folder = resources.files(SCHEMA_PACKAGE) / SCHEMA_FOLDER
+    out: dict[bytes, dict[str, Any]] = {}
+    for entry in folder.iterdir():
+        if entry.name.startswith(f"{name}.v") and entry.name.endswith(".avsc"):
+            schema = expanded(json.loads(entry.read_text(encoding="utf-8")))
+            out[fingerprint(schema).hex().encode()] = schema
+    return out
+
+
+@cache
 def protocol_codec(name: str) -> Codec:
-    """Codec of one of the project's own protocol schemas (control, ack, punctuation...)."""
-    return Codec(raw_schema(name), label=f"{name} record", union_names=True)
+    """Codec of one of the project's own protocol schemas (control, ack, punctuation...);
+    it also decodes records written with the schema's previous versions."""
+    return Codec(raw_schema(name), label=f"{name} record", union_names=True,
+                 writers=_previous_versions(name).get)

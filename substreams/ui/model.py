@@ -32,10 +32,10 @@ from substreams.control.io import decode_control
 from substreams.control.messages import (
     Checkpoint,
     ControlRecord,
-    EpochComplete,
     FrontierSnapshot,
     FrontierUpdate,
     SourceEvicted,
+    completions,
 )
 from substreams.control.subscriber import find_latest_snapshot
 from substreams.control.subscription import SubscriptionFrontiers
@@ -165,18 +165,20 @@ class DashboardModel:
         sub = self._by_topic.get(topic)
         if sub is None:
             return False
-        if isinstance(body, EpochComplete):
-            sub.frontiers.complete(topic, body.time, body.lower_updates)
-            self._grow_upper(sub, [*body.lower_updates, (body.time, 1)])
-            sub.completed += 1
-            latency = rec.written_at_ms - body.sealed_at_ms if body.sealed_at_ms > 0 else None
-            sub.notifications.appendleft({
-                "time": format_time(body.time),
-                "records": body.records,
-                "sealed_at_ms": body.sealed_at_ms,
-                "written_at_ms": rec.written_at_ms,
-                "latency_ms": latency,
-            })
+        notes = completions(body)
+        if notes:
+            sub.frontiers.complete_many(topic, [n.time for n in notes], notes[-1].lower_updates)
+            self._grow_upper(sub, [*notes[-1].lower_updates, *((n.time, 1) for n in notes)])
+            for note in notes:
+                sub.completed += 1
+                latency = rec.written_at_ms - note.sealed_at_ms if note.sealed_at_ms > 0 else None
+                sub.notifications.appendleft({
+                    "time": format_time(note.time),
+                    "records": note.records,
+                    "sealed_at_ms": note.sealed_at_ms,
+                    "written_at_ms": rec.written_at_ms,
+                    "latency_ms": latency,
+                })
         elif isinstance(body, FrontierUpdate):
             sub.frontiers.apply(topic, body.updates)
             self._grow_upper(sub, body.updates)

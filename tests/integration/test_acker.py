@@ -29,7 +29,7 @@ from substreams.app import Application
 from substreams.config import Config
 from substreams.control.chain import ChainVerifier
 from substreams.control.io import read_control
-from substreams.control.messages import EpochComplete
+from substreams.control.messages import EpochComplete, EpochsComplete, completions
 from substreams.control.ranges import read_ranges
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.frontier import Time, sort_key
@@ -76,8 +76,7 @@ def notifications(config: Config, substream: str) -> list[EpochComplete]:
     topic = config.acker.control_topic(substream)
     out = []
     for _, rec in read_control(config.kafka.bootstrap, topic, config):
-        if isinstance(rec.body, EpochComplete):
-            out.append(rec.body)
+        out.extend(completions(rec.body))  # one per time, batched or not
     return out
 
 
@@ -374,3 +373,32 @@ def test_second_acker_with_the_same_name_fences_the_first(make_config: ConfigFac
     pub.close()
     assert [n.time for n in got] == list(range(10))
     verify_chains(config, [config.acker.control_topic(sub), checkpoint_topic(config)])
+
+
+def test_times_that_terminate_together_are_announced_in_one_batched_record(
+    make_config: ConfigFactory,
+) -> None:
+    """40 epochs sealed by one seal terminate in one acker step: ONE ``EpochsComplete``
+    announces them, in order, each with exactly its records; the chain verifies."""
+    config = make_config(
+        [{"name": "clicks", "partitions": 3}],
+        [{"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}],
+        acker=FAST,
+    )
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    sent: dict[Time, list[tuple[str, str]]] = defaultdict(list)
+    with acker(config), Application(config).publisher(stream, "src0") as pub:
+        for n in range(200):
+            t = n // 5
+            pub.publish({"user": f"u{n % 7}", "url": f"/r{n}", "ts": t}, key=f"u{n % 7}")
+            sent[t].append(("src0", f"/r{n}"))
+        pub.flush()
+        time.sleep(0.5)  # the acker has applied the records (nothing sealed: nothing ends)
+        pub.seal(sub, 39)
+        check_exactly_once(config, sub, sent, set(range(40)))
+    topic = config.acker.control_topic(sub)
+    batches = [r.body for _, r in read_control(config.kafka.bootstrap, topic, config)
+               if isinstance(r.body, EpochsComplete)]
+    assert batches, "no batched record"
+    assert max(len(b.epochs) for b in batches) >= 10, [len(b.epochs) for b in batches]
+    verify_chains(config, [topic, checkpoint_topic(config)])

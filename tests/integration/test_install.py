@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from substreams.control.io import read_control
-from substreams.control.messages import EpochComplete
+from substreams.control.messages import EpochComplete, completions
 from tests.conftest import ConfigFactory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,9 +165,10 @@ def test_the_wheel_runs_a_job_outside_the_repository(
             assert acker.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "no notification:\n" + log.read_text()[-3000:]
             notes = [
-                r.body
+                n
                 for _, r in read_control(config.kafka.bootstrap, topic)
-                if isinstance(r.body, EpochComplete) and r.body.substream == w
+                for n in completions(r.body)
+                if n.substream == w
             ]
             time.sleep(0.3)
         assert (notes[0].time, notes[0].records) == (0, 5)

@@ -13,7 +13,7 @@ from substreams.acker.stage import Stage, Transform
 from substreams.app import Application
 from substreams.config import Config
 from substreams.control.io import read_control
-from substreams.control.messages import EpochComplete
+from substreams.control.messages import completions
 from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
 from tests.conftest import ConfigFactory
@@ -116,9 +116,9 @@ def test_a_cycle_terminates(make_config: ConfigFactory) -> None:
         assert all(n.ranges == () and n.records == 0 for n in got)  # no terminal stream
         # each time terminated only after its last hop was processed
         written = {
-            rec.body.time: rec.written_at_ms
+            note.time: rec.written_at_ms
             for _, rec in read_control(config.kafka.bootstrap, config.acker.control_topic(sub))
-            if isinstance(rec.body, EpochComplete)
+            for note in completions(rec.body)
         }
         assert all(written[t] >= last_hop[t] for t in range(4)), (written, last_hop)
         with Listener(config, clicks) as listener:

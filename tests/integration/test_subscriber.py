@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition
 from substreams.app import UNTRACKED, Application
 from substreams.config import Config
 from substreams.control.io import ControlWriter, now_ms, read_control
-from substreams.control.messages import FrontierSnapshot, OffsetRange, WriterHeartbeat
+from substreams.control.messages import Completion, FrontierSnapshot, OffsetRange, WriterHeartbeat
 from substreams.control.progress import ProgressTracker
 from substreams.control.subscriber import (
     Data,
@@ -65,16 +65,26 @@ class Writer:
     def activate(self, t: Time) -> None:
         self.tracker.activate(t)
 
-    def complete(self, t: Time) -> None:
-        spans: dict[int, list[int]] = defaultdict(list)
-        for e in self.by_time.get(t, []):
-            spans[e.partition].append(e.index)
+    def complete(self, *times: Time) -> None:
+        """Announce ``times`` in one record (an ``EpochsComplete`` for several, as the acker
+        writes a run of times that terminated together)."""
         stream = self.config.substream(self.substream).stream
-        ranges = [OffsetRange(stream, p, min(ix), max(ix) + 1) for p, ix in spans.items()]
-        bodies = self.tracker.complete(t, ranges, len(self.by_time.get(t, [])), now_ms())
+        done: list[tuple[Completion, tuple[Time, ...]]] = []
+        for t in times:
+            spans: dict[int, list[int]] = defaultdict(list)
+            for e in self.by_time.get(t, []):
+                spans[e.partition].append(e.index)
+            ranges = tuple(
+                OffsetRange(stream, p, min(ix), max(ix) + 1) for p, ix in spans.items()
+            )
+            done.append((Completion(t, ranges, len(self.by_time.get(t, [])), now_ms()), ()))
+        before = self.tracker.lower.frontier()
+        bodies = self.tracker.complete_many(done)
         self.control.write([(self.topic, b) for b in bodies])
         self.written += len(bodies)
-        self.lower_after[t] = self.tracker.lower.frontier()
+        for t in times:  # a batch's frontier changes apply after its last time
+            self.lower_after[t] = before
+        self.lower_after[times[-1]] = self.tracker.lower.frontier()
 
     def close(self) -> None:
         self.control.close()
@@ -128,9 +138,12 @@ def keys(entries: list[Entry]) -> set[tuple[int, int]]:
     return {(e.partition, e.index) for e in entries}
 
 
+@pytest.mark.parametrize("batched", [False, True])
 def test_firm_data_events_hold_exactly_each_epoch_in_notification_order(
-    world: tuple[Config, str, dict[str, Publisher]],
+    world: tuple[Config, str, dict[str, Publisher]], batched: bool
 ) -> None:
+    """Also with epochs 1-3 announced in ONE batched record (``EpochsComplete``): one Data
+    event per epoch, each with exactly its records, in order."""
     config, win, pubs = world
     w = Writer(config, win, snapshot_every=2, name=config.acker.name)
     try:
@@ -141,10 +154,17 @@ def test_firm_data_events_hold_exactly_each_epoch_in_notification_order(
         publish(pubs, 1, 3, start=4)
         publish(pubs, 2, 2)
         w.observe()
-        w.complete(1)
-        w.complete(2)
-        w.activate(3)
-        w.complete(3)  # a skipped epoch: no records, still announced
+        if batched:
+            w.activate(3)
+            w.complete(1, 2, 3)  # 3 is a skipped epoch: no records, still announced
+            kinds = [type(r.body).__name__ for _, r in read_control(
+                config.kafka.bootstrap, w.topic, config)]
+            assert kinds.count("EpochsComplete") == 1, kinds
+        else:
+            w.complete(1)
+            w.complete(2)
+            w.activate(3)
+            w.complete(3)  # a skipped epoch: no records, still announced
         publish(pubs, 4, 6)
         w.observe()
         w.complete(4)

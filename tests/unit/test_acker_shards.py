@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import substreams.acker.agent as agent_module
 from substreams.acker.agent import (
+    AckBlock,
     AckEntry,
     AckReport,
     Register,
@@ -72,12 +73,13 @@ def test_split_report_keeps_every_entry_in_its_segment_partition(
     body = AckReport(
         tuple(AckEntry(s, t, x, 1, 1, (OffsetRange("d", 0, t, t + 1),)) for s, t, x in es),
         tuple(SealEntry(s, t, 0, k) for s, t, k in ss),
+        tuple(AckBlock(s, (t,), (x,), (1,), (1,), (0,), ()) for s, t, x in es[::3]),
     )
     parts = split_body(body, lambda s: segment_partition(s, partitions))
     assert [p for p, _ in parts] == sorted({p for p, _ in parts})  # one part per partition
     for p, part in parts:
         assert isinstance(part, AckReport)
-        assert part.entries or part.seals
+        assert part.entries or part.seals or part.blocks
         assert all(segment_partition(e.substream, partitions) == p for e in part.entries)
         assert all(segment_partition(s.substream, partitions) == p for s in part.seals)
     # Nothing lost, nothing added, order kept within each partition.
@@ -88,6 +90,9 @@ def test_split_report_keeps_every_entry_in_its_segment_partition(
         ]
         assert list(part.seals) == [
             s for s in body.seals if segment_partition(s.substream, partitions) == p
+        ]
+        assert list(part.blocks) == [
+            k for k in body.blocks if segment_partition(k.substream, partitions) == p
         ]
     assert sum(len(b.entries) for _, b in parts if isinstance(b, AckReport)) == len(es)
 

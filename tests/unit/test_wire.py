@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from substreams.acker.agent import (
+    AckBlock,
     AckEntry,
     AckMessage,
     AckReport,
@@ -54,6 +55,7 @@ from substreams.acker.commands import (
 )
 from substreams.control.messages import OffsetRange
 from substreams.frontier import Keyed
+from substreams.streams.schemas import HEADER_FINGERPRINT, Codec, protocol_codec, raw_schema
 from substreams.streams.wire import Converter
 
 LONG = st.integers(-(2**63), 2**63 - 1)
@@ -105,6 +107,9 @@ ack_bodies = st.one_of(
         AckReport,
         tuples_of(st.builds(AckEntry, TEXT, times, LONG, LONG, LONG, tuples_of(ranges))),
         tuples_of(st.builds(SealEntry, TEXT, times, LONG, st.booleans())),
+        tuples_of(st.builds(AckBlock, TEXT, tuples_of(LONG), tuples_of(LONG), tuples_of(LONG),
+                            tuples_of(LONG), tuples_of(st.integers(0, 2**31 - 1)),
+                            tuples_of(ranges))),
     ),
     st.just(SourceHeartbeat()),
     st.builds(Evict, TEXT, TEXT),
@@ -180,3 +185,15 @@ def test_a_field_with_an_avro_default_may_be_missing_from_an_older_datum() -> No
     conv = Converter(schema)
     assert conv.from_wire({"a": 1}, Pair) == Pair(1, ())
     assert conv.from_wire({"a": 1, "b": ["x"]}, Pair) == Pair(1, ("x",))
+
+
+def test_acks_written_with_the_previous_schema_still_decode() -> None:
+    """The acks topic outlives an upgrade: a report written before blocks existed (the
+    previous schema, another fingerprint) decodes, with no blocks."""
+    old = Codec(raw_schema("ack.v1"), union_names=True)
+    msg = AckMessage("src", 3, 5, AckReport((AckEntry("s", 4, -7, 1, 2, ()),), ()), "inc")
+    datum = protocol_codec("ack").decode(encode_ack(msg))
+    name, report = datum["body"]
+    report.pop("blocks")
+    data = old.encode(datum | {"body": (name, report)})
+    assert decode_ack(data, [(HEADER_FINGERPRINT, old.fingerprint_hex)]) == msg
