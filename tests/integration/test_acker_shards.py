@@ -25,7 +25,7 @@ from substreams.acker.agent import segment_partition
 from substreams.app import Application
 from substreams.config import Config
 from substreams.control.io import read_control
-from substreams.control.messages import EpochComplete
+from substreams.control.messages import completions
 from substreams.control.verify import verify_config
 from substreams.frontier import Time
 from tests.conftest import ConfigFactory
@@ -160,11 +160,12 @@ def ackers() -> Iterator[list[Acker]]:
 
 
 def written(config: Config, sub: str) -> list[tuple[str, int, Time]]:
-    """(writer, written_at_ms, time) of every EpochComplete of ``sub``, in topic order."""
+    """(writer, written_at_ms, time) of every notification of ``sub`` (batched or not), in
+    topic order."""
     return [
-        (rec.writer, rec.written_at_ms, rec.body.time)
+        (rec.writer, rec.written_at_ms, note.time)
         for _, rec in read_control(config.kafka.bootstrap, config.acker.control_topic(sub), config)
-        if isinstance(rec.body, EpochComplete)
+        for note in completions(rec.body)
     ]
 
 
