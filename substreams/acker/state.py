@@ -23,7 +23,8 @@ from substreams.errors import ProtocolError
 from substreams.frontier import Antichain, Time, UpperAntichain, time_from_wire, time_to_wire
 
 STATE_VERSION = 3
-"""3: sessions per (source, acks partition); ``retired`` (a shard handed over)."""
+"""3: sessions per (source, acks partition); ``retired`` (a shard handed over).  Version 2
+(sessions per source) is still read: see :meth:`AckerState._from_doc`."""
 
 
 @dataclass(frozen=True)
@@ -158,10 +159,10 @@ class AckerState:
         except (zlib.error, ValueError) as exc:
             raise ProtocolError(f"acker checkpoint is not readable: {exc}") from exc
         version = doc.get("version") if isinstance(doc, dict) else None
-        if version != STATE_VERSION:
+        if version not in (2, STATE_VERSION):
             raise ProtocolError(
                 f"acker checkpoint has version {version!r}; this acker reads "
-                f"version {STATE_VERSION}"
+                f"versions 2 and {STATE_VERSION}"
             )
         try:
             return cls._from_doc(doc, acks_offsets, snapshot_every)
@@ -177,9 +178,21 @@ class AckerState:
             state.tables[sub] = SegmentTable.from_state(sub, t)
         for sub, t in doc["trackers"].items():
             state.trackers[sub] = ProgressTracker.from_state(sub, t, snapshot_every)
-        state.sessions = {
-            (str(v[0]), int(v[1])): SourceSession.from_state(v[2:]) for v in doc["sessions"]
-        }
+        if doc["version"] == 2:
+            # Before sharding a source wrote every message to its own partition,
+            # crc32(source) % partitions, and an unsharded acker's checkpoint names every
+            # partition: its session lives there.  (With one acks partition, the default,
+            # nothing else changed: a commit's messages all go to partition 0 as before.)
+            n = max(1, len(acks_offsets))
+            state.sessions = {
+                (str(k), zlib.crc32(str(k).encode()) % n): SourceSession.from_state(v)
+                for k, v in doc["sessions"].items()
+            }
+        else:
+            state.sessions = {
+                (str(v[0]), int(v[1])): SourceSession.from_state(v[2:])
+                for v in doc["sessions"]
+            }
         state.last_notification = {
             s: None if v is None else (time_from_wire(v[0]), int(v[1]))
             for s, v in doc["last_notification"].items()

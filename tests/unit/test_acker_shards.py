@@ -247,3 +247,22 @@ def test_heartbeats_go_to_each_partition_idle_for_an_interval(
     assert agent.heartbeat_due(101.5, 1.0) == []
     assert agent.heartbeat_due(101.8, 1.0) == [0]  # and now idle on 0 too
     assert agent.heartbeat_due(102.2, 1.0) == [1]
+
+
+def test_a_version_2_checkpoint_is_read_with_each_session_in_its_source_partition() -> None:
+    """Upgrade: an unsharded acker's version-2 checkpoint (sessions per source) loads, each
+    session under the partition its source wrote to before (crc32(source) % partitions)."""
+    state = _state(1, 3)
+    doc = json.loads(zlib.decompress(state.dumps()))
+    doc["version"] = 2
+    doc["sessions"] = {src: rest for src, _, *rest in doc["sessions"]}
+    old = zlib.compress(json.dumps(doc).encode())
+    again = AckerState.loads(old, {0: 5}, 10)
+    assert set(again.sessions) == {(src, 0) for src, _ in state.sessions}
+    assert {k[0]: v for k, v in again.sessions.items()} == {
+        k[0]: v for k, v in state.sessions.items()
+    }
+    four = AckerState.loads(old, {p: 0 for p in range(4)}, 10)
+    assert set(four.sessions) == {
+        (src, zlib.crc32(src.encode()) % 4) for src, _ in state.sessions
+    }
