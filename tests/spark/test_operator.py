@@ -110,16 +110,30 @@ class CrashingCounts:
     on_epoch, on an executor) or after (in on_notification, on the driver, i.e. after the
     results were written and sealed but before Spark records the batch as done)."""
 
-    def __init__(self, base: Any, crash_on_epoch: int | None, crash_after: int | None) -> None:
+    def __init__(
+        self,
+        base: Any,
+        crash_on_epoch: int | None,
+        crash_after: int | None,
+        crash_seal: int | None = None,
+    ) -> None:
         self.base = base
         self.crash_on_epoch = crash_on_epoch
         self.crash_after = crash_after
+        self.crash_seal = crash_seal
         self.seen: list[tuple[Time, bool]] = []
 
     def make(self) -> Any:
         seen, crash_on, crash_after = self.seen, self.crash_on_epoch, self.crash_after
+        crash_seal = self.crash_seal
 
         class Op(self.base):  # type: ignore[misc, name-defined]
+            def output_times(self, epoch: Time, output_substreams: Any) -> Any:
+                # the driver, after every task committed and before the seal
+                if epoch == crash_seal:
+                    raise RuntimeError("crash between the tasks' commits and the seal")
+                return super().output_times(epoch, output_substreams)
+
             def on_notification(self, note: EpochNote) -> None:
                 seen.append((note.time, note.replayed))
                 if note.time == crash_after:
@@ -157,9 +171,9 @@ def test_exactly_once_output_across_crashes(
     published: list[tuple[int, int]] = []
 
     def attempt(
-        crash_on: int | None = None, crash_after: int | None = None
+        crash_on: int | None = None, crash_after: int | None = None, crash_seal: int | None = None
     ) -> list[tuple[Time, bool]]:
-        op = CrashingCounts(job.WindowedCounts, crash_on, crash_after)
+        op = CrashingCounts(job.WindowedCounts, crash_on, crash_after, crash_seal)
         try:
             run(
                 op.make(),
@@ -195,11 +209,16 @@ def test_exactly_once_output_across_crashes(
         # marker says sealed (notes flagged as replayed); batch 2 crashes on an executor
         assert attempt(crash_on=4) == [(2, True), (3, True)]
         assert attempt() == [(4, False)]  # batch 2 replayed, written once
+        publish(5, 6)
+        # batch 3: every task commits its results, then the driver dies before sealing
+        assert attempt(crash_seal=5) == []
+        # the replay's tasks find their markers (results not written again); then sealed
+        assert attempt() == [(5, False)]
     rows = read_stream(config, counts)
     got = Counter((r["window"], r["key"]) for r in rows)
     assert all(n == 1 for n in got.values()), f"duplicated results: {got}"
     assert {(r["window"], r["key"]): r["count"] for r in rows} == dict(expected_counts(published))
-    assert read_commits(config.kafka.bootstrap, config, counts) == {"spark.counts": 2}
+    assert read_commits(config.kafka.bootstrap, config, counts) == {"spark.counts": 3}
 
 
 def test_sessionize_emits_one_summary_per_closed_session(
