@@ -3,9 +3,10 @@ window the moment it is complete.
 
 ``run_demo(config_path, records)`` starts (or uses) the broker, creates the topics, runs the
 acker in a thread, starts a firm-bound Spark query that prints every epoch notification
-(epoch, record count, latency from the seal to the notification on the driver), publishes generated clicks in
-event time with a progress bar, sealing each window as the clock leaves it, waits until every
-sealed window has been printed and shuts everything down, also on Ctrl-C.
+(epoch, record count, latency from the seal to the notification on the driver), publishes
+generated clicks in event time with a progress bar, sealing each window as the clock leaves
+it, waits until every sealed window has been printed and shuts everything down, also on
+Ctrl-C.
 """
 
 from __future__ import annotations
@@ -340,7 +341,8 @@ def _summary(console: Console, report: DemoReport) -> None:
     table.add_row("records in notified epochs", str(report.counted))
     table.add_row("windows sealed / notified", f"{len(report.sealed)} / {len(report.notified)}")
     if latencies:
-        table.add_row("latency seal -> notification, median", f"{latencies[len(latencies) // 2]} ms")
+        median = latencies[len(latencies) // 2]
+        table.add_row("latency seal -> notification, median", f"{median} ms")
         table.add_row("latency seal -> notification, max", f"{latencies[-1]} ms")
     console.print(table)
     if report.complete:

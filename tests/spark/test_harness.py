@@ -18,8 +18,8 @@ from substreams.spark.epochs import epoch_struct, struct_time
 from substreams.spark.operator import (
     EpochNote,
     EpochOperator,
-    as_operator,
     Row,
+    as_operator,
     group_epochs,
     groups,
     row_order,
