@@ -20,7 +20,15 @@ from typing import Any
 
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
-from substreams.spark.epochs import META_COLUMNS, format_time, parse_time, struct_time
+from substreams.spark.epochs import (
+    META_COLUMNS,
+    epoch_int,
+    epoch_key,
+    epoch_struct,
+    format_time,
+    parse_time,
+    struct_time,
+)
 
 Row = dict[str, Any]
 
@@ -230,6 +238,34 @@ def groups(rows: Iterable[Row], group_by: str | None = None) -> Iterator[Group]:
             current.info.rows.append(_strip(row, _DROP))
     if current is not None:
         yield current
+
+
+def info_rows(info: EpochInfo, first_offset: int = 0) -> list[Row]:
+    """The source's rows of one epoch: its records (``info.rows``, payload dicts, in read
+    order) then its notification row -- what a firm batch holds for it."""
+    key, coords, kind = epoch_struct(info.time)
+    meta = {
+        "epoch": {"key": key, "coords": coords, "kind": kind},
+        "epoch_label": format_time(info.time),
+        "epoch_int": epoch_int(info.time),
+        "epoch_key": epoch_key(info.time),
+        "control_offset": info.control_offset,
+        "control_index": info.control_index,
+        "sealed_at_ms": info.sealed_at_ms,
+    }
+    fields = {k for r in info.rows for k in r if k not in META_COLUMNS}
+    out: list[Row] = []
+    for k, r in enumerate(info.rows):
+        out.append({
+            **dict.fromkeys(fields), **r, **meta, "order_key": r.get("order_key", k),
+            "partition": r.get("partition", 0), "offset": r.get("offset", first_offset + k),
+            "records": None, "is_notification": False,
+        })
+    out.append({
+        **dict.fromkeys(fields), **meta, "order_key": None, "partition": None,
+        "offset": None, "records": len(info.rows) or info.records, "is_notification": True,
+    })
+    return out
 
 
 def group_epochs(rows: Iterable[Row]) -> list[EpochInfo]:

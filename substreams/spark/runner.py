@@ -30,12 +30,15 @@ from substreams.kafka import client
 from substreams.spark.executor import SUMMARY_FIELDS, UnitPlan, check_output, run_unit
 from substreams.spark.operator import (
     EpochFunction,
+    EpochInfo,
     EpochNote,
     EpochOperator,
     Summary,
     as_operator,
+    info_rows,
     notifications,
     partition_columns,
+    row_order,
     sort_columns,
 )
 from substreams.spark.options import CONFIG_PICKLE, ship_config
@@ -101,13 +104,29 @@ class EpochBatchHandler:
             self.source_id, self.bootstrap, sealed,
         )
 
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        op = self.operator
+    def _begin(self, batch_id: int) -> bool:
+        """Whether ``batch_id`` was sealed before (a replay of finished work)."""
         sink = self._sink()
         sealed = sink is not None and batch_id <= sink.committed
         if batch_id <= self._last_batch or sealed:  # Spark replays a batch it had not committed
             metrics.REWINDS.labels("spark", self.query_name).inc()
         self._last_batch = max(self._last_batch, batch_id)
+        return sealed
+
+    def handle(self, batch_id: int, epochs: list[EpochInfo]) -> list[EpochNote]:
+        """A batch of ``epochs`` run in this process as one unit (tests drive the handler
+        this way without Spark): the same task function as the executors', then the same
+        sealing and notifications."""
+        sealed = self._begin(batch_id)
+        rows = sorted(
+            (r for info in epochs for r in info_rows(info)), key=row_order(self.operator.group_by)
+        )
+        sums = run_unit(self.plan(batch_id, 1, sealed), 0, rows)
+        return self.deliver(batch_id, sums, sealed)
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        op = self.operator
+        sealed = self._begin(batch_id)
         units = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or "1")
         log.info("batch %d: started (%d units%s)", batch_id, units,
                  ", a replay of a sealed batch" if sealed else "")
@@ -255,4 +274,10 @@ def stop(query: EpochQuery | StreamingQuery) -> None:
     query.stop()
 
 
-__all__ = ["EpochBatchHandler", "EpochQuery", "run", "stop"]
+def stop_handler(query: EpochQuery | StreamingQuery) -> None:
+    """Release the output publisher of a stopped (or failed) query of :func:`run`."""
+    if isinstance(query, EpochQuery):
+        query.handler.close()
+
+
+__all__ = ["EpochBatchHandler", "EpochQuery", "run", "stop", "stop_handler"]

@@ -77,8 +77,9 @@ class BatchSink:
         """Seal ``seals`` (in order) with the marker of ``batch_id`` in one transaction,
         unless ``batch_id`` is already committed.  True if written now."""
         if batch_id <= self.committed:
-            log.warning("sink '%s': batch %d is a replay (batch %d was sealed): nothing to "
-                        "write", self.source_id, batch_id, self.committed)
+            log.warning("sink '%s': batch %d is a replay (batch %d was committed): its "
+                        "results and seals are written already", self.source_id, batch_id,
+                        self.committed)
             return False
         pub = self.publisher
         for times in seals:

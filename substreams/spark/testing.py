@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from substreams.frontier import Time
-from substreams.spark.epochs import epoch_int, epoch_key, epoch_struct, format_time
 from substreams.spark.operator import (
     EpochFunction,
+    EpochInfo,
     EpochNote,
     EpochOperator,
     Row,
@@ -27,6 +27,7 @@ from substreams.spark.operator import (
     apply_operator,
     as_operator,
     groups,
+    info_rows,
     notifications,
     partition_columns,
     row_order,
@@ -48,37 +49,17 @@ class HarnessResult:
 
 
 def source_rows(epochs: Epochs, *, sealed_at_ms: int = 1) -> list[Row]:
-    """The source's rows for ``epochs``: epoch ``i`` is the notification at control offset
-    ``i``; records get order keys and offsets in their given order."""
+    """The source's rows for ``epochs`` (:func:`~substreams.spark.operator.info_rows`):
+    epoch ``i`` is the notification at control offset ``i``; records get order keys and
+    offsets in their given order."""
     items = list(epochs.items()) if isinstance(epochs, Mapping) else list(epochs)
+    fields = {k for _, records in items for r in records for k in r}
     rows: list[Row] = []
-    payload_fields: set[str] = set()
-    for _, records in items:
-        for r in records:
-            payload_fields.update(r)
     offset = 0
     for i, (t, records) in enumerate(items):
-        meta = {
-            "epoch": dict(zip(("key", "coords", "kind"), epoch_struct(t), strict=True)),
-            "epoch_label": format_time(t),
-            "epoch_int": epoch_int(t),
-            "epoch_key": epoch_key(t),
-            "control_offset": i,
-            "control_index": 0,
-            "sealed_at_ms": sealed_at_ms,
-        }
-        for k, r in enumerate(records):
-            rows.append({
-                **dict.fromkeys(payload_fields), **r, **meta,
-                "order_key": k, "partition": 0, "offset": offset,
-                "records": None, "is_notification": False,
-            })
-            offset += 1
-        rows.append({
-            **dict.fromkeys(payload_fields), **meta,
-            "order_key": None, "partition": None, "offset": None,
-            "records": len(records), "is_notification": True,
-        })
+        payloads = [{**dict.fromkeys(fields), **r} for r in records]
+        rows += info_rows(EpochInfo(t, i, sealed_at_ms, len(records), payloads), offset)
+        offset += len(records)
     return rows
 
 
