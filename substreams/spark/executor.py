@@ -260,6 +260,8 @@ def run_unit(plan: UnitPlan, unit: int, rows: Iterable[Row]) -> list[Summary]:
 
         sums = summaries(written(), unit, written=True)
         writer.commit(plan.batch_id, {"units": plan.units, "batch": plan.batch_id})
+        log.info("unit %s: batch %d committed (%d results)", writer.source_id, plan.batch_id,
+                 sum(s.results for s in sums))
         writer.close()
         writer = None
         return sums

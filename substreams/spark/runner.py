@@ -56,6 +56,9 @@ def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
         import pyarrow as pa
         from pyspark import TaskContext
 
+        # The units' lines ("committed", "already committed") in the executor's stderr.
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                            "%(message)s")
         ctx = TaskContext.get()
         unit = ctx.partitionId() if ctx is not None else 0
         rows = (row for b in batches for row in b.to_pylist())

@@ -35,6 +35,7 @@ pytestmark = pytest.mark.spark
 KILLS = 5
 WINDOWS = 14
 STARTED = re.compile(rb"batch (\d+): started")
+UNIT_COMMITTED = re.compile(rb"unit \S+: batch (\d+) committed")
 
 
 def output_rows(config: Config, stream: str) -> list[dict[str, Any]]:
@@ -108,14 +109,20 @@ def test_sigkilled_driver_restarts_and_every_epoch_is_written_once(
         producer = threading.Thread(target=produce, daemon=True)
         producer.start()
         try:
-            for _ in range(KILLS):
+            for k in range(KILLS):
                 start = log.stat().st_size
                 proc = subprocess.Popen(job(config, w, counts, ck), stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True, env=env)
                 try:
-                    batch = wait_for(STARTED, log, start, proc, timeout=240)
-                    delay = rng.uniform(0.0, 2.5)  # somewhere inside the batch
-                    time.sleep(delay)
+                    if k % 2:
+                        # right after a task committed its results, before the seal: the
+                        # replay must find that task's marker and not write again
+                        batch = wait_for(UNIT_COMMITTED, log, start, proc, timeout=300)
+                        delay = 0.0
+                    else:
+                        batch = wait_for(STARTED, log, start, proc, timeout=300)
+                        delay = rng.uniform(0.0, 2.5)  # somewhere inside the batch
+                        time.sleep(delay)
                     kills.append((batch, delay))
                 finally:
                     os.killpg(proc.pid, signal.SIGKILL)
