@@ -173,11 +173,15 @@ class UnitWriter:
         meta = json.loads(tp.metadata) if tp.metadata else {}
         return tp.offset - 1, meta
 
-    def write(self, results: Iterable[Row], key_field: str | None) -> int:
+    def write(
+        self, results: Iterable[Row], key_field: str | None, check_order: bool = True
+    ) -> int:
+        """Publish ``results`` in the open transaction.  ``check_order=False`` for rows of
+        a user's DataFrame, whose order keys follow no single clock."""
         n = 0
         for row in results:
             key = None if key_field is None else str(row[key_field])
-            self.publisher.publish(row, key=key)
+            self.publisher.publish(row, key=key, check_order=check_order)
             n += 1
         return n
 

@@ -67,7 +67,7 @@ def write_unit(
                     writer = None
             entry["n"] += 1
             if writer is not None:
-                writer.write([{f: row.get(f) for f in fields}], key_field)
+                writer.write([{f: row.get(f) for f in fields}], key_field, check_order=False)
         if writer is not None:
             writer.commit(batch_id, {"units": units, "batch": batch_id})
             writer.close()
@@ -129,7 +129,9 @@ class EpochWriter:
                 self.key_field,
             )
             ddl = ", ".join(f"{n} {k}" for n, k in SUMMARY_FIELDS)
-            part = df.repartition(units, "control_offset", "control_index")
+            part = df.repartition(units, "control_offset", "control_index").sortWithinPartitions(
+                "control_offset", "control_index"
+            )
             sums = [Summary(**r.asDict()) for r in part.mapInArrow(task, ddl).collect()]
         notes = _notes(sums, sealed)
         sink.seal(batch_id, [self.output_times(n.time, sink.output_substreams) for n in notes])
