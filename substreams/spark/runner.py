@@ -92,6 +92,8 @@ class EpochBatchHandler:
         self.sink: BatchSink | None = None
         self.substream = ""
         self.query_name = source_id
+        self.units: int | None = None
+        """Tasks of each batch's write stage; fixed for the query's life (see :func:`units`)."""
         self._last_batch = -1
 
     def _sink(self) -> BatchSink | None:
@@ -130,7 +132,7 @@ class EpochBatchHandler:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         op = self.operator
         sealed = self._begin(batch_id)
-        units = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or "1")
+        units = self.units or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1)
         log.info("batch %d: started (%d units%s)", batch_id, units,
                  ", a replay of a sealed batch" if sealed else "")
         part = df.repartition(units, *partition_columns(op.group_by)).sortWithinPartitions(
@@ -164,6 +166,25 @@ class EpochBatchHandler:
         if self.sink is not None:
             self.sink.close()
             self.sink = None
+
+
+UNITS_FILE = "substreams-units"
+
+
+def query_units(location: Path, spark: SparkSession) -> int:
+    """The unit count of the query checkpointed at ``location``: recorded there at its
+    first start (``spark.sql.shuffle.partitions`` then) and read back at every restart, so
+    a replayed batch is cut into the same units whatever the restarted session's settings
+    (the units' markers are per task number)."""
+    path = location / UNITS_FILE
+    if path.is_file():
+        return int(path.read_text().strip())
+    units = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+    location.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{units}\n")
+    tmp.replace(path)
+    return units
 
 
 class EpochQuery:
@@ -227,6 +248,7 @@ def run(
     spark = register(spark) if spark is not None else session(f"substreams:{name}")
     handler = EpochBatchHandler(op, config, output_stream, f"spark.{name}", server)
     handler.substream, handler.query_name = substream, name
+    handler.units = query_units(location, spark)
     handler._sink()  # the driver's SOURCE registers before any task writes
     if metrics_port is not None:
         metrics.serve(metrics_port)
