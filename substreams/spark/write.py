@@ -88,7 +88,9 @@ class EpochWriter:
     ``name`` identifies the writer across restarts (like a query name: the driver's source
     id is ``spark.<name>``).  ``output_times`` maps an input epoch to the times to seal in
     the output's substreams (default: the same time).  ``on_notification`` is called on the
-    driver once per epoch of the batch, in notification order, after its seal."""
+    driver once per epoch of the batch, in notification order, after its seal.  ``units``
+    (default: ``spark.sql.shuffle.partitions``) is the number of write tasks per batch: keep
+    it across restarts (a replay that finds another count fails rather than duplicate)."""
 
     def __init__(
         self,
@@ -100,6 +102,7 @@ class EpochWriter:
         key_field: str | None = None,
         output_times: OutputTimes = _same_time,
         on_notification: Callable[[EpochNote], None] | None = None,
+        units: int | None = None,
     ) -> None:
         config.stream(stream)
         check_output(config, stream)
@@ -110,6 +113,7 @@ class EpochWriter:
         self.key_field = key_field
         self.output_times = output_times
         self.on_notification = on_notification
+        self.units = units
         self.sink = BatchSink(config, stream, self.source_id, self.bootstrap)
 
     def __call__(self, df: DataFrame, batch_id: int) -> list[EpochNote]:
@@ -121,7 +125,7 @@ class EpochWriter:
                 )
         sink = self.sink
         sealed = batch_id <= sink.committed
-        units = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or "1")
+        units = self.units or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1)
         sums: list[Summary] = []
         if not sealed:
             task = _write_task(
