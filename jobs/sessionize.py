@@ -28,7 +28,8 @@ class Sessionize(EpochOperator):
         assert isinstance(epoch, Keyed) and isinstance(epoch.time, int), f"a session, not {epoch!r}"
         if not rows:
             return []
-        # the order key must not go backwards, even if the wall clock does
+        # the order key must not go backwards, even if the wall clock does (per task: each
+        # executor task has its own copy of the operator and its own output writer)
         self.last_emitted = max(self.last_emitted, int(time.time() * 1000))
         stamps = [int(r["ts"]) for r in rows]
         return [

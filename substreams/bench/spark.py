@@ -42,6 +42,10 @@ from substreams.bench.harness import (
 )
 from substreams.bench.workload import acker_process, close_all, open_publishers
 
+
+def _no_results(epoch: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return []
+
 NAME = "spark"
 PAUSE_S = 0.2
 WAIT_S = 60.0
@@ -168,9 +172,16 @@ def _measure(
 
     class Probe(EpochOperator):
         def on_epoch(self, epoch: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            if isinstance(epoch, int):
-                firm_seen.mark(epoch)
             return []
+
+        def on_notification(self, note: Any) -> None:  # on the driver, once per epoch
+            if isinstance(note.time, int):
+                firm_seen.mark(note.time)
+
+        def __reduce__(self) -> Any:  # the executors' copy needs nothing of the driver's
+            from substreams.spark.operator import FunctionOperator
+
+            return (FunctionOperator, (_no_results,))
 
     def on_windows(df: Any, batch_id: int) -> None:
         for row in df.collect():

@@ -1,21 +1,31 @@
-"""Spark integration: the ``substreams`` streaming source and the epoch operator API.
+"""Spark integration: the ``substreams`` streaming source and sink, and the epoch operator API.
 
-``run(operator, config, substream, output_stream)`` runs an :class:`EpochOperator`
-over the completed epochs of a substream (firm bound, consistent order, exactly-once output).
-PySpark is imported lazily so that ``import substreams.spark`` stays cheap.
+``run(operator, config, substream, output_stream)`` runs an :class:`EpochOperator` (or a
+plain function) over the completed epochs of a substream on the executors (firm bound,
+consistent order, exactly-once output); ``on_notification`` reaches the driver once per
+epoch.  :func:`substreams.spark.testing.run_operator` runs an operator without Spark or
+Kafka.  PySpark is imported lazily so that ``import substreams.spark`` stays cheap.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from substreams.spark.operator import EpochInfo, EpochOperator, Row
+from substreams.spark.operator import (
+    EpochInfo,
+    EpochNote,
+    EpochOperator,
+    FunctionOperator,
+    Row,
+)
 
 if TYPE_CHECKING:
     from substreams.spark.runner import run as run
     from substreams.spark.session import session as session
 
-__all__ = ["EpochInfo", "EpochOperator", "Row", "run", "session"]
+__all__ = [
+    "EpochInfo", "EpochNote", "EpochOperator", "FunctionOperator", "Row", "run", "session",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,7 @@ submit`` passes the config through ``$SUBSTREAMS_CONFIG``.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 
@@ -69,6 +70,11 @@ def job_command(
     ) -> None:
         from substreams.spark.runner import run
 
+        # The runner's progress ("batch N: started", "batch N: K epochs") on stderr.
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        logging.getLogger("py4j").setLevel(logging.WARNING)
         path = config_path or os.environ.get(ENV_CONFIG) or "substreams.yaml"
         try:
             config = load_config(path)

@@ -67,6 +67,13 @@ class Notification:
     sealed_at_ms: int
     until: Time | None = None
     """A session's last time (its records span ``time`` to ``until``)."""
+    index: int = 0
+    """Which notification of the control record at ``control_offset`` this is: a
+    notification is identified by ``(control_offset, index)``, the order everywhere."""
+
+    @property
+    def ident(self) -> tuple[int, int]:
+        return self.control_offset, self.index
 
 
 def _notification(offset: int, body: EpochComplete) -> Notification:

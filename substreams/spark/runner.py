@@ -1,18 +1,24 @@
-"""``run(operator, ...)``: a firm-bound streaming query that calls an :class:`EpochOperator`.
+"""``run(operator, ...)``: a firm-bound streaming query whose operator runs on executors.
 
 The query reads the ``substreams`` source in firm mode with one notification row per epoch
-(so an epoch without records is still delivered), and ``foreachBatch`` turns each
-micro-batch into ``on_epoch`` calls in notification order; results go to the output stream
-through :class:`~substreams.spark.sink.BatchSink` (exactly once, see there), after which the
-epoch is sealed on the output stream so that a downstream job sees it complete.
+(so an epoch without records is still delivered).  ``foreachBatch`` plans each micro-batch
+on the driver and runs it on the executors: the rows are hash-partitioned by notification
+(and the operator's ``group_by`` key), sorted within each task, and one Arrow task per
+partition (:func:`substreams.spark.executor.run_unit`) groups them, calls the operator and
+writes its results exactly once.  Only one small summary row per (task, epoch) comes back
+to the driver -- never a record -- from which it seals the output epochs
+(:class:`~substreams.spark.sink.BatchSink`) and calls ``on_notification`` once per epoch,
+in notification order.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -20,13 +26,50 @@ from pyspark.sql.streaming.query import StreamingQuery
 from substreams import metrics
 from substreams.config import Config, load_config
 from substreams.errors import SubstreamsError
-from substreams.frontier import Time
 from substreams.kafka import client
-from substreams.spark.operator import EpochInfo, EpochOperator, Row, group_epochs
+from substreams.spark.executor import SUMMARY_FIELDS, UnitPlan, check_output, run_unit
+from substreams.spark.operator import (
+    EpochFunction,
+    EpochInfo,
+    EpochNote,
+    EpochOperator,
+    Summary,
+    as_operator,
+    info_rows,
+    notifications,
+    partition_columns,
+    row_order,
+    sort_columns,
+)
 from substreams.spark.options import CONFIG_PICKLE, ship_config
 from substreams.spark.sink import BatchSink
 
 log = logging.getLogger(__name__)
+
+SUMMARY_DDL = ", ".join(f"{name} {kind}" for name, kind in SUMMARY_FIELDS)
+
+
+def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The ``mapInArrow`` function of a batch: Arrow batches in, summaries out."""
+
+    def task(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        # The units' lines ("committed", "already committed") in the executor's stderr.
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                            "%(message)s")
+        ctx = TaskContext.get()
+        unit = ctx.partitionId() if ctx is not None else 0
+        rows = (row for b in batches for row in b.to_pylist())
+        sums = run_unit(plan, unit, rows)
+        arrow = {"long": pa.int64(), "int": pa.int32(), "string": pa.string(),
+                 "boolean": pa.bool_()}
+        schema = pa.schema([(name, arrow[kind]) for name, kind in SUMMARY_FIELDS])
+        if sums:
+            yield pa.RecordBatch.from_pylist([asdict(s) for s in sums], schema=schema)
+
+    return task
 
 
 class EpochBatchHandler:
@@ -49,6 +92,8 @@ class EpochBatchHandler:
         self.sink: BatchSink | None = None
         self.substream = ""
         self.query_name = source_id
+        self.units: int | None = None
+        """Tasks of each batch's write stage; fixed for the query's life (see :func:`units`)."""
         self._last_batch = -1
 
     def _sink(self) -> BatchSink | None:
@@ -58,43 +103,64 @@ class EpochBatchHandler:
             self.sink = BatchSink(self.config, self.output_stream, self.source_id, self.bootstrap)
         return self.sink
 
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        epochs = group_epochs(r.asDict() for r in df.collect())
-        self.handle(batch_id, epochs)
-
-    def handle(self, batch_id: int, epochs: list[EpochInfo]) -> None:
-        op = self.operator
-        log.info(
-            "batch %d: %d epochs%s", batch_id, len(epochs),
-            f" ({epochs[0].time!r} .. {epochs[-1].time!r})" if epochs else "",
+    def plan(self, batch_id: int, units: int, sealed: bool) -> UnitPlan:
+        return UnitPlan(
+            self.operator, batch_id, units, self.config, self.output_stream,
+            self.source_id, self.bootstrap, sealed,
         )
+
+    def _begin(self, batch_id: int) -> bool:
+        """Whether ``batch_id`` was sealed before (a replay of finished work)."""
         sink = self._sink()
-        if batch_id <= self._last_batch:  # Spark replays a batch it had not committed
+        sealed = sink is not None and batch_id <= sink.committed
+        if batch_id <= self._last_batch or sealed:  # Spark replays a batch it had not committed
             metrics.REWINDS.labels("spark", self.query_name).inc()
         self._last_batch = max(self._last_batch, batch_id)
+        return sealed
+
+    def handle(self, batch_id: int, epochs: list[EpochInfo]) -> list[EpochNote]:
+        """A batch of ``epochs`` run in this process as one unit (tests drive the handler
+        this way without Spark): the same task function as the executors', then the same
+        sealing and notifications."""
+        sealed = self._begin(batch_id)
+        rows = sorted(
+            (r for info in epochs for r in info_rows(info)), key=row_order(self.operator.group_by)
+        )
+        sums = run_unit(self.plan(batch_id, 1, sealed), 0, rows)
+        return self.deliver(batch_id, sums, sealed)
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        op = self.operator
+        sealed = self._begin(batch_id)
+        units = self.units or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1)
+        log.info("batch %d: started (%d units%s)", batch_id, units,
+                 ", a replay of a sealed batch" if sealed else "")
+        part = df.repartition(units, *partition_columns(op.group_by)).sortWithinPartitions(
+            *sort_columns(op.group_by)
+        )
+        rows = part.mapInArrow(_unit_task(self.plan(batch_id, units, sealed)), SUMMARY_DDL)
+        sums = [Summary(**r.asDict()) for r in rows.collect()]  # summaries, not records
+        self.deliver(batch_id, sums, sealed)
+
+    def deliver(self, batch_id: int, sums: list[Summary], sealed: bool) -> list[EpochNote]:
+        """Seal the batch's output epochs (its tasks all committed), then notify."""
+        op = self.operator
+        notes = notifications(sums, int(time.time() * 1000), replayed=sealed)
+        log.info(
+            "batch %d: %d epochs%s", batch_id, len(notes),
+            f" ({notes[0].label} .. {notes[-1].label})" if notes else "",
+        )
+        sink = self.sink
+        if sink is not None:
+            sink.seal(batch_id, [op.output_times(n.time, sink.output_substreams) for n in notes])
         handled = metrics.EPOCHS_HANDLED.labels(self.query_name, self.substream)
         latency = metrics.EPOCH_LATENCY.labels(self.query_name, self.substream)
-        results: list[tuple[Row, str | None]] = []
-        per_epoch: list[list[Row]] = []
-        seals: list[Mapping[str, Time]] = []
-        for info in epochs:
-            out: list[Row] = []
-            for row in info.rows:
-                out += list(op.on_record(row) or ())
-            info.notified_at_ms = int(time.time() * 1000)
-            out += list(op.on_epoch(info.time, info.rows))
+        for note in notes:
             handled.inc()
-            if info.sealed_at_ms > 0:
-                latency.observe(max(0.0, (info.notified_at_ms - info.sealed_at_ms) / 1000.0))
-            per_epoch.append(out)
-            key_field = op.key_field
-            results += [(r, None if key_field is None else str(r[key_field])) for r in out]
-            if sink is not None:
-                seals.append(op.output_times(info.time, sink.output_substreams))
-        if sink is not None:
-            sink.write(batch_id, results, seals)
-        for info, out in zip(epochs, per_epoch, strict=True):
-            op.after_commit(info, out)
+            if note.sealed_at_ms > 0:
+                latency.observe(note.latency_ms / 1000.0)
+            op.on_notification(note)
+        return notes
 
     def close(self) -> None:
         if self.sink is not None:
@@ -102,8 +168,45 @@ class EpochBatchHandler:
             self.sink = None
 
 
+UNITS_FILE = "substreams-units"
+
+
+def query_units(location: Path, spark: SparkSession) -> int:
+    """The unit count of the query checkpointed at ``location``: recorded there at its
+    first start (``spark.sql.shuffle.partitions`` then) and read back at every restart, so
+    a replayed batch is cut into the same units whatever the restarted session's settings
+    (the units' markers are per task number)."""
+    path = location / UNITS_FILE
+    if path.is_file():
+        return int(path.read_text().strip())
+    units = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+    location.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{units}\n")
+    tmp.replace(path)
+    return units
+
+
+class EpochQuery:
+    """The running query of :func:`run`: a :class:`StreamingQuery` (every attribute of it
+    is here) that also releases the output publisher when stopped."""
+
+    def __init__(self, query: StreamingQuery, handler: EpochBatchHandler) -> None:
+        self.query = query
+        self.handler = handler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.query, name)
+
+    def stop(self) -> None:
+        try:
+            self.query.stop()
+        finally:
+            self.handler.close()
+
+
 def run(
-    operator: EpochOperator,
+    operator: EpochOperator | EpochFunction,
     config: Config | str | Path,
     substream: str,
     output_stream: str | None = None,
@@ -117,31 +220,36 @@ def run(
     block: bool = True,
     options: Mapping[str, str] | None = None,
     metrics_port: int | None = None,
-) -> StreamingQuery:
-    """Run ``operator`` over the completed epochs of ``substream``.
+) -> EpochQuery:
+    """Run ``operator`` over the completed epochs of ``substream``, on the executors.
 
-    ``config`` is a loaded :class:`Config` or the path of ``substreams.yaml`` (loaded and
-    validated here, once): the Config object itself travels to the source's tasks, so they
-    never read the file.
+    ``operator`` is an :class:`EpochOperator` or a plain function ``fn(epoch, rows) ->
+    results``.  ``config`` is a loaded :class:`Config` or the path of ``substreams.yaml``
+    (loaded and validated here, once): the Config object itself travels to the tasks, so
+    they never read the file.
     ``checkpoint`` (default ``<config dir>/.checkpoints/<query name>``) and ``query_name``
     must stay the same across restarts: they identify the query to Spark and to the output
-    sink.  ``once`` processes what is complete now and stops.  With ``block`` the call
+    writers.  ``once`` processes what is complete now and stops.  With ``block`` the call
     waits for the query to end (Ctrl-C stops it); otherwise it returns the running query.
     ``metrics_port`` serves Prometheus metrics on ``127.0.0.1:<port>/metrics``.
     """
     from substreams.spark.session import register, session
 
+    op = as_operator(operator)
     if not isinstance(config, Config):
         config = load_config(config)
     config.substream(substream)
     if output_stream is not None:
         config.stream(output_stream)
+        check_output(config, output_stream)
     server = client.resolve_bootstrap(config, bootstrap)
-    name = query_name or f"{type(operator).__name__}.{substream}"
+    name = query_name or f"{type(op).__name__}.{substream}"
     location = Path(checkpoint) if checkpoint else config.path.parent / ".checkpoints" / name
     spark = register(spark) if spark is not None else session(f"substreams:{name}")
-    handler = EpochBatchHandler(operator, config, output_stream, f"spark.{name}", server)
+    handler = EpochBatchHandler(op, config, output_stream, f"spark.{name}", server)
     handler.substream, handler.query_name = substream, name
+    handler.units = query_units(location, spark)
+    handler._sink()  # the driver's SOURCE registers before any task writes
     if metrics_port is not None:
         metrics.serve(metrics_port)
     if (location / "commits").is_dir() and any((location / "commits").iterdir()):
@@ -167,36 +275,34 @@ def run(
     log.info(
         "spark runner: query '%s' on substream '%s' starting; checkpoint %s (%s)", name,
         substream, location,
-        "exists: Spark resumes from its offsets, a batch it replays is skipped by the sink"
+        "exists: Spark resumes from its offsets, a replayed batch's committed work is skipped"
         if resumed else "new: from the control topic's start",
     )
-    query = writer.start()
-    _HANDLERS[query.id] = handler
+    try:
+        query = EpochQuery(writer.start(), handler)
+    except BaseException:
+        handler.close()
+        raise
     if block or once:
         try:
             query.awaitTermination()
         except KeyboardInterrupt:
-            query.stop()
+            query.query.stop()
         finally:
-            stop_handler(query)
+            handler.close()
             log.info("spark runner: query '%s' stopped", name)
     return query
 
 
-_HANDLERS: dict[str, EpochBatchHandler] = {}
-
-
-def stop_handler(query: StreamingQuery) -> None:
-    """Release the output publisher of a stopped query (so a new one can acquire it)."""
-    handler = _HANDLERS.pop(query.id, None)
-    if handler is not None:
-        handler.close()
-
-
-def stop(query: StreamingQuery) -> None:
-    """Stop ``query`` and release its publisher."""
+def stop(query: EpochQuery | StreamingQuery) -> None:
+    """Stop ``query`` (and release its output publisher when it is one of :func:`run`'s)."""
     query.stop()
-    stop_handler(query)
 
 
-__all__ = ["EpochBatchHandler", "run", "stop"]
+def stop_handler(query: EpochQuery | StreamingQuery) -> None:
+    """Release the output publisher of a stopped (or failed) query of :func:`run`."""
+    if isinstance(query, EpochQuery):
+        query.handler.close()
+
+
+__all__ = ["EpochBatchHandler", "EpochQuery", "run", "stop", "stop_handler"]

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     BooleanType,
     DataType,
@@ -29,21 +30,33 @@ from substreams.config import StreamConfig
 from substreams.errors import SubstreamsError
 from substreams.spark.epochs import META_COLUMNS
 
+EPOCH_TYPE = StructType(
+    [
+        StructField("key", StringType(), True),
+        StructField("coords", ArrayType(LongType(), False), False),
+        StructField("kind", StringType(), False),
+    ]
+)
+"""The ``epoch`` column: the Avro ``substreams.Time`` (``substreams/avro/time.avsc``)."""
+
 META_FIELDS: tuple[tuple[str, DataType], ...] = (
-    ("epoch", StringType()),
+    ("epoch", EPOCH_TYPE),
+    ("epoch_label", StringType()),
     ("epoch_int", LongType()),
     ("epoch_key", StringType()),
     ("order_key", LongType()),
     ("partition", IntegerType()),
     ("offset", LongType()),
     ("control_offset", LongType()),
+    ("control_index", IntegerType()),
     ("sealed_at_ms", LongType()),
     ("records", LongType()),
     ("is_notification", BooleanType()),
 )
-"""Columns after the payload's.  ``control_offset`` is the control-topic offset of the
-EpochComplete that closed the row's epoch (firm; the notification order), ``records`` and
-``sealed_at_ms`` are set on notification rows."""
+"""Columns after the payload's.  ``(control_offset, control_index)`` identifies the
+notification that closed the row's epoch (firm; the notification order): the control-topic
+offset of its record and its index within that record (a record may complete several
+epochs); ``records`` and ``sealed_at_ms`` are set on notification rows."""
 META_NAMES = tuple(name for name, _ in META_FIELDS)
 assert META_NAMES == META_COLUMNS
 

@@ -1,22 +1,20 @@
-"""Exactly-once output of a Spark query to a configured stream.
+"""The driver's side of a Spark query's output: the seals, once per batch.
 
-Decision: the output is written by one transactional :class:`Publisher` per query (its
-source id derives from the query name, so a restarted query fences the crashed one) and each
-micro-batch's results go into ONE Kafka transaction together with a commit marker
-``{source, batch_id}`` on the stream's commit topic (``_substreams.commits.<stream>``).
-Spark replays a batch after a crash with the same id and the same input rows; before writing,
-the sink looks up the last committed batch id of its source (read once from the commit topic,
-then tracked): a batch at or below it is skipped, so every epoch's results appear exactly
-once.  Seals are repeated for a skipped batch (a crash may have hit between the commit and
-the seals); sealing a time twice is harmless.
+The results are written by the executors (:mod:`substreams.spark.executor`, one
+transactional writer per task); the driver holds the query's one SOURCE publisher of the
+output stream (its source id derives from the query name, so a restarted driver fences the
+crashed one).  Once every task of a batch committed, the driver writes the batch's seals and
+a commit marker ``{source, batch_id}`` on the stream's commit topic
+(``_substreams.commits.<stream>``) in ONE transaction.  A replayed batch at or below the
+last committed marker (read once from the commit topic, then tracked) was sealed before:
+its tasks skip their writes and the driver writes nothing.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from substreams.app import TRACKED, Application, Mechanisms
 from substreams.config import Config
@@ -24,16 +22,12 @@ from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.read import drain
 from substreams.kafka.topics import ensure_topics
+from substreams.spark.executor import commit_topic
 
-Row = dict[str, Any]
 UNLIMITED = 1 << 31
 
 
 log = logging.getLogger(__name__)
-
-
-def commit_topic(stream: str) -> str:
-    return f"_substreams.commits.{stream}"
 
 
 def read_commits(
@@ -51,7 +45,7 @@ def read_commits(
 
 
 class BatchSink:
-    """Writes each batch's results once, then seals the given output times."""
+    """Seals each batch's output times once, after its tasks committed their results."""
 
     def __init__(
         self,
@@ -79,29 +73,22 @@ class BatchSink:
                  source_id, stream, self.committed, commit_topic(stream))
         self.output_substreams = [s.name for s in config.substreams_of(stream)]
 
-    def write(
-        self,
-        batch_id: int,
-        results: Iterable[tuple[Row, str | None]],
-        seals: Sequence[Mapping[str, Time]],
-    ) -> bool:
-        """Publish ``results`` (row, key) and the commit marker in one transaction, unless
-        ``batch_id`` is already committed; then apply ``seals`` in order.  True if written."""
-        written = batch_id > self.committed
-        if not written:
-            log.warning("sink '%s': batch %d is a replay (batch %d was committed): results "
-                        "skipped, seals repeated", self.source_id, batch_id, self.committed)
-        if written:
-            pub = self.publisher
-            for row, key in results:
-                pub.publish(row, key=key)
-            self._marker(batch_id)
-            pub.flush()
-            self.committed = batch_id
+    def seal(self, batch_id: int, seals: Sequence[Mapping[str, Time]]) -> bool:
+        """Seal ``seals`` (in order) with the marker of ``batch_id`` in one transaction,
+        unless ``batch_id`` is already committed.  True if written now."""
+        if batch_id <= self.committed:
+            log.warning("sink '%s': batch %d is a replay (batch %d was committed): its "
+                        "results and seals are written already", self.source_id, batch_id,
+                        self.committed)
+            return False
+        pub = self.publisher
         for times in seals:
             for substream, t in times.items():
-                self.publisher.seal(substream, t)
-        return written
+                pub.seal(substream, t, commit=False)
+        self._marker(batch_id)
+        pub.flush()
+        self.committed = batch_id
+        return True
 
     def _marker(self, batch_id: int) -> None:
         # The marker shares the results' transaction: both become visible, or neither.

@@ -29,7 +29,7 @@ from substreams.control.messages import OffsetRange, merge_ranges
 from substreams.control.ranges import EpochIndex, read_ranges
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
-from substreams.spark.epochs import epoch_int, epoch_key, format_time
+from substreams.spark.epochs import epoch_int, epoch_key, epoch_struct, format_time
 from substreams.spark.offsets import ControlScanner, DataScanner, Notification, SourceOffset
 from substreams.spark.options import SourceOptions
 from substreams.spark.schema import PayloadLayout, row
@@ -42,7 +42,7 @@ class EpochsPartition(InputPartition):  # type: ignore[misc]
     """Firm mode: consecutive notifications, read together (one consumer per task)."""
 
     def __init__(self, notes: Sequence[Notification]) -> None:
-        super().__init__(tuple(n.control_offset for n in notes))
+        super().__init__(tuple(n.ident for n in notes))
         self.notes = tuple(notes)
 
 
@@ -58,12 +58,12 @@ class NotesPartition(InputPartition):  # type: ignore[misc]
     """Soft mode: the notification rows of the batch."""
 
     def __init__(self, notes: Sequence[Notification]) -> None:
-        super().__init__(tuple(n.control_offset for n in notes))
+        super().__init__(tuple(n.ident for n in notes))
         self.notes = tuple(notes)
 
 
-def _epoch_meta(t: Time) -> tuple[str, int | None, str | None]:
-    return format_time(t), epoch_int(t), epoch_key(t)
+def _epoch_meta(t: Time) -> tuple[Any, str, int | None, str | None]:
+    return epoch_struct(t), format_time(t), epoch_int(t), epoch_key(t)
 
 
 def _record_meta(t: Time, e: Entry, note: Notification | None) -> tuple[Any, ...]:
@@ -73,6 +73,7 @@ def _record_meta(t: Time, e: Entry, note: Notification | None) -> tuple[Any, ...
         e.partition,
         e.index,
         None if note is None else note.control_offset,
+        None if note is None else note.index,
         None if note is None else note.sealed_at_ms,
         None,
         False,
@@ -86,6 +87,7 @@ def _marker_meta(n: Notification) -> tuple[Any, ...]:
         None,
         None,
         n.control_offset,
+        n.index,
         n.sealed_at_ms,
         n.records,
         True,

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from substreams.app import DIRECT, Application
 from substreams.config import Config
 from substreams.frontier import Time
-from substreams.spark.operator import Row
+from substreams.spark.operator import EpochNote, Row
 from substreams.spark.runner import run, stop
 from substreams.spark.sink import read_commits
 from substreams.streams.listener import Listener
@@ -66,7 +66,7 @@ def test_windowed_counts_chain_into_a_second_job(
         for c in window_clicks(3, 4):
             pub.publish(c, key=str(c["user"]))
         pub.flush()
-        wait_for_epochs(config, w, 3)
+        wait_for_epochs(config, w, 3, timeout=60)
         q1 = run(
             stage1.UrlCounts(),
             config.path,
@@ -77,7 +77,7 @@ def test_windowed_counts_chain_into_a_second_job(
             query_name="stage1",
             block=False,
         )
-        notes = wait_for_epochs(config, uw, 3)
+        notes = wait_for_epochs(config, uw, 3, timeout=240)
         run(
             stage2.TopUrls(top=2),
             config.path,
@@ -107,30 +107,55 @@ def test_windowed_counts_chain_into_a_second_job(
 
 class CrashingCounts:
     """WindowedCounts that crashes once, either before its results are committed (in
-    on_epoch) or after (in after_commit, i.e. before Spark records the batch as done)."""
+    on_epoch, on an executor) or after (in on_notification, on the driver, i.e. after the
+    results were written and sealed but before Spark records the batch as done)."""
 
-    def __init__(self, base: Any, crash_on_epoch: int | None, crash_after: int | None) -> None:
+    def __init__(
+        self,
+        base: Any,
+        crash_on_epoch: int | None,
+        crash_after: int | None,
+        crash_seal: int | None = None,
+    ) -> None:
         self.base = base
         self.crash_on_epoch = crash_on_epoch
         self.crash_after = crash_after
-        self.seen: list[Time] = []
+        self.crash_seal = crash_seal
+        self.seen: list[tuple[Time, bool]] = []
 
     def make(self) -> Any:
-        outer = self
+        seen, crash_on, crash_after = self.seen, self.crash_on_epoch, self.crash_after
+        crash_seal = self.crash_seal
 
         class Op(self.base):  # type: ignore[misc, name-defined]
-            def on_epoch(self, epoch: Time, rows: list[Row]) -> list[Row]:
-                outer.seen.append(epoch)
-                if epoch == outer.crash_on_epoch:
-                    raise RuntimeError("crash before commit")
-                result: list[Row] = super().on_epoch(epoch, rows)
-                return result
+            def output_times(self, epoch: Time, output_substreams: Any) -> Any:
+                # the driver, after every task committed and before the seal
+                if epoch == crash_seal:
+                    raise RuntimeError("crash between the tasks' commits and the seal")
+                return super().output_times(epoch, output_substreams)
 
-            def after_commit(self, info: Any, results: list[Row]) -> None:
-                if info.time == outer.crash_after:
+            def on_notification(self, note: EpochNote) -> None:
+                seen.append((note.time, note.replayed))
+                if note.time == crash_after:
                     raise RuntimeError("crash after commit")
 
+            def __reduce__(self) -> Any:  # executors need the counting, not the driver's list
+                return (_counts_op, (crash_on,))
+
         return Op(1000)
+
+
+def _counts_op(crash_on: int | None) -> Any:
+    base = load_job("windowed_counts").WindowedCounts
+
+    class Op(base):  # type: ignore[misc, valid-type]
+        def on_epoch(self, epoch: Time, rows: list[Row]) -> list[Row]:
+            if epoch == crash_on:
+                raise RuntimeError("crash before commit")
+            result: list[Row] = super().on_epoch(epoch, rows)
+            return result
+
+    return Op(1000)
 
 
 def test_exactly_once_output_across_crashes(
@@ -145,8 +170,10 @@ def test_exactly_once_output_across_crashes(
     ck = tmp_path / "ck"
     published: list[tuple[int, int]] = []
 
-    def attempt(crash_on: int | None = None, crash_after: int | None = None) -> list[Time]:
-        op = CrashingCounts(job.WindowedCounts, crash_on, crash_after)
+    def attempt(
+        crash_on: int | None = None, crash_after: int | None = None, crash_seal: int | None = None
+    ) -> list[tuple[Time, bool]]:
+        op = CrashingCounts(job.WindowedCounts, crash_on, crash_after, crash_seal)
         try:
             run(
                 op.make(),
@@ -172,19 +199,26 @@ def test_exactly_once_output_across_crashes(
 
         publish(0, 5)
         publish(1, 7)
-        assert attempt() == [0, 1]  # batch 0
+        assert attempt() == [(0, False), (1, False)]  # batch 0
         publish(2, 4)
         publish(3, 6)
-        assert attempt(crash_after=3) == [2, 3]  # batch 1 committed to Kafka, then crash
+        # batch 1 written and sealed, then the driver's callback crashes
+        assert attempt(crash_after=3) == [(2, False), (3, False)]
         publish(4, 8)
-        # batch 1 is replayed (on_epoch runs again) but its results are not written twice
-        assert attempt(crash_on=4) == [2, 3, 4]  # batch 2 crashes before its commit
-        assert attempt() == [4]  # batch 2 replayed, written once
+        # batch 1 is replayed: its units find their markers and write nothing, its seal
+        # marker says sealed (notes flagged as replayed); batch 2 crashes on an executor
+        assert attempt(crash_on=4) == [(2, True), (3, True)]
+        assert attempt() == [(4, False)]  # batch 2 replayed, written once
+        publish(5, 6)
+        # batch 3: every task commits its results, then the driver dies before sealing
+        assert attempt(crash_seal=5) == []
+        # the replay's tasks find their markers (results not written again); then sealed
+        assert attempt() == [(5, False)]
     rows = read_stream(config, counts)
     got = Counter((r["window"], r["key"]) for r in rows)
     assert all(n == 1 for n in got.values()), f"duplicated results: {got}"
     assert {(r["window"], r["key"]): r["count"] for r in rows} == dict(expected_counts(published))
-    assert read_commits(config.kafka.bootstrap, config, counts) == {"spark.counts": 2}
+    assert read_commits(config.kafka.bootstrap, config, counts) == {"spark.counts": 3}
 
 
 def test_sessionize_emits_one_summary_per_closed_session(
@@ -224,7 +258,7 @@ def test_sessionize_emits_one_summary_per_closed_session(
         )
     rows = read_stream(config, summaries)
     got = [(r["user"], r["session_start"], r["session_end"], r["clicks"], r["pages"]) for r in rows]
-    # in notification order: b's first session closed first (at ts 1200), then a's, then b's
-    # second; the open sessions a@1600 and b@2500 are not summarised
-    assert got == [("b", 100, 100, 1, 1), ("a", 0, 400, 3, 2), ("b", 1200, 1200, 1, 1)]
-    assert [r["emitted_ms"] for r in rows] == sorted(r["emitted_ms"] for r in rows)
+    # one summary per closed session (written by the executors, so the output topic holds
+    # them in the order their tasks committed); the open sessions a@1600 and b@2500 are not
+    # summarised
+    assert sorted(got) == [("a", 0, 400, 3, 2), ("b", 100, 100, 1, 1), ("b", 1200, 1200, 1, 1)]

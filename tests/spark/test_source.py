@@ -13,7 +13,7 @@ from substreams.app import DIRECT, Application
 from substreams.control.io import read_control
 from substreams.control.messages import EpochComplete
 from substreams.frontier import Time
-from substreams.spark.operator import EpochOperator, Row
+from substreams.spark.operator import EpochNote, EpochOperator, Row
 from substreams.spark.options import ship_config
 from substreams.spark.runner import run
 from tests.conftest import ConfigFactory
@@ -114,7 +114,10 @@ def test_firm_sessions_interleaved_with_open_sessions(
         assert [n.records for n in notes] == [3, 3]
         batches = drain(spark, config.path, s, tmp_path / "ck", markers="true")
         rows = [r for _, b in batches for r in b]
-        records = [(r["epoch"], r["ts"]) for r in rows if not r["is_notification"]]
+        records = [(r["epoch_label"], r["ts"]) for r in rows if not r["is_notification"]]
+        # the epoch column is the Avro Time as a struct
+        assert {r["epoch"].asDict()["key"] for r in rows} == {"a", "b"}
+        assert rows[0]["epoch"].asDict() == {"key": "a", "coords": [0], "kind": "int"}
         assert records == [
             ("a@0", 0),
             ("a@0", 200),
@@ -130,7 +133,7 @@ def test_firm_sessions_interleaved_with_open_sessions(
         # open sessions a@1600 and b@2500 complete later, and only then are read
         pub.watermark(10_000, commit=True)
     later = drain(spark, config.path, s, tmp_path / "ck")
-    assert sorted((r["epoch"], r["ts"]) for _, b in later for r in b) == [
+    assert sorted((r["epoch_label"], r["ts"]) for _, b in later for r in b) == [
         ("a@1600", 1600),
         ("b@2500", 2500),
     ]
@@ -152,7 +155,7 @@ def test_soft_mode_streams_records_and_notification_rows(
     # soft: the open window's records arrive too, before any notification for them
     assert sorted(r["epoch_int"] for r in records) == [0] * 6 + [1] * 4 + [2] * 3
     assert [
-        (n["epoch"], n["records"], n["user"])
+        (n["epoch_label"], n["records"], n["user"])
         for n in sorted(notes, key=lambda n: n["control_offset"])
     ] == [("0", 6, None), ("1", 4, None)]
     assert all(n["sealed_at_ms"] > 0 for n in notes)
@@ -212,8 +215,10 @@ def test_the_job_ships_its_config_and_never_reads_the_files(
 
     class Collect(EpochOperator):
         def on_epoch(self, epoch: Time, rows: list[Row]) -> list[Row]:
-            seen.append((epoch, len(rows)))
             return []
+
+        def on_notification(self, note: EpochNote) -> None:  # driver side
+            seen.append((note.time, note.records))
 
     run(Collect(), config, w, checkpoint=tmp_path / "ck2", once=True, spark=spark)
     assert seen == [(0, 4), (1, 3)]

@@ -111,24 +111,26 @@ def test_chunks_keep_notification_order_and_cover_everything() -> None:
 
 
 def test_group_epochs_orders_by_notification_and_keeps_empty_epochs() -> None:
-    def rec(co: int, epoch: str, ok: int, off: int) -> dict[str, object]:
+    def rec(co: int, epoch: int, ok: int, off: int, ci: int = 0) -> dict[str, object]:
         return {
             "user": "u",
-            "epoch": epoch,
-            "epoch_int": None,
+            "epoch": {"key": None, "coords": [epoch], "kind": "int"},
+            "epoch_label": str(epoch),
+            "epoch_int": epoch,
             "epoch_key": None,
             "order_key": ok,
             "partition": 0,
             "offset": off,
             "control_offset": co,
+            "control_index": ci,
             "sealed_at_ms": 1,
             "records": None,
             "is_notification": False,
         }
 
-    def mark(co: int, epoch: str, n: int) -> dict[str, object]:
+    def mark(co: int, epoch: int, n: int, ci: int = 0) -> dict[str, object]:
         return {
-            **rec(co, epoch, 0, 0),
+            **rec(co, epoch, 0, 0, ci),
             "user": None,
             "order_key": None,
             "offset": None,
@@ -137,20 +139,24 @@ def test_group_epochs_orders_by_notification_and_keeps_empty_epochs() -> None:
         }
 
     rows = [
-        rec(4, "2", 7, 9),
-        mark(4, "2", 2),
-        mark(2, "1", 0),
-        rec(0, "0", 3, 1),
-        rec(4, "2", 5, 8),
-        mark(0, "0", 1),
+        rec(4, 2, 7, 9),
+        mark(4, 2, 2),
+        mark(2, 1, 0),
+        rec(0, 0, 3, 1),
+        rec(4, 2, 5, 8),
+        mark(0, 0, 1),
+        mark(4, 3, 1, ci=1),  # a second notification of control record 4
+        rec(4, 3, 1, 2, ci=1),
     ]
     epochs = group_epochs(rows)
     assert [(e.time, e.records, [r["order_key"] for r in e.rows]) for e in epochs] == [
         (0, 1, [3]),
         (1, 0, []),
         (2, 2, [5, 7]),
+        (3, 1, [1]),
     ]
-    assert set(epochs[0].rows[0]) == {"user", "epoch", "order_key", "partition", "offset"}
+    assert [e.ident for e in epochs] == [(0, 0), (2, 0), (4, 0), (4, 1)]
+    assert set(epochs[0].rows[0]) == {"user", "order_key", "partition", "offset"}
 
 
 def test_submit_dry_run_builds_the_spark_submit_command(make_config: ConfigFactory) -> None:

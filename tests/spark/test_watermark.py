@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from substreams.app import DIRECT, Application
 from substreams.frontier import Time
-from substreams.spark.operator import EpochOperator, Row
+from substreams.spark.operator import EpochNote, EpochOperator, Row
 from substreams.spark.runner import run
 from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
@@ -44,8 +44,11 @@ class Counts(EpochOperator):
 
     def on_epoch(self, epoch: Time, rows: list[Row]) -> list[Row]:
         assert isinstance(epoch, int)
-        self.windows[epoch] = len(rows)
         return []
+
+    def on_notification(self, note: EpochNote) -> None:  # driver side, once per epoch
+        assert isinstance(note.time, int)
+        self.windows[note.time] = note.records
 
 
 def watermark_query(

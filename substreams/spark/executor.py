@@ -1,0 +1,307 @@
+"""What runs in the executors: operators over a task's groups, and exactly-once writes.
+
+A *unit* is one task of the write stage of a micro-batch, named by its partition id ``p``
+(deterministic: the rows reach it by hash partitioning on the notification's identity, and
+a replayed batch has the same rows).  Unit ``p`` of query ``q`` writes with its own
+transactional publisher, source id ``spark.<q>.w<p>`` (:func:`unit_source`), so:
+
+* ``init_transactions`` of a new attempt fences every earlier attempt of the same unit (a
+  Spark task retry, a zombie task of a killed driver): a zombie commits nothing after it;
+* the unit's results and its *marker* -- the consumer-group offset ``batch_id + 1`` of group
+  ``substreams.spark.<q>.w<p>`` on the stream's commit topic, committed with
+  ``send_offsets_to_transaction`` -- are one transaction: visible together or not at all;
+* a new attempt reads the marker after fencing: at or past its batch, the results are
+  already committed and the unit writes nothing (and does not run the operator again).
+
+The unit's publisher registers with the acker as a STAGE of the stream's acker substreams
+(records counted with their offsets; it never seals, and the acker does not wait for it):
+the query's driver is the SOURCE that seals each output time once every unit committed.
+Unit source ids share the driver's acks partition (:func:`unit_source`), so the acker,
+reading that partition in order, applies every unit's reports before the driver's seal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from substreams.acker.agent import TrackingAgent, acks_partition
+from substreams.acker.hook import write_agent
+from substreams.acker.table import STAGE, Segment
+from substreams.config import Config
+from substreams.errors import SubstreamsError
+from substreams.frontier import Time
+from substreams.kafka.read import Reader
+from substreams.spark.operator import (
+    EpochOperator,
+    GroupResult,
+    Row,
+    Summary,
+    apply_operator,
+    groups,
+    summaries,
+)
+from substreams.streams.publisher import Publisher, PublishHook
+from substreams.streams.records import SentRecord
+
+log = logging.getLogger(__name__)
+
+UNLIMITED = 1 << 62
+
+
+def commit_topic(stream: str) -> str:
+    return f"_substreams.commits.{stream}"
+
+
+def unit_source(driver_source: str, unit: int, config: Config) -> str:
+    """Unit ``unit``'s source id: ``<driver>.w<unit>``, with a suffix when needed so that
+    it falls in the driver's acks partition (the acker orders only within a partition)."""
+    parts = config.acker.acks_partitions
+    want = acks_partition(driver_source, parts)
+    base = f"{driver_source}.w{unit}"
+    if acks_partition(base, parts) == want:
+        return base
+    n = 0
+    while acks_partition(f"{base}~{n}", parts) != want:
+        n += 1
+    return f"{base}~{n}"
+
+
+def unit_group(driver_source: str, unit: int) -> str:
+    return f"substreams.{driver_source}.w{unit}"
+
+
+class _UnitHook(PublishHook):
+    """A unit's reports to the acker, in its transaction: registered as a STAGE; a
+    record of a terminal stream is sent and delivered at once (count and offset), one of a
+    stream some stage reads is sent (its reader receives it)."""
+
+    def __init__(self, agent: TrackingAgent, terminal: list[str], sent: list[str]) -> None:
+        self.agent = agent
+        self.terminal = terminal
+        self.sent = sent
+        self.wants_delivery = bool(terminal)
+
+    def on_send(self, record: SentRecord) -> None:
+        if self.sent:
+            self.agent.report_many((s, record.times[s], record.tracking_id) for s in self.sent)
+
+    def on_delivered(self, record: SentRecord, offset: int) -> None:
+        for s in self.terminal:
+            self.agent.sent_and_delivered(
+                s, record.times[s], record.stream, record.partition, offset
+            )
+
+    def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
+        raise SubstreamsError("a Spark write unit does not seal: its driver does")
+
+    def seal_keys(self, publisher: Publisher, substream: str, upto: int) -> None:
+        raise SubstreamsError("a Spark write unit does not seal: its driver does")
+
+    def before_commit(self, publisher: Publisher) -> None:
+        write_agent(publisher, self.agent)
+
+    def on_commit(self, publisher: Publisher) -> None:
+        pass
+
+    def close(self, publisher: Publisher) -> None:
+        self.agent.unregister(self.terminal + self.sent)
+
+    def abort(self, publisher: Publisher) -> None:
+        self.agent.discard()
+
+
+def check_output(config: Config, stream: str) -> None:
+    """Refuse an output stream whose substreams executors cannot keep firm: punctuations
+    need every producer's punctuation in every partition, and units come and go."""
+    bad = [s.name for s in config.substreams_of(stream) if s.mechanism != "acker"]
+    if bad:
+        raise SubstreamsError(
+            f"stream '{stream}': substreams {', '.join(bad)} use punctuations; a Spark job "
+            "writes its output from many executor tasks, which only the acker can track "
+            "(use mechanism: acker for the output's substreams)"
+        )
+
+
+class UnitWriter:
+    """One unit's exactly-once writer (module doc)."""
+
+    def __init__(
+        self, config: Config, stream: str, driver_source: str, unit: int, bootstrap: str
+    ) -> None:
+        self.config = config
+        self.stream = stream
+        self.unit = unit
+        self.source_id = unit_source(driver_source, unit, config)
+        self.group = unit_group(driver_source, unit)
+        self.marker_tp = TopicPartition(commit_topic(stream), 0)
+        # Fences every earlier attempt of this unit before the marker is trusted.
+        self.publisher = Publisher(
+            config, stream, self.source_id, bootstrap=bootstrap, mechanisms={},
+            batch_size=UNLIMITED,
+        )
+        self.reader: Reader | None = None
+        try:
+            subs = [s.name for s in config.substreams_of(stream)]
+            if subs:
+                terminal = [s for s in subs if stream in Segment.of(config, s).terminal]
+                agent = TrackingAgent(config, self.source_id, self.publisher.incarnation)
+                agent.register(subs, STAGE)
+                self.publisher.add_hook(
+                    _UnitHook(agent, terminal, [s for s in subs if s not in terminal])
+                )
+                self.publisher.commit()  # the Register, before any report
+            self.reader = Reader(
+                bootstrap, config, name=f"spark unit '{self.source_id}'",
+                **{"group.id": self.group},
+            )
+        except BaseException:
+            self.abort()
+            raise
+
+    def committed(self) -> tuple[int, dict[str, Any]]:
+        """The last batch id this unit committed (-1: none) and its marker's metadata."""
+        assert self.reader is not None
+        [tp] = self.reader.committed([self.marker_tp])
+        if tp.offset < 0:
+            return -1, {}
+        meta = json.loads(tp.metadata) if tp.metadata else {}
+        return tp.offset - 1, meta
+
+    def write(
+        self, results: Iterable[Row], key_field: str | None, check_order: bool = True
+    ) -> int:
+        """Publish ``results`` in the open transaction.  ``check_order=False`` for rows of
+        a user's DataFrame, whose order keys follow no single clock."""
+        n = 0
+        for row in results:
+            key = None if key_field is None else str(row[key_field])
+            self.publisher.publish(row, key=key, check_order=check_order)
+            n += 1
+        return n
+
+    def commit(self, batch_id: int, meta: dict[str, Any]) -> None:
+        """The results written so far and the marker ``batch_id``: one transaction."""
+        assert self.reader is not None
+        marker = TopicPartition(
+            self.marker_tp.topic, 0, batch_id + 1, metadata=json.dumps(meta, sort_keys=True)
+        )
+        self.publisher.send_offsets([marker], self.reader.consumer.consumer_group_metadata())
+        self.publisher.flush()
+
+    def close(self) -> None:
+        try:
+            self.publisher.close()
+        finally:
+            if self.reader is not None:
+                self.reader.close()
+
+    def abort(self) -> None:
+        self.publisher.abort()
+        if self.reader is not None:
+            self.reader.close()
+
+
+@dataclass(frozen=True)
+class UnitPlan:
+    """Everything a task needs (pickled with the task; plain values and the operator)."""
+
+    operator: EpochOperator
+    batch_id: int
+    units: int
+    """The write stage's partition count (recorded in each marker: a replay must match)."""
+    config: Config | None = None
+    output_stream: str | None = None
+    driver_source: str = ""
+    bootstrap: str = ""
+    sealed: bool = False
+    """The driver committed this batch's seals before: everything of it is durable."""
+
+
+def run_unit(plan: UnitPlan, unit: int, rows: Iterable[Row]) -> list[Summary]:
+    """One task: its rows (sorted by :func:`~substreams.spark.operator.sort_columns`)
+    -> the operator's results written exactly once -> one summary per notification."""
+    op = plan.operator
+    grouped = groups(rows, op.group_by)
+    if plan.output_stream is None or plan.config is None:
+        return _consume(apply_operator(op, grouped), unit, written=False, plan=plan)
+    if plan.sealed:
+        return _skip(grouped, unit)
+    writer: UnitWriter | None = None
+    try:
+        first = next(grouped, None)
+        if first is None:
+            return []
+        writer = UnitWriter(
+            plan.config, plan.output_stream, plan.driver_source, unit, plan.bootstrap
+        )
+        done, meta = writer.committed()
+        if done >= plan.batch_id:
+            if done == plan.batch_id and meta.get("units") != plan.units:
+                raise SubstreamsError(
+                    f"unit {unit} of batch {plan.batch_id} was committed with "
+                    f"{meta.get('units')} units, the replay has {plan.units}: the partitioning "
+                    "changed, so exactly-once cannot be kept (keep "
+                    "spark.sql.shuffle.partitions across restarts of a query)"
+                )
+            log.warning("unit %s: batch %d already committed (marker %d): skipped",
+                        writer.source_id, plan.batch_id, done)
+            writer.close()
+            writer = None
+            return _skip(_chain(first, grouped), unit)
+        live = writer
+
+        def written() -> Iterator[GroupResult]:
+            for result in apply_operator(op, _chain(first, grouped)):
+                live.write(result.results, op.key_field)
+                result.group.info.rows = []  # the records are done with: free them
+                yield result
+
+        sums = summaries(written(), unit, written=True)
+        writer.commit(plan.batch_id, {"units": plan.units, "batch": plan.batch_id})
+        log.info("unit %s: batch %d committed (%d results)", writer.source_id, plan.batch_id,
+                 sum(s.results for s in sums))
+        writer.close()
+        writer = None
+        return sums
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _consume(results: Iterable[GroupResult], unit: int, written: bool, plan: UnitPlan
+             ) -> list[Summary]:
+    return summaries(results, unit, written)
+
+
+def _skip(grouped: Iterable[Any], unit: int) -> list[Summary]:
+    """Summaries without running the operator (a replay of committed work)."""
+    return summaries(
+        (GroupResult(g, [], False) for g in grouped), unit, written=False
+    )
+
+
+SUMMARY_FIELDS: Sequence[tuple[str, str]] = (
+    ("control_offset", "long"),
+    ("control_index", "int"),
+    ("epoch_label", "string"),
+    ("is_notification", "boolean"),
+    ("records", "long"),
+    ("sealed_at_ms", "long"),
+    ("results", "long"),
+    ("unit", "int"),
+    ("written", "boolean"),
+)
+"""The one small row per (task, notification) the driver collects (DDL types)."""
+
