@@ -492,6 +492,7 @@ def _query_row(
             records_per_s=round(n / seconds, 1) if seconds > 0 else None,
             batches=out["batches"],
             batch_rows=out["batch_rows"],
+            batch_ms=out.get("batch_ms"),
             driver_peak_mb=round((out["python_hwm_kb"] + out["jvm_hwm_kb"]) / 1024, 1),
             python_hwm_mb=round(out["python_hwm_kb"] / 1024, 1),
             jvm_hwm_mb=round(out["jvm_hwm_kb"] / 1024, 1),
@@ -664,7 +665,6 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         **{"spark.sql.streaming.numRecentProgressUpdates": "10000", **spec["connector"]},
     )
     warm_up(spark)
-    batches: list[int] = []
     out: dict[str, Any] = {}
     if spec["kind"] == "firm":
         from substreams.spark import run
@@ -729,9 +729,10 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         in_span = [(w, c) for w, c in results if w * 1000 < spec["span_ms"]]
         out["windows_out"] = len({w for w, _ in in_span})
         out["counted"] = sum(c for _, c in in_span)
-    batches = [int(p["numInputRows"]) for p in query.recentProgress if p["numInputRows"]]
-    out["batches"] = len(batches)
-    out["batch_rows"] = batches
+    done = [p for p in query.recentProgress if p["numInputRows"]]
+    out["batches"] = len(done)
+    out["batch_rows"] = [int(p["numInputRows"]) for p in done]
+    out["batch_ms"] = [int(p["durationMs"].get("triggerExecution", 0)) for p in done]
     out["python_hwm_kb"] = _proc_kb(os.getpid(), "VmHWM")
     out["jvm_hwm_kb"] = _proc_kb(_jvm_pid(), "VmHWM")
     sampler.stop.set()
