@@ -534,7 +534,8 @@ def _throughput(
         {"name": f"win{w}", "stream": "s0", "kind": "tumbling", "size_ms": span // w}
         for w in windows
     ]
-    config = ctx.config([("s0", 2), ("counts", 1)], subs)
+    # one output stream per firm query: each reads back only its own results
+    config = ctx.config([("s0", 2), ("counts0", 1), ("counts1", 1)], subs)
     from substreams.spark.connector import kafka_connector_conf
 
     connector = kafka_connector_conf(progress=ctx.log)
@@ -558,7 +559,7 @@ def _throughput(
             "config": str(config.path),
             "bootstrap": ctx.bootstrap,
             "stream": config.streams[0].name,
-            "output": config.streams[1].name,
+            "output": config.streams[1 + windows.index(count)].name,
             "substream": config.substreams[windows.index(count)].name,
             "size_ms": span // count,
             "span_ms": span,
