@@ -254,3 +254,35 @@ def test_a_backlog_drains_in_batches_of_whole_epochs_within_the_limit(
         else None,
     )
     assert len(batches) == expected_batches
+
+
+def test_the_default_read_limit_carries_the_options_and_read_all_ignores_them(
+    make_config: Any,
+) -> None:
+    """Spark hands getDefaultReadLimit() back to latestOffset (availableNow, processing
+    time) and ReadAllAvailable when a trigger must read everything: then no limit."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, ReadMaxRows
+
+    from substreams.spark.options import SourceOptions, ship_config
+    from substreams.spark.schema import PayloadLayout
+    from substreams.spark.source import SubstreamsStreamReader
+
+    config = make_config(
+        [{"name": "clicks", "partitions": 1}],
+        [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}],
+    )
+    base = {"configPickle": ship_config(config), "substream": config.substreams[0].name}
+
+    def reader(**options: str) -> SubstreamsStreamReader:
+        opts = SourceOptions.parse({**base, **options})
+        return SubstreamsStreamReader(opts, PayloadLayout(config.streams[0]))
+
+    assert isinstance(reader().getDefaultReadLimit(), ReadAllAvailable)
+    assert reader(maxEpochsPerTrigger="4").getDefaultReadLimit() == ReadMaxFiles(4)
+    both = reader(maxEpochsPerTrigger="4", maxRecordsPerTrigger="900")
+    assert both.getDefaultReadLimit() == ReadMaxRows(900)
+    assert both._limits_for(both.getDefaultReadLimit()) == ReadLimits(4, 900)
+    assert both._limits_for(ReadAllAvailable()).unlimited
+    assert reader()._limits_for(ReadMaxRows(50)) == ReadLimits(None, 50)
+    soft = reader(mode="soft")
+    assert isinstance(soft.getDefaultReadLimit(), ReadAllAvailable)
