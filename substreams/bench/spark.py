@@ -76,6 +76,10 @@ from substreams.spark.operator import EpochOperator
 NAME = "spark"
 PAUSE_S = 0.2
 WAIT_S = 60.0
+SLOW_MACHINE = {"spark.python.authenticate.socketTimeout": "180s"}
+"""Spark waits 15 s by default for a Python worker it starts to connect back; on a loaded
+2-core machine importing pyspark took longer and failed the query ("Python worker failed
+to connect back")."""
 
 
 class _Seen:
@@ -321,7 +325,9 @@ def _measure(
     acker = contextlib.ExitStack()
     acker.enter_context(acker_process(config, ctx.bootstrap))
     ctx.log("starting Spark local[2] ...")
-    spark = session("substreams-bench", master="local[2]", shuffle_partitions=4, **connector)
+    spark = session(
+        "substreams-bench", master="local[2]", shuffle_partitions=4, **SLOW_MACHINE, **connector
+    )
     queries: list[Any] = []
     t0s: dict[int, float] = {}
     stamper.start()
@@ -682,7 +688,11 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         f"bench-{spec['label']}",
         master="local[2]",
         shuffle_partitions=4,
-        **{"spark.sql.streaming.numRecentProgressUpdates": "10000", **spec["connector"]},
+        **{
+            "spark.sql.streaming.numRecentProgressUpdates": "10000",
+            **SLOW_MACHINE,
+            **spec["connector"],
+        },
     )
     warm_up(spark)
     out: dict[str, Any] = {}
