@@ -90,9 +90,9 @@ class _Seen:
         self.at: dict[int, float] = {}
         self.cond = threading.Condition()
 
-    def mark(self, epoch: int, at: float | None = None) -> None:
+    def mark(self, epoch: int) -> None:
         with self.cond:
-            self.at.setdefault(epoch, time.time() if at is None else at)
+            self.at.setdefault(epoch, time.time())
             self.cond.notify_all()
 
     def wait(self, epoch: int, timeout: float, check: Callable[[], None] = lambda: None) -> float:
@@ -269,15 +269,6 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
     return out
 
 
-class StampEpochs(EpochOperator):
-    """Part (b)'s operator: one result per epoch carrying the wall-clock moment ``on_epoch``
-    ran (``batch``, microseconds), so the bench learns it from the output stream wherever
-    ``run()`` calls the operator (driver or executors)."""
-
-    def on_epoch(self, epoch: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{"ts": int(epoch), "batch": time.time_ns() // 1000, "body": ""}]
-
-
 def _measure(
     ctx: BenchContext,
     epochs: int,
@@ -287,28 +278,22 @@ def _measure(
 ) -> tuple[list[float], list[float]]:
     from pyspark.sql import functions as F
 
-    from substreams.spark import run
+    from substreams.spark import EpochOperator, run
     from substreams.spark.connector import decode_envelopes, kafka_connector_conf
     from substreams.spark.runner import stop
     from substreams.spark.session import session
-    from substreams.streams.records import Entry
-    from substreams.streams.tail import open_listener, tail
 
     sub = {"name": "ep", "stream": "s0", "kind": "epoch", "field": "batch", "mechanism": "acker"}
-    config = ctx.config([("s0", 2), ("stamps", 1)], [sub])
-    stream, stamps = config.streams[0].name, config.streams[1].name
+    config = ctx.config([("s0", 2)], [sub])
+    stream = config.streams[0].name
     substream = config.substreams[0].name
     firm_seen, window_seen = _Seen(), _Seen()
-    stop_stamps = threading.Event()
 
-    def follow_stamps() -> None:
-        """The moment each on_epoch ran, from the stamp it wrote (wherever it ran)."""
-        with open_listener(config, stamps, bootstrap=ctx.bootstrap) as listener:
-            for e in tail(listener, follow=True, stop=stop_stamps):
-                if isinstance(e, Entry):
-                    firm_seen.mark(int(e.payload["ts"]), int(e.payload["batch"]) / 1e6)
-
-    stamper = threading.Thread(target=follow_stamps, daemon=True, name="stamps")
+    class Probe(EpochOperator):
+        def on_epoch(self, epoch: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            if isinstance(epoch, int):
+                firm_seen.mark(epoch)
+            return []
 
     def on_windows(df: Any, batch_id: int) -> None:
         for row in df.collect():
@@ -330,14 +315,12 @@ def _measure(
     )
     queries: list[Any] = []
     t0s: dict[int, float] = {}
-    stamper.start()
     try:
         queries.append(
             run(
-                StampEpochs(),
+                Probe(),
                 config.path,
                 substream,
-                stamps,
                 spark=spark,
                 bootstrap=ctx.bootstrap,
                 block=False,
@@ -413,8 +396,6 @@ def _measure(
             with contextlib.suppress(Exception):
                 stop(q)
         acker.close()
-        stop_stamps.set()
-        stamper.join(5)
     # epoch 0 is the warm-up: it waits for both queries' first micro-batches
     firm = [firm_seen.at[e] - t0s[e] for e in range(1, epochs) if e in firm_seen.at]
     window = [window_seen.at[e] - t0s[e] for e in range(1, epochs) if e in window_seen.at]
