@@ -218,6 +218,8 @@ class BenchContext:
         """How long to run (``--minutes``; soak only), else the benchmark's default."""
         self.sample_s: float | None = None
         """Seconds between samples (``--sample-s``; soak only), else the default."""
+        self.records: int | None = None
+        """Records of the backlog (``--records``; spark only), else the benchmark's default."""
         self._topics: set[str] = set()
         self._schema = workdir / "bench_record.avsc"
         self._schema.write_text(json.dumps(BENCH_SCHEMA))

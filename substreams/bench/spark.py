@@ -1,6 +1,30 @@
-"""Benchmark 4: Spark, epoch seal -> ``on_epoch`` against a watermark + window query.
+"""Benchmark 4: Spark, ``substreams.spark.run`` against Spark's Kafka source + ``withWatermark``.
 
-One ``local[2]`` session runs two streaming queries over the same input stream:
+Two parts, in one run (issue #15 item 7):
+
+(a) Throughput and driver memory over a backlog.  N records (default 5M) in event-time
+order, published once (``publish_many``, the control records written by the publisher
+itself: ``DIRECT``, no acker, since the input is not what is measured) into one stream
+with two tumbling substreams over the same records: 50 windows (``win50``) and 500 windows
+(``win500``, epochs 10x smaller).  Then, each in its own Python process with its own
+``local[2]`` JVM (so that each peak belongs to one query), over the same backlog with
+trigger availableNow:
+
+- ``substreams.spark.run`` with a windowed-counts :class:`EpochOperator` on ``win50`` and on
+  ``win500`` (``maxEpochsPerTrigger`` = :data:`EPOCHS_PER_BATCH`, so a batch holds a fixed
+  number of epochs and grows with the epoch; results go to an output stream through
+  ``run``'s exactly-once sink and are read back to check every count);
+- Spark's Kafka source on the same topic, the envelopes decoded, ``withWatermark(..., "0
+  seconds")``, ``groupBy(window(1 s), key).count()`` in append mode (its default trigger
+  limits: everything in one batch), results collected in ``foreachBatch``.
+
+records/s = N / (query start -> query end); the session start is not counted.  Driver peak
+RSS = the peak resident set (``VmHWM``) of the driver's Python process plus that of its JVM
+(``local[2]``: the executors are threads of that JVM; the Python workers it forks are
+reported apart, as the sampled peak of the whole process tree).
+
+(b) Latency at steady state.  One ``local[2]`` session runs two streaming queries over the
+same input stream:
 
 - ``substreams.spark.run(operator, ...)`` with the default trigger: firm mode, one
   ``on_epoch`` call per completed epoch; the latency of epoch e is the wall-clock moment of
@@ -22,13 +46,19 @@ was delivered, plus ``PAUSE_S``), so both queries see the same input at the same
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from substreams.bench.harness import (
+    BODY_BYTES,
     BenchContext,
     BenchError,
     BenchResult,
@@ -41,6 +71,7 @@ from substreams.bench.harness import (
     titled,
 )
 from substreams.bench.workload import acker_process, close_all, open_publishers
+from substreams.spark.operator import EpochOperator
 
 
 def _no_results(epoch: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -49,6 +80,10 @@ def _no_results(epoch: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 NAME = "spark"
 PAUSE_S = 0.2
 WAIT_S = 60.0
+SLOW_MACHINE = {"spark.python.authenticate.socketTimeout": "180s"}
+"""Spark waits 15 s by default for a Python worker it starts to connect back; on a loaded
+2-core machine importing pyspark took longer and failed the query ("Python worker failed
+to connect back")."""
 
 
 class _Seen:
@@ -99,12 +134,45 @@ def _wait_consumed(query: Any, rows: int, timeout: float, check: Callable[[], No
 def run(ctx: BenchContext) -> BenchResult:
     result = BenchResult(NAME, ctx.quick, command_line(), ctx.broker_label)
     result.columns = [
+        Column("part", "part"),
         Column("query", "query"),
+        Column("windows", "windows"),
         Column("granularity", "records/epoch"),
+        Column("records_per_s", "records/s", "{:,.0f}"),
+        Column("batches", "batches"),
+        Column("driver_peak_mb", "driver peak MB", "{:,.0f}"),
+        Column("tree_peak_mb", "tree peak MB", "{:,.0f}"),
+        Column("correct", "counts ok"),
         Column("samples", "n"),
         Column("p50_ms", "p50 ms", "{:.0f}"),
         Column("p99_ms", "p99 ms", "{:.0f}"),
     ]
+    windows = QUICK_WINDOWS if ctx.quick else WINDOWS
+    n = ctx.records or (QUICK_RECORDS if ctx.quick else RECORDS)
+    if n % windows[1]:
+        raise BenchError(f"bench spark: --records {n} is not a multiple of {windows[1]}")
+    result.rows += _throughput(ctx, result, n, windows)
+    ctx.reset()  # part (b) on a broker without the backlog
+    result.rows += _latency(ctx, result)
+    result.targets = targets(result.rows)
+    result.notes.append(
+        f"part (a): each query in its own process and local[2] JVM, trigger availableNow over "
+        "the same backlog; the firm queries with maxEpochsPerTrigger="
+        f"{QUICK_EPOCHS_PER_BATCH if ctx.quick else EPOCHS_PER_BATCH}; "
+        "driver peak MB = VmHWM of the driver's Python process + VmHWM of its JVM (local "
+        "mode: the executors are JVM threads); tree peak MB = the sampled (200 ms) peak of "
+        "the summed RSS of the driver, its JVM and the Python workers; 'counts ok' = every "
+        "window came out and the counts add up to the records."
+    )
+    result.notes.append(
+        "part (b): local[2], default trigger of substreams.spark.run; epoch 0 is a warm-up "
+        "(query start) and not counted; the watermark query's window e can only close after "
+        "a record of epoch e+1 arrives (the last epoch never closes and is not counted)."
+    )
+    return result
+
+
+def _latency(ctx: BenchContext, result: BenchResult) -> list[dict[str, Any]]:
     epochs = 9 if ctx.quick else 41  # the first is a warm-up
     granularity = 100
     error: str | None = None
@@ -113,14 +181,16 @@ def run(ctx: BenchContext) -> BenchResult:
     except BenchError as exc:  # reported in the table and the JSON, not swallowed
         error = str(exc)
         firm, windowed = [], []
-        result.notes.append(f"the run failed: {error}")
+        result.notes.append(f"part (b) failed: {error}")
         ctx.log(f"[red]{error}[/]")
+    rows = []
     for name, samples in (
         ("substreams on_epoch (firm)", firm),
         ("withWatermark + window", windowed),
     ):
-        result.rows.append(
+        rows.append(
             {
+                "part": "b",
                 "query": name,
                 "granularity": granularity,
                 "samples": len(samples),
@@ -129,25 +199,78 @@ def run(ctx: BenchContext) -> BenchResult:
                 "error": error,
             }
         )
-    result.targets = [
+    return rows
+
+
+def _find(rows: Sequence[dict[str, Any]], part: str, firm: bool, windows: int | None = None
+          ) -> dict[str, Any] | None:
+    for r in rows:
+        if r["part"] == part and r["query"].startswith("substreams") == firm and (
+            windows is None or r.get("windows") == windows
+        ):
+            return r
+    return None
+
+
+def _fmt(value: Any, unit: str) -> str:
+    return "not measured" if value is None else f"{value:,.0f} {unit}"
+
+
+def targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
+    """Issue #15 item 7's targets; a value that could not be measured gives ``met=None``,
+    a failed or wrong run ``False``."""
+    out = []
+    firms = sorted(r["windows"] for r in rows if r["part"] == "a" and "firm" in r["query"])
+    large, small = (firms[0], firms[-1]) if firms else WINDOWS  # fewer windows: larger epochs
+    firm = _find(rows, "a", True, large)
+    mark = _find(rows, "a", False, large)
+    rate, base = (firm or {}).get("records_per_s"), (mark or {}).get("records_per_s")
+    out.append(
         Target(
-            "on_epoch p99 below the watermark query's p99",
-            "firm < watermark",
-            f"{result.rows[0]['p99_ms']} ms vs {result.rows[1]['p99_ms']} ms",
-            False
-            if error is not None
-            else None
-            if not (firm and windowed)
-            else result.rows[0]["p99_ms"] < result.rows[1]["p99_ms"],
+            f"(a) firm records/s vs the watermark query's ({large} windows)",
+            ">= watermark",
+            f"{_fmt(rate, 'rec/s')} vs {_fmt(base, 'rec/s')}",
+            None
+            if rate is None or base is None
+            else bool(rate >= base and firm and firm.get("correct")),
         )
-    ]
-    result.notes.append(
-        "local[2], default trigger of substreams.spark.run; epoch 0 is a warm-up (query "
-        "start) and not counted; the watermark query's window e "
-        "can only close after a record of epoch e+1 arrives (the last epoch never closes and "
-        "is not counted)."
     )
-    return result
+    lo = (_find(rows, "a", True, small) or {}).get("driver_peak_mb")
+    hi = (firm or {}).get("driver_peak_mb")
+    ratio = hi / lo if lo and hi else None
+    out.append(
+        Target(
+            f"(a) firm driver peak RSS, epochs 10x larger ({small} -> {large} windows)",
+            "<= 1.2x",
+            "not measured"
+            if ratio is None
+            else f"{ratio:.2f}x ({_fmt(lo, 'MB')} -> {_fmt(hi, 'MB')})",
+            None if ratio is None else ratio <= 1.2,
+        )
+    )
+    b_firm, b_mark = _find(rows, "b", True), _find(rows, "b", False)
+    p50, p99 = (b_firm or {}).get("p50_ms"), (b_firm or {}).get("p99_ms")
+    mark99 = (b_mark or {}).get("p99_ms")
+    failed = b_firm is not None and b_firm.get("error") is not None
+    for name, value, limit in (("p50", p50, 300.0), ("p99", p99, 1000.0)):
+        out.append(
+            Target(
+                f"(b) seal -> on_epoch {name}",
+                f"<= {limit:.0f} ms",
+                _fmt(value, "ms") + ("" if mark99 is None or name == "p50" else
+                                     f" (watermark {mark99:,.0f} ms)"),
+                False if failed else None if value is None else value <= limit,
+            )
+        )
+    out.append(
+        Target(
+            "(b) on_epoch p99 below the watermark query's p99",
+            "firm < watermark",
+            f"{_fmt(p99, 'ms')} vs {_fmt(mark99, 'ms')}",
+            False if failed else None if p99 is None or mark99 is None else p99 < mark99,
+        )
+    )
+    return out
 
 
 def _measure(
@@ -198,7 +321,9 @@ def _measure(
     acker = contextlib.ExitStack()
     acker.enter_context(acker_process(config, ctx.bootstrap))
     ctx.log("starting Spark local[2] ...")
-    spark = session("substreams-bench", master="local[2]", shuffle_partitions=4, **connector)
+    spark = session(
+        "substreams-bench", master="local[2]", shuffle_partitions=4, **SLOW_MACHINE, **connector
+    )
     queries: list[Any] = []
     t0s: dict[int, float] = {}
     try:
@@ -288,29 +413,394 @@ def _measure(
     return firm, window
 
 
+# --- (a) throughput and driver memory over a backlog -------------------------------------
+
+RECORDS = 5_000_000
+"""Records of part (a) (``--records``); 50 one-second windows of them."""
+QUICK_RECORDS = 20_000
+WINDOWS = (50, 500)
+"""The two epoch sizes of part (a): the same records in 50 one-second tumbling windows and
+in 500 of 100 ms (epochs 10x smaller)."""
+QUICK_WINDOWS = (10, 100)
+EPOCHS_PER_BATCH = 5
+"""``maxEpochsPerTrigger`` of the firm queries in part (a): a batch grows with the epoch."""
+QUICK_EPOCHS_PER_BATCH = 10
+KEYS = 100
+"""Distinct keys counted per window (the record's ``body`` starts with its key)."""
+SLICE = 1000
+CHILD_TIMEOUT_S = 3600.0
+
+
+class WindowCounts(EpochOperator):
+    """Records per key in each window (what ``jobs/windowed_counts.py`` computes), its
+    results shaped as the bench's record (``ts`` = window start, ``batch`` = count,
+    ``body`` = key) so that they go to an output stream of the bench's schema."""
+
+    key_field = "body"
+
+    def __init__(self, size_ms: int) -> None:
+        self.size_ms = size_ms
+
+    def on_epoch(self, epoch: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        counts = Counter(str(r["body"])[:4] for r in rows)
+        return [
+            {"ts": int(epoch) * self.size_ms, "batch": n, "body": k}
+            for k, n in sorted(counts.items())
+        ]
+
+
+def _key_body(i: int) -> str:
+    return f"k{i % KEYS:03d}".ljust(BODY_BYTES, "x")
+
+
+def _publish_backlog(ctx: BenchContext, config: Any, n: int, windows: tuple[int, int]) -> float:
+    """``n`` records over ``windows[0]`` seconds of event time, every window of both
+    substreams sealed as soon as its last record is written, then one record of a later
+    second (it lets the watermark query close the last window; no firm epoch holds it).
+    Returns seconds."""
+    from substreams.app import DIRECT
+
+    stream = config.streams[0].name
+    span = windows[0] * 1000
+    subs = {w: config.substreams[i].name for i, w in enumerate(windows)}
+    sizes = {w: span // w for w in windows}
+    (pub,) = open_publishers(config, stream, ["src0"], ctx.bootstrap, mechanisms=DIRECT,
+                             batch_size=5000)
+    sealed = dict.fromkeys(windows, -1)
+    t0 = time.perf_counter()
+    task = ctx.progress.add_task(f"publishing {n:,} records", total=n)
+    try:
+        for lo in range(0, n, SLICE):
+            hi = min(n, lo + SLICE)
+            pub.publish_many(
+                [{"ts": i * span // n, "batch": 0, "body": _key_body(i)} for i in range(lo, hi)]
+            )
+            next_ts = hi * span // n if hi < n else span
+            for w in windows:
+                done = next_ts // sizes[w] - 1  # windows whose every record is written
+                for window in range(sealed[w] + 1, done + 1):
+                    pub.seal(subs[w], window, commit=False)
+                sealed[w] = max(sealed[w], done)
+            ctx.progress.update(task, completed=hi)
+        pub.publish({"ts": span + 1500, "batch": 0, "body": _key_body(0)})
+        pub.flush()
+    finally:
+        ctx.progress.remove_task(task)
+        close_all([pub])
+        del pub
+    return time.perf_counter() - t0
+
+
+def _query_row(
+    query: str, windows: int, n: int, out: dict[str, Any] | None, error: str | None
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "part": "a",
+        "query": query,
+        "windows": windows,
+        "granularity": n // windows,
+        "records": n,
+        "error": error,
+    }
+    if out is not None:
+        seconds = out["seconds"]
+        row.update(
+            seconds=round(seconds, 2),
+            records_per_s=round(n / seconds, 1) if seconds > 0 else None,
+            batches=out["batches"],
+            batch_rows=out["batch_rows"],
+            batch_ms=out.get("batch_ms"),
+            driver_peak_mb=round((out["python_hwm_kb"] + out["jvm_hwm_kb"]) / 1024, 1),
+            python_hwm_mb=round(out["python_hwm_kb"] / 1024, 1),
+            jvm_hwm_mb=round(out["jvm_hwm_kb"] / 1024, 1),
+            tree_peak_mb=round(out["tree_peak_kb"] / 1024, 1),
+            windows_out=out["windows_out"],
+            counted=out["counted"],
+            correct=out["windows_out"] == windows and out["counted"] == n,
+        )
+    return row
+
+
+def _spawn(ctx: BenchContext, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one part-(a) query in a child process (``python -m substreams.bench.spark``);
+    its last stdout line is its result."""
+    log = ctx.workdir / f"child-{spec['label']}.log"
+    with open(log, "wb") as err:
+        done = subprocess.run(
+            [sys.executable, "-m", "substreams.bench.spark", json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            timeout=CHILD_TIMEOUT_S,
+            check=False,
+        )
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = log.read_text(errors="replace")[-1500:]
+        raise BenchError(f"bench spark: {spec['label']} exited with {done.returncode}: {tail}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def _throughput(
+    ctx: BenchContext, result: BenchResult, n: int, windows: tuple[int, int]
+) -> list[dict[str, Any]]:
+    span = windows[0] * 1000
+    per_batch = QUICK_EPOCHS_PER_BATCH if ctx.quick else EPOCHS_PER_BATCH
+    subs = [
+        {"name": f"win{w}", "stream": "s0", "kind": "tumbling", "size_ms": span // w}
+        for w in windows
+    ]
+    # one output stream per firm query: each reads back only its own results
+    config = ctx.config([("s0", 2), ("counts0", 1), ("counts1", 1)], subs)
+    from substreams.spark.connector import kafka_connector_conf
+
+    connector = kafka_connector_conf(progress=ctx.log)
+    ctx.log(f"part (a): publishing the backlog of {n:,} records ...")
+    took = _publish_backlog(ctx, config, n, windows)
+    result.notes.append(
+        f"part (a): {n:,} records of {BODY_BYTES}-byte bodies published in {took:.0f} s "
+        f"({n / took:,.0f} records/s, publish_many, DIRECT control records) before any query"
+    )
+    runs = [
+        ("substreams run (firm)", windows[0], "firm"),
+        ("substreams run (firm)", windows[1], "firm"),
+        ("withWatermark + window", windows[0], "watermark"),
+    ]
+    rows = []
+    for query, count, kind in runs:
+        label = f"{kind}-{count}"
+        spec = {
+            "label": label,
+            "kind": kind,
+            "config": str(config.path),
+            "bootstrap": ctx.bootstrap,
+            "stream": config.streams[0].name,
+            "output": config.streams[1 + windows.index(count)].name,
+            "substream": config.substreams[windows.index(count)].name,
+            "size_ms": span // count,
+            "span_ms": span,
+            "checkpoint": str(ctx.workdir / f"ckpt-{label}"),
+            "max_epochs": per_batch,
+            "connector": connector if kind == "watermark" else {},
+        }
+        ctx.log(f"part (a): {query}, {count} windows ...")
+        out: dict[str, Any] | None = None
+        error: str | None = None
+        try:
+            out = _spawn(ctx, spec)
+        except (BenchError, subprocess.TimeoutExpired) as exc:
+            error = str(exc)
+            ctx.log(f"[red]{error[:500]}[/]")
+            result.notes.append(f"part (a) {label} failed: {error[:500]}")
+        rows.append(_query_row(query, count, n, out, error))
+    return rows
+
+
+def _read_counts(config: Any, stream: str) -> tuple[int, int]:
+    """(distinct windows, sum of counts) of the firm query's output stream."""
+    from substreams.streams.records import Entry
+    from substreams.streams.tail import open_listener, tail
+
+    windows: set[int] = set()
+    total = 0
+    with open_listener(config, stream) as listener:
+        for e in tail(listener, follow=False):
+            if isinstance(e, Entry):
+                windows.add(int(e.payload["ts"]))
+                total += int(e.payload["batch"])
+    return len(windows), total
+
+
+def _proc_kb(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc: Linux only, like the RSS figures)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+class _TreeSampler(threading.Thread):
+    """The peak of the summed RSS of this process and its descendants, sampled every
+    200 ms (the Python workers of the JVM come and go; ``VmHWM`` does not add up)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="rss-sampler")
+        self.peak_kb = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        me = os.getpid()
+        while not self.stop.wait(0.2):
+            total = sum(_proc_kb(p, "VmRSS") for p in [me, *_descendants(me)])
+            self.peak_kb = max(self.peak_kb, total)
+
+
+def _jvm_pid() -> int:
+    for pid in _descendants(os.getpid()):
+        try:
+            if "java" in Path(f"/proc/{pid}/comm").read_text():
+                return pid
+        except OSError:
+            continue
+    return 0
+
+
+def _child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One part-(a) query in this process (a fresh JVM); returns its measurements."""
+    from substreams.config import load_config
+    from substreams.spark.session import session, warm_up
+
+    config = load_config(spec["config"])
+    sampler = _TreeSampler()
+    sampler.start()
+    spark = session(
+        f"bench-{spec['label']}",
+        master="local[2]",
+        shuffle_partitions=4,
+        **{
+            "spark.sql.streaming.numRecentProgressUpdates": "10000",
+            **SLOW_MACHINE,
+            **spec["connector"],
+        },
+    )
+    warm_up(spark)
+    out: dict[str, Any] = {}
+    if spec["kind"] == "firm":
+        from substreams.spark import run
+
+        t0 = time.perf_counter()
+        query = run(
+            WindowCounts(spec["size_ms"]),
+            config,
+            spec["substream"],
+            spec["output"],
+            spark=spark,
+            bootstrap=spec["bootstrap"],
+            once=True,
+            checkpoint=spec["checkpoint"],
+            options={"maxEpochsPerTrigger": str(spec["max_epochs"])},
+        )
+        out["seconds"] = time.perf_counter() - t0
+        if query.exception() is not None:
+            raise BenchError(f"firm query failed: {query.exception()}")
+        out["windows_out"], out["counted"] = _read_counts(config, spec["output"])
+    else:
+        from pyspark.sql import functions as F
+
+        from substreams.spark.connector import decode_envelopes
+
+        results: list[tuple[int, int]] = []
+
+        def collect(df: Any, batch_id: int) -> None:
+            results.extend(
+                (int(r["window"].start.timestamp()), int(r["count"])) for r in df.collect()
+            )
+
+        counts = (
+            decode_envelopes(
+                spark.readStream.format("kafka")
+                .option("kafka.bootstrap.servers", spec["bootstrap"])
+                .option("subscribe", spec["stream"])
+                .option("startingOffsets", "earliest")
+                .option("includeHeaders", "true")
+                .option("kafka.isolation.level", "read_committed")
+                .load(),
+                config.stream(spec["stream"]),
+            )
+            .withColumn("event_time", (F.col("ts") / 1000).cast("timestamp"))
+            .withColumn("key", F.substring("body", 1, 4))
+            .withWatermark("event_time", "0 seconds")
+            .groupBy(F.window("event_time", "1 second"), "key")
+            .count()
+        )
+        t0 = time.perf_counter()
+        query = (
+            counts.writeStream.outputMode("append")
+            .option("checkpointLocation", spec["checkpoint"])
+            .foreachBatch(collect)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        out["seconds"] = time.perf_counter() - t0
+        if query.exception() is not None:
+            raise BenchError(f"watermark query failed: {query.exception()}")
+        in_span = [(w, c) for w, c in results if w * 1000 < spec["span_ms"]]
+        out["windows_out"] = len({w for w, _ in in_span})
+        out["counted"] = sum(c for _, c in in_span)
+    done = [p for p in query.recentProgress if p["numInputRows"]]
+    out["batches"] = len(done)
+    out["batch_rows"] = [int(p["numInputRows"]) for p in done]
+    out["batch_ms"] = [int(p["durationMs"].get("triggerExecution", 0)) for p in done]
+    out["python_hwm_kb"] = _proc_kb(os.getpid(), "VmHWM")
+    out["jvm_hwm_kb"] = _proc_kb(_jvm_pid(), "VmHWM")
+    sampler.stop.set()
+    sampler.join(1)
+    out["tree_peak_kb"] = sampler.peak_kb
+    spark.stop()
+    return out
+
+
+
+
 def plot(result: BenchResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    rows: Sequence[dict[str, Any]] = result.rows
-    if rows:
-        names = [r["query"] for r in rows]
-        x = range(len(rows))
-        ax.bar([i - 0.2 for i in x], [r["p50_ms"] or 0 for r in rows], 0.4, label="p50")
-        ax.bar([i + 0.2 for i in x], [r["p99_ms"] or 0 for r in rows], 0.4, label="p99")
-        ax.set_xticks(list(x), names, fontsize=8)
-        ax.set_ylabel("seal → result visible (ms)")
-        ax.legend()
-    else:
-        ax.text(
-            0.5,
-            0.5,
-            "\n".join(result.notes) or "no data",
-            ha="center",
-            va="center",
-            wrap=True,
-            fontsize=8,
-        )
-        ax.set_axis_off()
-    ax.set_title(titled("Spark: epoch notification latency", result))
+    fig, (left, mid, right) = plt.subplots(1, 3, figsize=(12, 3.8))
+    a_rows = [r for r in result.rows if r.get("part") == "a"]
+    b_rows: Sequence[dict[str, Any]] = [r for r in result.rows if r.get("part") == "b"]
+    labels = [f"{'firm' if r['query'].startswith('substreams') else 'watermark'}\n"
+              f"{r['windows']} windows" for r in a_rows]
+    x = list(range(len(a_rows)))
+    left.bar(x, [r.get("records_per_s") or 0 for r in a_rows])
+    left.set_xticks(x, labels, fontsize=8)
+    left.set_ylabel("records / s (availableNow over the backlog)")
+    left.set_title("(a) throughput")
+    mid.bar(x, [r.get("driver_peak_mb") or 0 for r in a_rows], label="driver (Python + JVM)")
+    mid.plot(x, [r.get("tree_peak_mb") or 0 for r in a_rows], "k^", label="whole tree")
+    mid.set_xticks(x, labels, fontsize=8)
+    mid.set_ylabel("peak RSS (MB)")
+    mid.set_title("(a) driver memory")
+    mid.legend(fontsize=7)
+    if b_rows:
+        names = [r["query"] for r in b_rows]
+        xb = range(len(b_rows))
+        right.bar([i - 0.2 for i in xb], [r["p50_ms"] or 0 for r in b_rows], 0.4, label="p50")
+        right.bar([i + 0.2 for i in xb], [r["p99_ms"] or 0 for r in b_rows], 0.4, label="p99")
+        right.set_xticks(list(xb), names, fontsize=7)
+        right.set_ylabel("seal → result visible (ms)")
+        right.legend(fontsize=7)
+    right.set_title("(b) latency")
+    fig.suptitle(titled("Spark: substreams run vs withWatermark", result))
     save_figure(fig, path)
+
+
+if __name__ == "__main__":
+    # Through the module's own name, so that WindowCounts pickles as
+    # substreams.bench.spark.WindowCounts (an executor can import it), not as __main__'s.
+    from substreams.bench import spark as _bench
+
+    print(json.dumps(_bench._child(json.loads(sys.argv[1]))), flush=True)

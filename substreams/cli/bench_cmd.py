@@ -71,6 +71,13 @@ BENCHES = (
     default=None,
     help="soak only: seconds between samples (default 30; 5 with --quick).",
 )
+@click.option(
+    "--records",
+    type=click.IntRange(min=500),
+    default=None,
+    help="spark only: records of part (a)'s backlog, a multiple of 500 (default 5,000,000; "
+    "20,000 with --quick).",
+)
 @bootstrap_option
 def command(
     name: str,
@@ -80,6 +87,7 @@ def command(
     mechanism: str | None,
     minutes: float | None,
     sample_s: float | None,
+    records: int | None,
     bootstrap: str | None,
 ) -> None:
     """Run one benchmark and write its JSON result and PNG plot."""
@@ -92,6 +100,8 @@ def command(
         raise BenchError(f"--mechanism applies to 'bench latency' only, not to 'bench {name}'")
     if (minutes is not None or sample_s is not None) and name != "soak":
         raise BenchError(f"--minutes/--sample-s apply to 'bench soak' only, not to 'bench {name}'")
+    if records is not None and name != "spark":
+        raise BenchError(f"--records applies to 'bench spark' only, not to 'bench {name}'")
     module = importlib.import_module(f"substreams.bench.{name}")
     # SIGTERM unwinds like Ctrl-C, so the embedded broker and the acker process stop too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -101,6 +111,7 @@ def command(
         ctx.grid = dims or None
         ctx.mechanism = mechanism
         ctx.minutes, ctx.sample_s = minutes, sample_s
+        ctx.records = records
         where = f"on {ctx.bootstrap}" if needs_broker else "(no broker needed)"
         console.print(f"[bold]bench {name}[/]{' (quick)' if quick else ''} {where}")
         result = module.run(ctx)

@@ -35,6 +35,26 @@ def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:
     raise SubstreamsError(f"substreams source: option '{name}' must be true or false, not {raw!r}")
 
 
+def _positive(options: Mapping[str, str], name: str) -> int | None:
+    """An optional option that must be a positive integer (a read limit)."""
+    raw = options.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SubstreamsError(
+            f"substreams source: option '{name}' must be a positive integer, not {raw!r}"
+        )
+    return value
+
+
+MAX_EPOCHS = "maxEpochsPerTrigger"
+MAX_RECORDS = "maxRecordsPerTrigger"
+
+
 CONFIG_PICKLE = "configPickle"
 """The option carrying a validated :class:`Config` (:func:`ship_config`)."""
 
@@ -90,6 +110,11 @@ class SourceOptions:
     max_tasks: int = 2
     verify: bool = True
     """Firm mode: fail when an epoch's rows differ in number from its EpochComplete."""
+    max_epochs: int | None = None
+    """Firm mode: at most this many epochs per micro-batch (``maxEpochsPerTrigger``)."""
+    max_records: int | None = None
+    """Firm mode: at most this many records per micro-batch (``maxRecordsPerTrigger``),
+    except that a batch always takes at least one epoch (see :mod:`substreams.spark.limits`)."""
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SourceOptions:
@@ -115,6 +140,14 @@ class SourceOptions:
             raise SubstreamsError(
                 "substreams source: option 'maxTasks' must be an integer"
             ) from exc
+        max_epochs = _positive(options, MAX_EPOCHS)
+        max_records = _positive(options, MAX_RECORDS)
+        if mode == "soft" and (max_epochs is not None or max_records is not None):
+            raise SubstreamsError(
+                f"substreams source: options '{MAX_EPOCHS}' and '{MAX_RECORDS}' apply to firm "
+                "mode only (a soft batch is not made of whole epochs); remove them or use "
+                "mode firm"
+            )
         return SourceOptions(
             config=config,
             substream=sub.name,
@@ -127,4 +160,6 @@ class SourceOptions:
             markers=_flag(options, "markers", False),
             max_tasks=max(1, max_tasks),
             verify=_flag(options, "verify", True),
+            max_epochs=max_epochs,
+            max_records=max_records,
         )

@@ -22,7 +22,13 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxFiles,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from substreams.control.messages import OffsetRange, merge_ranges
@@ -30,6 +36,7 @@ from substreams.control.ranges import EpochIndex, read_ranges
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.spark.epochs import epoch_int, epoch_key, epoch_struct, format_time
+from substreams.spark.limits import ReadLimits, batch_end
 from substreams.spark.offsets import ControlScanner, DataScanner, Notification, SourceOffset
 from substreams.spark.options import SourceOptions
 from substreams.spark.schema import PayloadLayout, row
@@ -112,8 +119,13 @@ def _chunks(notes: list[Notification], tasks: int) -> list[list[Notification]]:
 
 
 class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
-    """Offsets, planning and reading of one query's source.  Read limits are not honoured:
-    a firm batch is a whole number of epochs, whatever their size."""
+    """Offsets, planning and reading of one query's source.
+
+    Read limits (firm mode): ``maxEpochsPerTrigger`` / ``maxRecordsPerTrigger`` bound a
+    batch in whole epochs (:mod:`substreams.spark.limits`).  Spark asks
+    :meth:`getDefaultReadLimit` once and passes that limit to :meth:`latestOffset` under a
+    processing-time or availableNow trigger, and ``ReadAllAvailable`` when a trigger must
+    read everything (``Trigger.Once``): then the options are ignored, as Spark requires."""
 
     def __init__(self, opts: SourceOptions, layout: PayloadLayout) -> None:
         self.opts = opts
@@ -128,6 +140,8 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         )
         self._freeze = False
         self._target: SourceOffset | None = None
+        self._available: SourceOffset | None = None
+        self.limits = ReadLimits(opts.max_epochs, opts.max_records)
 
     # -- planning (driver) ----------------------------------------------------------------
 
@@ -150,6 +164,31 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     ends[r.partition] = max(ends.get(r.partition, 0), r.end)
         return SourceOffset(control, ends)
 
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """The limit Spark hands back to :meth:`latestOffset` on every trigger but Once.
+
+        PySpark knows only its built-in ReadLimit types (it rebuilds them by name in the
+        planner process), so the limits are carried as ``ReadMaxRows`` (records) or, with
+        only an epoch limit, ``ReadMaxFiles`` (epochs: the indivisible unit of a firm batch,
+        as a file is of a file source).  Either way any limit other than
+        ``ReadAllAvailable`` means "apply both options"."""
+        if self.data is not None or self.limits.unlimited:
+            return ReadAllAvailable()
+        if self.limits.max_records is not None:
+            return ReadMaxRows(self.limits.max_records)
+        assert self.limits.max_epochs is not None
+        return ReadMaxFiles(self.limits.max_epochs)
+
+    def _limits_for(self, limit: ReadLimit) -> ReadLimits:
+        if isinstance(limit, ReadAllAvailable) or self.data is not None:
+            return ReadLimits()
+        epochs, records = self.limits.max_epochs, self.limits.max_records
+        if isinstance(limit, ReadMaxRows):
+            records = limit.max_rows if records is None else min(records, limit.max_rows)
+        elif isinstance(limit, ReadMaxFiles):
+            epochs = limit.max_files if epochs is None else min(epochs, limit.max_files)
+        return ReadLimits(epochs, records)
+
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = SourceOffset.from_json(start)
         latest = self._latest(begin)
@@ -157,7 +196,18 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if self._target is None:
                 self._target = latest
             latest = self._target
+        self._available = latest
+        limits = self._limits_for(limit)
+        if self.data is None and not limits.unlimited and latest.control > begin.control:
+            notes = self.control.between(begin.control, latest.control)
+            latest = SourceOffset(batch_end(begin.control, latest.control, notes, limits))
         return latest.to_json()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """What was readable at the last :meth:`latestOffset` (before the read limit cut
+        it): Spark shows it as the source's ``latestOffset`` in the query progress, so a
+        backlog drained in bounded batches is visible there."""
+        return None if self._available is None else self._available.to_json()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._freeze = True
