@@ -24,7 +24,7 @@ from confluent_kafka import TopicPartition
 from substreams.config import Config
 from substreams.control.chain import TrustingVerifier
 from substreams.control.io import ControlTail, Corrupt, ResumeLookup
-from substreams.control.messages import ControlRecord, EpochComplete, OffsetRange
+from substreams.control.messages import ControlRecord, EpochComplete, OffsetRange, completions
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time
@@ -76,9 +76,9 @@ class Notification:
         return self.control_offset, self.index
 
 
-def _notification(offset: int, body: EpochComplete) -> Notification:
+def _notification(offset: int, index: int, body: EpochComplete) -> Notification:
     return Notification(
-        offset, body.time, body.ranges, body.records, body.sealed_at_ms, body.until
+        offset, body.time, body.ranges, body.records, body.sealed_at_ms, body.until, index
     )
 
 
@@ -99,7 +99,9 @@ class ControlScanner:
         self.substream = substream
         self.base = 0
         self.scanned_to = 0
-        self.notes: dict[int, Notification] = {}
+        self.notes: dict[tuple[int, int], Notification] = {}
+        """By ``(control_offset, index)``: a batched record (``EpochsComplete``) holds
+        several notifications."""
         self.verifier = TrustingVerifier(strict=True)
         self._tail: ControlTail | None = None
 
@@ -124,9 +126,10 @@ class ControlScanner:
         assert isinstance(rec, ControlRecord)
         self.verifier.check(self.topic, offset, rec)
         self.scanned_to = offset + 1
-        body = rec.body
-        if isinstance(body, EpochComplete) and body.substream == self.substream:
-            self.notes[offset] = _notification(offset, body)
+        notes = [n for n in completions(rec.body) if n.substream == self.substream]
+        for index, body in enumerate(notes):  # a batched record: (offset, index) each
+            self.notes[(offset, index)] = _notification(offset, index, body)
+        if notes:
             TRAFFIC.add(CONTROL_READ, self.substream, 1)
 
     def scan(self, start: int, max_wait: float = 2.0) -> None:
@@ -147,7 +150,7 @@ class ControlScanner:
     def latest(self, start: int) -> int:
         """The position after the last EpochComplete readable now (``start`` if none)."""
         self.scan(start)
-        return max([start] + [o + 1 for o in self.notes if o >= start])
+        return max([start] + [o + 1 for o, _ in self.notes if o >= start])
 
     def between(self, start: int, end: int, timeout: float = 30.0) -> list[Notification]:
         """The notifications at control offsets [start, end), in order (re-read if needed)."""
@@ -165,12 +168,12 @@ class ControlScanner:
                     )
                 for offset, rec in self._tail.poll(0.1):
                     self._take(offset, rec)
-        return [self.notes[o] for o in sorted(self.notes) if start <= o < end]
+        return [self.notes[k] for k in sorted(self.notes) if start <= k[0] < end]
 
     def forget_before(self, position: int) -> None:
         """Drop notifications Spark has committed (it never asks for them again)."""
-        for o in [o for o in self.notes if o < position]:
-            del self.notes[o]
+        for k in [k for k in self.notes if k[0] < position]:
+            del self.notes[k]
         self.base = max(self.base, min(position, self.scanned_to))
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ import pytest
 from substreams.app import DIRECT, Application
 from substreams.config import Config
 from substreams.control.io import read_control
-from substreams.control.messages import EpochComplete
+from substreams.control.messages import EpochComplete, completions
 from substreams.streams.publisher import Publisher
 
 pyspark = pytest.importorskip("pyspark")
@@ -121,9 +121,9 @@ def wait_for_epochs(
     deadline = time.monotonic() + timeout
     while True:
         notes = [
-            r.body
+            n
             for _, r in read_control(config.kafka.bootstrap, config.acker.control_topic(substream))
-            if isinstance(r.body, EpochComplete)
+            for n in completions(r.body)
         ]
         if len(notes) >= count or time.monotonic() > deadline:
             assert len(notes) >= count, f"{substream}: {len(notes)} of {count} epochs completed"

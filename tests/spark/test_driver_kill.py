@@ -24,7 +24,7 @@ import pytest
 from substreams.app import Application
 from substreams.config import Config
 from substreams.control.io import read_control
-from substreams.control.messages import EpochComplete
+from substreams.control.messages import EpochComplete, completions
 from substreams.streams.listener import Listener
 from tests.conftest import ConfigFactory
 from tests.spark.conftest import running_acker, window_clicks
@@ -47,9 +47,9 @@ def output_rows(config: Config, stream: str) -> list[dict[str, Any]]:
 
 def output_epochs(config: Config, substream: str) -> list[EpochComplete]:
     return [
-        r.body
+        n
         for _, r in read_control(config.kafka.bootstrap, config.acker.control_topic(substream))
-        if isinstance(r.body, EpochComplete)
+        for n in completions(r.body)
     ]
 
 

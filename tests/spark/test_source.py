@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from substreams.app import DIRECT, Application
 from substreams.control.io import read_control
-from substreams.control.messages import EpochComplete
+from substreams.control.messages import completions
 from substreams.frontier import Time
 from substreams.spark.operator import EpochNote, EpochOperator, Row
 from substreams.spark.options import ship_config
@@ -107,9 +107,9 @@ def test_firm_sessions_interleaved_with_open_sessions(
             pub.publish({"user": user, "url": "/", "ts": ts})
         pub.flush()
         notes = [
-            r.body
+            n
             for _, r in read_control(config.kafka.bootstrap, config.acker.control_topic(s))
-            if isinstance(r.body, EpochComplete)
+            for n in completions(r.body)
         ]
         assert [n.records for n in notes] == [3, 3]
         batches = drain(spark, config.path, s, tmp_path / "ck", markers="true")

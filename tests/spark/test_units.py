@@ -251,3 +251,34 @@ def test_control_scanner_refuses_a_broken_hash_chain(make_config: ConfigFactory)
     with pytest.raises(ProtocolError, match="replay or duplicate"):
         scanner.latest(1)
     scanner.close()
+
+
+def test_control_scanner_reads_each_epoch_of_a_batched_record(make_config: ConfigFactory) -> None:
+    """An ``EpochsComplete`` (the acker's batched completions) is several notifications at one
+    control offset: the scanner keeps each, identified by (offset, index), in order; a batch
+    ends after the whole record."""
+    from substreams.control.io import ControlWriter
+    from substreams.control.messages import Completion, EpochsComplete
+    from substreams.spark.offsets import ControlScanner
+
+    config = make_config(
+        [{"name": "clicks", "partitions": 1}],
+        [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}],
+    )
+    w = config.substreams[0].name
+    topic = config.acker.control_topic(w)
+    writer = ControlWriter(config.kafka.bootstrap, "acker.t", [topic], config)
+    writer.write([(topic, EpochsComplete(w, (Completion(0, (), 0, 1), Completion(1, (), 0, 2),
+                                              Completion(2, (), 0, 3))))])
+    writer.close()
+    scanner = ControlScanner(config.kafka.bootstrap, topic, w, config)
+    try:
+        end = scanner.latest(0)
+        notes = scanner.between(0, end)
+        assert [(n.time, n.ident, n.sealed_at_ms) for n in notes] == [
+            (0, (end - 1, 0), 1), (1, (end - 1, 1), 2), (2, (end - 1, 2), 3)
+        ]
+        scanner.forget_before(end)
+        assert scanner.between(end, end) == []
+    finally:
+        scanner.close()
