@@ -9,10 +9,11 @@ batch takes, never how many records of one epoch: the batch stops after the N-th
 larger than the record limit still makes progress (alone in its batch).
 
 Why the cut is at control records, not at notifications: source offsets are control-topic
-positions, and a batch (start, end] covers whole control records.  One record may carry
+positions, and a batch (start, end] covers whole control records. One record may carry
 several notifications (the acker's batched completions, ``EpochsComplete``, identified by
-``(control_offset, index)``); the notifications of one record travel together: they are grouped by ``control_offset`` below and a group is never
-split, even when it alone exceeds a limit.
+``(control_offset, index)``); the notifications of one record travel together: they are
+grouped by ``control_offset`` below and a group is never split, even when it alone exceeds a
+limit.
 """
 
 from __future__ import annotations
