@@ -74,17 +74,23 @@ def test_bench_acker_quick_writes_json_and_png(bootstrap: str, tmp_path: Path) -
 
     data = json.loads((out / "acker.json").read_text())
     assert data["name"] == "acker" and data["quick"] is True
-    throughput, seal, raw = data["rows"]
-    for field in ("rate", "entries_per_s"):
-        assert isinstance(throughput[field], float) and throughput[field] > 0, (field, throughput)
-    assert throughput["notifications"] == throughput["expected_notifications"] > 0
+    throughput, one_shard, two_shards, seal, raw = data["rows"]
+    for row in (throughput, one_shard, two_shards):
+        for field in ("rate", "entries_per_s"):
+            assert isinstance(row[field], float) and row[field] > 0, (field, row)
+        assert row["notifications"] == row["expected_notifications"] > 0, row
+    assert "1 shard" in one_shard["measurement"] and "2 shards" in two_shards["measurement"]
     for row in (seal, raw):
         assert row["samples"] > 0, row
         for field in ("p50_ms", "p99_ms"):
             assert isinstance(row[field], float) and row[field] > 0, (field, row)
         assert row["p50_ms"] <= row["p99_ms"]
     assert seal["measurement"].startswith("seal()") and "baseline" in raw["measurement"]
-    assert [t["name"] for t in data["targets"]] == ["p99 seal -> notification"]
+    assert [t["name"] for t in data["targets"]] == [
+        "p99 seal -> notification",
+        "one acker process completes times",
+        "two shards against one (acks/s)",
+    ]
 
     png = out / "acker.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
