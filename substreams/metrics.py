@@ -147,11 +147,7 @@ class OpenTimes:
 
 def observe_notification(writer: str, substream: str, sealed_at_ms: int, now_ms: int) -> None:
     """Count one notification and its seal->notification latency (when the seal is known)."""
-    NOTIFICATIONS.labels(writer, substream).inc()
-    if sealed_at_ms > 0:
-        NOTIFICATION_LATENCY.labels(writer, substream).observe(
-            max(0.0, (now_ms - sealed_at_ms) / 1000.0)
-        )
+    observe_notifications(writer, substream, (sealed_at_ms,), now_ms)
 
 
 def observe_notifications(

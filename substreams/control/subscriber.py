@@ -32,6 +32,7 @@ from substreams.control.io import ControlTail, ResumeLookup, decode_control, fin
 from substreams.control.messages import (
     ControlBody,
     ControlRecord,
+    EpochComplete,
     FrontierSnapshot,
     FrontierUpdate,
     OffsetRange,
@@ -54,6 +55,9 @@ Mode = Literal["firm", "soft"]
 
 # --- events ---------------------------------------------------------------------------------
 
+
+_Pending = tuple[str, ControlBody, tuple[EpochComplete, ...]]
+"""A control record waiting to be handled: its topic, body and the notifications it carries."""
 
 @dataclass(frozen=True)
 class Data:
@@ -152,7 +156,7 @@ class Subscriber:
         self.frontiers = SubscriptionFrontiers()
         self.verifiers: dict[str, TrustingVerifier] = {}  # one per topic: chains are per topic
         self.positions: dict[str, int] = {}
-        self._pending: deque[tuple[str, int, ControlBody]] = deque()
+        self._pending: deque[_Pending] = deque()
         self._data_from: dict[str, dict[tuple[str, int], int]] = {}
         self._closed = False
         self._control = Reader(self.bootstrap, config, name="subscriber: control")
@@ -257,16 +261,15 @@ class Subscriber:
             timeout /= 2
         for msg in self._control.poll(timeout, 500):
             self._take_control(msg)
-        ready: list[tuple[str, ControlBody]] = []
+        ready: list[_Pending] = []
         while self._pending and self._ready(self._pending[0][2]):
-            topic, _, body = self._pending.popleft()
-            ready.append((topic, body))
+            ready.append(self._pending.popleft())
         epochs = self._read_epochs(ready) if self._data is None else {}
         by_record: dict[int, dict[int, list[Entry]]] = defaultdict(dict)
         for (i, j), entries in epochs.items():
             by_record[i][j] = entries
-        for i, (topic, body) in enumerate(ready):
-            events.extend(self._handle(topic, body, by_record.get(i, {})))
+        for i, pending in enumerate(ready):
+            events.extend(self._handle(pending, by_record.get(i, {})))
         return events
 
     def _take_control(self, msg: Message) -> None:
@@ -281,27 +284,26 @@ class Subscriber:
         self.verifiers[topic].check(topic, offset, rec)
         self.positions[topic] = offset + 1
         TRAFFIC.add(CONTROL_READ, self.topics[topic])
-        self._pending.append((topic, offset, rec.body))
+        # Expanded once here: readiness, the firm read and the events all need the notes.
+        self._pending.append((topic, rec.body, completions(rec.body)))
 
-    def _ready(self, body: ControlBody) -> bool:
-        """Soft mode: the data reader has passed every range the notification names."""
+    def _ready(self, notes: tuple[EpochComplete, ...]) -> bool:
+        """Soft mode: the data reader has passed every range the notifications name."""
         if self._data is None:
             return True
         return all(
             self._data_pos.get((r.stream, r.partition), r.end) >= r.end
-            for note in completions(body)
+            for note in notes
             for r in note.ranges
         )
 
-    def _handle(
-        self, topic: str, body: ControlBody, records: Mapping[int, list[Entry]]
-    ) -> list[Event]:
+    def _handle(self, pending: _Pending, records: Mapping[int, list[Entry]]) -> list[Event]:
         """The events of one control record: a Data per announced epoch (firm mode;
         ``records`` by index in the record), then the frontier it moved to."""
+        topic, body, notes = pending
         sub = self.topics[topic]
         out: list[Event] = []
         moved: Antichain | None = None
-        notes = completions(body)
         if notes:
             if self._data is None:
                 out.extend(
@@ -319,16 +321,14 @@ class Subscriber:
             out.append(FrontierAdvanced(moved))
         return out
 
-    def _read_epochs(
-        self, ready: Sequence[tuple[str, ControlBody]]
-    ) -> dict[tuple[int, int], list[Entry]]:
+    def _read_epochs(self, ready: Sequence[_Pending]) -> dict[tuple[int, int], list[Entry]]:
         """Firm mode: the records of every epoch announced in ``ready``, by (position in
         ``ready``, index in its record), read in one pass over the hull of their ranges: one
         consumer per batch, not per epoch."""
         wanted: dict[tuple[int, int], tuple[OffsetRange, ...]] = {}
         index: dict[str, EpochIndex[tuple[int, int]]] = {}
-        for i, (topic, body) in enumerate(ready):
-            for j, note in enumerate(completions(body)):
+        for i, (topic, _, notes) in enumerate(ready):
+            for j, note in enumerate(notes):
                 wanted[(i, j)] = tuple(
                     r for r in note.ranges if self.stream is None or r.stream == self.stream
                 )
