@@ -59,7 +59,11 @@ def read_ranges(
 ) -> list[Entry]:
     """Every data entry inside ``ranges`` (per partition in offset order), keeping only those
     whose time in ``substream`` belongs to the epoch ``time`` (a session: up to ``until``)
-    when both are given."""
+    when both are given.
+
+    ``timeout`` bounds a *stall*, not the read: it fails only when ``timeout`` seconds pass
+    without a record of a wanted range arriving (an epoch of 500 000 records on a slow
+    cluster takes as long as it takes; a range that cannot be read fails fast)."""
     wanted = [r for r in ranges if r.end > r.start]
     if not wanted:
         return []
@@ -71,9 +75,17 @@ def read_ranges(
         deadline = _time.monotonic() + timeout
         while remaining:
             if _time.monotonic() > deadline:
-                missing = ", ".join(f"{s}[{p}]<{r.end}" for (s, p), r in remaining.items())
-                raise SubstreamsError(f"ranges not readable within {timeout} s: {missing}")
-            for msg in reader.poll(0.2, 1000):
+                missing = ", ".join(
+                    f"{s}[{p}]<{r.end} (at {reader.positions.get((s, p), r.start)})"
+                    for (s, p), r in remaining.items()
+                )
+                raise SubstreamsError(
+                    f"ranges not readable: no progress for {timeout} s: {missing}"
+                )
+            batch = reader.poll(0.2, 1000)
+            if batch:
+                deadline = _time.monotonic() + timeout
+            for msg in batch:
                 key = (msg.topic(), msg.partition())
                 rng = remaining.get(key)
                 if rng is None:

@@ -163,3 +163,56 @@ def test_payload_not_matching_schema_is_a_clear_error(make_config: ConfigFactory
         pytest.raises(SubstreamsError, match="does not match schema"),
     ):
         pub.publish({"user": 5, "url": "/", "ts": 1})
+
+
+def test_read_ranges_waits_while_records_arrive_and_fails_on_a_stall(
+    make_config: ConfigFactory,
+) -> None:
+    """``read_ranges``' timeout bounds a stall, not the read: a range whose records keep
+    arriving is read in full although the whole read takes longer than the timeout, and a
+    range past the end of its partition fails naming the partition and where it stopped."""
+    import threading
+    import time
+
+    from substreams.control.messages import OffsetRange
+    from substreams.control.ranges import read_ranges
+    from substreams.errors import SubstreamsError
+    from substreams.kafka import client
+
+    config = make_config([{"name": "clicks", "partitions": 1}])
+    stream = config.streams[0].name
+    app = Application(config)
+    with app.publisher(stream, "src", batch_size=1) as pub:
+        pub.publish(clicks(1)[0])
+    probe = client.consumer(config.kafka.bootstrap, config)
+    _, start = client.watermarks(probe, stream, 0)
+    # Each record is its own transaction: a record and its commit marker take two offsets.
+    n = 12
+    end = start + 2 * (n - 1)
+
+    def trickle() -> None:
+        with app.publisher(stream, "src", batch_size=1) as late:
+            for c in clicks(n - 1, start=1):
+                time.sleep(0.3)
+                late.publish(c)
+
+    writer = threading.Thread(target=trickle)
+    started = time.monotonic()
+    writer.start()
+    try:
+        got = read_ranges(
+            config.kafka.bootstrap, config, [OffsetRange(stream, 0, 0, end)],
+            timeout=2.0,
+        )
+    finally:
+        writer.join()
+    assert client.watermarks(probe, stream, 0)[1] == end
+    probe.close()
+    assert time.monotonic() - started > 2.0  # the read outlasted its timeout ...
+    assert [e.payload["ts"] for e in got] == list(range(n))  # ... and got every record
+
+    with pytest.raises(SubstreamsError, match=rf"no progress for 1.0 s: {stream}\[0\]<"):
+        read_ranges(
+            config.kafka.bootstrap, config, [OffsetRange(stream, 0, 0, end + 50)],
+            timeout=1.0,
+        )
