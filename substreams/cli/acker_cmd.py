@@ -347,34 +347,53 @@ def peek(
 @config_option
 @bootstrap_option
 @click.option("--name", default=None, help="Acker name (default: acker.name of the config).")
-def sources(config_path: str, bootstrap: str | None, name: str | None) -> None:
-    """List the sources the acker knows, with their liveness (from its latest checkpoint,
-    at most acker.heartbeat_ms old)."""
+@click.option(
+    "--shards",
+    type=click.IntRange(min=1),
+    default=None,
+    help="How many shards the acker runs as (default: acker.shards of the config); every "
+    "shard's sources are listed, with the shard that tracks them.",
+)
+def sources(config_path: str, bootstrap: str | None, name: str | None, shards: int | None
+            ) -> None:
+    """List the sources the acker knows, with their liveness (from each shard's latest
+    checkpoint, at most acker.heartbeat_ms old)."""
     from substreams.acker.service import latest_state
     from substreams.acker.state import source_liveness
 
     config = load_config(config_path)
-    found = latest_state(config, bootstrap, name)
-    if found is None:
-        raise SubstreamsError(
-            f"acker '{name or config.acker.name}' has written no checkpoint yet; is it running?"
-        )
-    state, written_ms = found
-    table = Table(title=f"sources of acker '{name or config.acker.name}'")
-    for col in ("source", "incarnation", "role", "substreams", "last heard", "state"):
+    n = shards or config.acker.shards
+    base = name or config.acker.name
+    table = Table(title=f"sources of acker '{base}'" + (f" ({n} shards)" if n > 1 else ""))
+    for col in (("shard",) if n > 1 else ()) + (
+        "source", "incarnation", "role", "substreams", "last heard", "state"
+    ):
         table.add_column(col)
     timeout = config.acker.source_timeout_ms
-    for row in source_liveness(state, written_ms, timeout):
-        table.add_row(
-            row.source,
-            row.incarnation,
-            ",".join(row.roles) or "-",
-            ", ".join(row.substreams) or "-",
-            _age(row.last_seen_ms),
-            row.status,
-        )
+    written: list[str] = []
+    for shard in range(n):
+        shard_name = config.acker.shard_name(shard, n, base)
+        found = latest_state(config, bootstrap, shard_name)
+        if found is None:
+            raise SubstreamsError(
+                f"acker '{shard_name}' has written no checkpoint yet; is it running?"
+            )
+        state, written_ms = found
+        written.append(f"{shard_name} {_age(written_ms)}")
+        for row in source_liveness(state, written_ms, timeout):
+            table.add_row(
+                *((str(shard),) if n > 1 else ()),
+                row.source,
+                row.incarnation,
+                ",".join(row.roles) or "-",
+                ", ".join(row.substreams) or "-",
+                _age(row.last_seen_ms),
+                row.status,
+            )
     Console().print(table)
-    click.echo(f"checkpoint written {_age(written_ms)}; evicted after {timeout} ms of silence")
+    click.echo(
+        f"checkpoint written: {'; '.join(written)}; evicted after {timeout} ms of silence"
+    )
 
 
 @command.command("evict-source")

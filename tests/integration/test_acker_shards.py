@@ -35,7 +35,7 @@ from tests.integration.test_acker import (
     notifications,
     wait_notifications,
 )
-from tests.integration.test_source_liveness import evictions
+from tests.integration.test_source_liveness import cli, evictions
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
@@ -288,6 +288,13 @@ def test_a_source_idle_on_one_shard_is_not_evicted_there(make_config: ConfigFact
             for s in subs:
                 pub.seal(s, t, commit=s == subs[-1])
             got = wait_notifications(config, b, 2)
+            # `acker sources` reads every shard's checkpoint: the source is live on both.
+            listed = cli("acker", "sources", "-c", str(config.path))
+        assert listed.returncode == 0, listed.stderr
+        rows = [line.split("│") for line in listed.stdout.splitlines() if "only-a" in line]
+        assert sorted(r[1].strip() for r in rows) == ["0", "1"], listed.stdout
+        assert all(r[-2].strip() == "live" for r in rows), listed.stdout
+        assert "shard0of2" in listed.stdout and "shard1of2" in listed.stdout
         assert [n.time for n in got] == [0, t]
         assert zero.service.evictions == 0 and one.service.evictions == 0
     for s in subs:
