@@ -203,6 +203,8 @@ class SegmentTable:
         self.had_source = False
         self.terminated = UpperAntichain()
         self.dirty = False
+        self.int_runs = True
+        """Plain int times take the per-run path (False: the generic reference algorithm)."""
 
     # -- membership ----------------------------------------------------------------------
 

@@ -50,6 +50,8 @@ class ProgressTracker:
         self.last_completed: Time | None = None
         self._pending = ChangeBatch()
         self.data_end: dict[tuple[str, int], int] = {}
+        self.int_runs = True
+        """Runs of int times are retired in bulk (False: one time at a time, the reference)."""
 
     def activate(self, time: Time) -> None:
         """``time`` was seen (a record or a seal of it): it is active until completed."""
@@ -58,6 +60,11 @@ class ProgressTracker:
         self.active.add(time)
         self._pending.extend(self.lower.update_iter([(time, 1)]))
         self.upper.insert(time)
+
+    def activate_many(self, times: Iterable[Time]) -> None:
+        """:meth:`activate` for each of ``times`` (a report block's new times)."""
+        for t in times:
+            self.activate(t)
 
     def complete(
         self,
