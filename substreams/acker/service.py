@@ -863,23 +863,35 @@ def announce(
     bodies, each time's ``sealed_at_ms`` (for the latency metric; one per time, in order) and
     the last time announced (None: nothing terminated).  A module function, so that the
     benchmark times exactly what the service runs (``substreams bench acker``)."""
-    terms = table.terminations()
-    if not terms:
+    run, entries, terms = table.termination_runs()
+    if not run and not terms:
         return [], [], None
+    # One Completion per time is the wire form; the int run's are built straight from the
+    # table's entries (no Termination), and a chunk of them is retired as a run.
+    done: list[tuple[Completion, tuple[Time, ...]]] = [
+        (Completion(t, e.offset_ranges(), e.records, e.sealed_at_ms or now), ())
+        for t, e in zip(run, entries, strict=True)
+    ]
+    done.extend(
+        (Completion(term.time, term.ranges, term.records, term.sealed_at_ms or now,
+                    term.until), term.members)
+        for term in terms
+    )
     out: list[ControlBody] = []
-    for at in range(0, len(terms), MAX_COMPLETIONS_PER_RECORD):
-        run = terms[at:at + MAX_COMPLETIONS_PER_RECORD]
-        bodies = tracker.complete_many([
-            (Completion(term.time, term.ranges, term.records,
-                        term.sealed_at_ms or now, term.until), term.members)
-            for term in run
-        ])
+    for at in range(0, len(done), MAX_COMPLETIONS_PER_RECORD):
+        chunk = done[at:at + MAX_COMPLETIONS_PER_RECORD]
+        if at + len(chunk) <= len(run):
+            bodies = tracker.complete_run([c for c, _ in chunk])
+        else:
+            bodies = tracker.complete_many(chunk)
         for body in bodies:
             if isinstance(body, FrontierSnapshot):  # with the open times' starts
                 out.append(tracker.snapshot(_open_starts(table)))
             else:
                 out.append(body)
-    return out, [term.sealed_at_ms for term in terms], terms[-1].time
+    sealed_at = [e.sealed_at_ms for e in entries]
+    sealed_at.extend(term.sealed_at_ms for term in terms)
+    return out, sealed_at, (terms[-1].time if terms else run[-1])
 
 
 def _open_starts(table: SegmentTable) -> dict[tuple[str, int], int]:
