@@ -120,8 +120,13 @@ class OpenEntry:
     ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     first_seen_ms: int = 0
     sealed_at_ms: int = 0
+    only: OffsetRange | None = field(default=None, compare=False)
+    """The one range reported for this time while it is the whole of ``ranges`` (set by
+    report_block, dropped by any other addition): :meth:`offset_ranges` returns it instead
+    of building an equal one.  Not state: a loaded entry builds its range."""
 
     def add_ranges(self, ranges: Iterable[OffsetRange]) -> None:
+        self.only = None
         for r in ranges:
             key = (r.stream, r.partition)
             hull = self.ranges.get(key)
@@ -136,6 +141,8 @@ class OpenEntry:
     def offset_ranges(self) -> tuple[OffsetRange, ...]:
         """The hulls, one per (stream, partition), sorted: already merged
         (:func:`~substreams.control.messages.merge_ranges` returns them unchanged)."""
+        if self.only is not None:
+            return (self.only,)
         if len(self.ranges) == 1:  # the common case: one data partition per time
             for (s, p), (lo, hi) in self.ranges.items():
                 return (OffsetRange(s, p, lo, hi),)
@@ -423,6 +430,7 @@ class SegmentTable:
             if n == 1 and not entry.ranges:
                 r = ranges[at]
                 entry.ranges[(r.stream, r.partition)] = [r.start, r.end]
+                entry.only = r
                 at += 1
             elif n:
                 entry.add_ranges(ranges[at:at + n])

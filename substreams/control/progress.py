@@ -75,8 +75,9 @@ class ProgressTracker:
         if not fresh:
             return
         active.update(fresh)
-        self._pending.extend(self.lower.update_iter([(t, 1) for t in fresh]))
-        self.upper.insert(max(fresh))  # type: ignore[type-var]  # ints (checked above)
+        ints: list[int] = fresh  # type: ignore[assignment]  # checked above
+        self._pending.extend(self.lower.update_ints(ints, 1))
+        self.upper.insert(max(ints))
 
     def complete(
         self,
@@ -154,7 +155,7 @@ class ProgressTracker:
         if missing:  # retired without being seen: seen first, as _retire does
             self.activate_many(missing)
         active.difference_update(times)
-        self._pending.extend(self.lower.update_iter([(t, -1) for t in times]))
+        self._pending.extend(self.lower.update_ints(times, -1))  # type: ignore[arg-type]
         data_end = self.data_end
         for c in done:
             for r in c.ranges:

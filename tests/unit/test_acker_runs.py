@@ -199,3 +199,18 @@ def test_complete_run_equals_complete_many(active: list[Time], run: list[Any]) -
     want = ref.complete_many([(c, ()) for c in done])
     assert got == want
     assert Side.state_of(fast) == Side.state_of(ref)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 30), max_size=12),
+                          st.sampled_from([-2, -1, 1, 2])), max_size=12))
+def test_update_ints_equals_update_iter(batches: list[tuple[list[int], int]]) -> None:
+    """The MutableAntichain's run update: same frontier changes, counts and frontier."""
+    from substreams.frontier import MutableAntichain
+
+    fast, ref = MutableAntichain(), MutableAntichain()
+    for ts, delta in batches:
+        assert fast.update_ints(ts, delta) == ref.update_iter([(t, delta) for t in ts])
+        assert fast.frontier() == ref.frontier()
+        assert all(fast.count_for(t) == ref.count_for(t) for t in range(31))
+        assert fast.is_empty() == ref.is_empty()
