@@ -580,7 +580,7 @@ def plot(result: BenchResult, path: Path) -> None:
     lat_ax.set_title("seal → EpochComplete vs produce → consume", fontsize=9)
     lat_ax.grid(True, axis="y", alpha=0.3)
     lat_ax.legend(fontsize=7)
-    tp = next((r for r in result.rows if "rate" in r and "shards" not in r), None)
+    tp = next((r for r in result.rows if "entries_per_s" in r and "shards" not in r), None)
     if tp is not None:
         bars = tp_ax.bar(
             ["ack messages/s", "entries/s"],
