@@ -234,6 +234,75 @@ def step_alone(
     }
 
 
+def step_kafka(ctx: BenchContext, times: int, per_message: int = 100) -> list[dict[str, Any]]:
+    """:func:`step_alone`'s input through Kafka: the ack messages pre-written to the acks
+    topic, then ``AckerService.step`` timed until every time's notification is written
+    (reads, transactions, checkpoints included; no command handler), once on the generic
+    path and once per run, by two acker names reading the same topic."""
+    config = ctx.config(
+        [("bench", 1)],
+        [{"name": "s0", "stream": "bench", "kind": "epoch", "field": "batch"}],
+        acker={"heartbeat_ms": 1000},
+    )
+    batching: dict[str, Any] = {"linger.ms": 20}
+    producer = client.producer(ctx.bootstrap, config, **batching)
+    headers = ack_headers()
+    stamp = int(time.time() * 1000)
+    sub = config.substreams[0].name  # the bench context suffixes the names
+    msgs = [AckMessage("bench-source", 0, 0, Register((sub,)))]
+    for m in range(times // per_message):
+        lo = m * per_message
+        ts = tuple(range(lo, lo + per_message))
+        block = AckBlock(
+            sub, ts, (), (1,) * per_message, (1,) * per_message, (1,) * per_message,
+            tuple(OffsetRange("bench", 0, t, t + 1) for t in ts),
+        )
+        seal = (SealEntry(sub, lo + per_message - 1, stamp),)
+        msgs.append(AckMessage("bench-source", m + 1, 0, AckReport((), seal, (block,))))
+    for msg in msgs:
+        while True:
+            try:
+                producer.produce(
+                    config.acker.acks_topic, encode_ack(msg), partition=0, headers=headers
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+    rows = []
+    for generic in (True, False):
+        name = f"{config.acker.name}.{'generic' if generic else 'runs'}"
+        service = AckerService(config, ctx.bootstrap, name, max_batch=5000)
+        service.start()
+        for table in service.state.tables.values():
+            table.int_runs = not generic
+        for tracker in service.state.trackers.values():
+            tracker.int_runs = not generic
+        t0, c0 = time.perf_counter(), time.process_time()
+        deadline = t0 + 120
+        while service.notifications < times and time.perf_counter() < deadline:
+            service.step(0.05)
+            if service.dead_letters:
+                break  # the input is refused: no point waiting for the deadline
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        done = service.notifications
+        service.close()
+        path = "generic (per time)" if generic else "per run"
+        rows.append({
+            "measurement": f"acker step with Kafka, {path}: {times:,} times, "
+                           f"{per_message} per ack message",
+            "samples": done,
+            "rate": round(done / elapsed, 1),
+            "completed_per_s": round(done / elapsed, 1),
+            "per_cpu_s": round(done / cpu, 1),
+            "cpu_s_max": round(cpu, 3),
+            "notifications": done,
+            "expected_notifications": times,
+            "seconds": round(elapsed, 3),
+        })
+    return rows
+
+
 # -- (a') shards ------------------------------------------------------------------------------
 
 SHARD_PARTITIONS = 2
@@ -491,6 +560,7 @@ def run(ctx: BenchContext) -> BenchResult:
             n = 20_000 if ctx.quick else 200_000
             step_rows = [step_alone(n, generic=True), step_alone(n)]
             result.rows += step_rows
+            result.rows += step_kafka(ctx, n)
         elif step == "throughput":
             result.rows.append(throughput(ctx, messages, entries, substreams=4))
         elif step == "shards":
