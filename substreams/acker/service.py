@@ -50,6 +50,7 @@ from confluent_kafka import OFFSET_END, KafkaException, Message, TopicPartition
 
 from substreams import metrics
 from substreams.acker.agent import (
+    AckBlock,
     AckReport,
     Evict,
     Register,
@@ -81,8 +82,10 @@ from substreams.control.messages import (
     SourceEvicted,
     WriterHeartbeat,
 )
+from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
+from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.read import Reader
 from substreams.kafka.topics import ensure_topics
@@ -772,13 +775,7 @@ class AckerService:
             if shape is not None:
                 problems.append((REASON_MALFORMED, shape))
                 continue
-            new, refused = table.report_block(
-                block.times, block.xors, block.records, block.reports, block.range_counts,
-                block.ranges, now,
-            )
-            tracker = trackers[block.substream]
-            for t in new:
-                tracker.activate(t)
+            refused = apply_block(table, trackers[block.substream], block, now)
             problems.extend((REASON_TERMINATED, v.reason) for v in refused)
         for s in body.seals:
             table = self._table_for(source, s.substream, partition, problems)
@@ -805,28 +802,15 @@ class AckerService:
         runs of at most ``MAX_COMPLETIONS_PER_RECORD`` per record (batched completions)."""
         items: list[tuple[str, ControlBody]] = []
         for sub, table in self.state.tables.items():
-            terms = table.terminations()
-            if not terms:
-                continue
             tracker = self.state.trackers[sub]
+            bodies, sealed_at, last = announce(table, tracker, now)
+            if last is None:
+                continue
             topic = self.control_topics[sub]
-            for at in range(0, len(terms), MAX_COMPLETIONS_PER_RECORD):
-                run = terms[at:at + MAX_COMPLETIONS_PER_RECORD]
-                bodies = tracker.complete_many([
-                    (Completion(term.time, term.ranges, term.records,
-                                term.sealed_at_ms or now, term.until), term.members)
-                    for term in run
-                ])
-                for body in bodies:
-                    if isinstance(body, FrontierSnapshot):  # with the open times' starts
-                        items.append((topic, tracker.snapshot(_open_starts(table))))
-                    else:
-                        items.append((topic, body))
-            metrics.observe_notifications(
-                self.name, sub, (term.sealed_at_ms for term in terms), now
-            )
-            self.state.last_notification[sub] = (terms[-1].time, now)
-            self.notifications += len(terms)
+            items.extend((topic, body) for body in bodies)
+            metrics.observe_notifications(self.name, sub, sealed_at, now)
+            self.state.last_notification[sub] = (last, now)
+            self.notifications += len(sealed_at)
             tracker.prune_keyed(table.keyed_floor())
         return items
 
@@ -857,6 +841,57 @@ class AckerService:
 
     def view(self) -> AckerView:
         return self.state.view(self.name)
+
+
+def apply_block(
+    table: SegmentTable, tracker: ProgressTracker, block: AckBlock, now: int
+) -> list[Violation]:
+    """Apply a well-formed ``AckBlock`` (the caller checked :meth:`AckBlock.problem`): the
+    table's entries, the tracker's newly active times; the refused entries' violations."""
+    new, refused = table.report_block(
+        block.times, block.xors, block.records, block.reports, block.range_counts,
+        block.ranges, now,
+    )
+    tracker.activate_many(new)
+    return refused
+
+
+def announce(
+    table: SegmentTable, tracker: ProgressTracker, now: int
+) -> tuple[list[ControlBody], list[int], Time | None]:
+    """What terminated in ``table`` now, as control bodies (``tracker`` retires it): the
+    bodies, each time's ``sealed_at_ms`` (for the latency metric; one per time, in order) and
+    the last time announced (None: nothing terminated).  A module function, so that the
+    benchmark times exactly what the service runs (``substreams bench acker``)."""
+    run, entries, terms = table.termination_runs()
+    if not run and not terms:
+        return [], [], None
+    # One Completion per time is the wire form; the int run's are built straight from the
+    # table's entries (no Termination), and a chunk of them is retired as a run.
+    done: list[tuple[Completion, tuple[Time, ...]]] = [
+        (Completion(t, e.offset_ranges(), e.records, e.sealed_at_ms or now), ())
+        for t, e in zip(run, entries, strict=True)
+    ]
+    done.extend(
+        (Completion(term.time, term.ranges, term.records, term.sealed_at_ms or now,
+                    term.until), term.members)
+        for term in terms
+    )
+    out: list[ControlBody] = []
+    for at in range(0, len(done), MAX_COMPLETIONS_PER_RECORD):
+        chunk = done[at:at + MAX_COMPLETIONS_PER_RECORD]
+        if at + len(chunk) <= len(run):
+            bodies = tracker.complete_run([c for c, _ in chunk])
+        else:
+            bodies = tracker.complete_many(chunk)
+        for body in bodies:
+            if isinstance(body, FrontierSnapshot):  # with the open times' starts
+                out.append(tracker.snapshot(_open_starts(table)))
+            else:
+                out.append(body)
+    sealed_at = [e.sealed_at_ms for e in entries]
+    sealed_at.extend(term.sealed_at_ms for term in terms)
+    return out, sealed_at, (terms[-1].time if terms else run[-1])
 
 
 def _open_starts(table: SegmentTable) -> dict[tuple[str, int], int]:

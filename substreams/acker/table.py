@@ -44,6 +44,7 @@ below the maximal terminated times) are protocol violations: the caller dead-let
 
 from __future__ import annotations
 
+from bisect import bisect_right, insort
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -109,7 +110,7 @@ def _not_keyed_covered(state: SourceState, t: Time) -> bool:
 # -- the table ------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class OpenEntry:
     """What is known about one open (not yet terminated) time."""
 
@@ -119,8 +120,13 @@ class OpenEntry:
     ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     first_seen_ms: int = 0
     sealed_at_ms: int = 0
+    only: OffsetRange | None = field(default=None, compare=False)
+    """The one range reported for this time while it is the whole of ``ranges`` (set by
+    report_block, dropped by any other addition): :meth:`offset_ranges` returns it instead
+    of building an equal one.  Not state: a loaded entry builds its range."""
 
     def add_ranges(self, ranges: Iterable[OffsetRange]) -> None:
+        self.only = None
         for r in ranges:
             key = (r.stream, r.partition)
             hull = self.ranges.get(key)
@@ -133,6 +139,13 @@ class OpenEntry:
                     hull[1] = r.end
 
     def offset_ranges(self) -> tuple[OffsetRange, ...]:
+        """The hulls, one per (stream, partition), sorted: already merged
+        (:func:`~substreams.control.messages.merge_ranges` returns them unchanged)."""
+        if self.only is not None:
+            return (self.only,)
+        if len(self.ranges) == 1:  # the common case: one data partition per time
+            for (s, p), (lo, hi) in self.ranges.items():
+                return (OffsetRange(s, p, lo, hi),)
         return tuple(OffsetRange(s, p, lo, hi) for (s, p), (lo, hi) in sorted(self.ranges.items()))
 
 
@@ -158,6 +171,11 @@ class SourceState:
 
     def covers(self, t: Time) -> bool:
         return self._keyed_covers(t) or self.seals.covers(t)
+
+    def int_seal(self) -> int | None:
+        """The source's highest int seal (it covers the int times up to it), if any."""
+        els = self.seals.elements()
+        return els[0] if els and type(els[0]) is int else None  # ints sort first
 
     def covered_at(self, t: Time) -> int:
         """When this source's seals first covered ``t`` (as far as the antichain remembers)."""
@@ -203,6 +221,16 @@ class SegmentTable:
         self.had_source = False
         self.terminated = UpperAntichain()
         self.dirty = False
+        self.int_runs = True
+        """Plain int times take the per-run path (False: the generic reference algorithm)."""
+        # Indexes of ``open`` for the per-run path (kept on both paths; rebuilt by
+        # from_state).  Invariants: ``_ints`` is the sorted list of the open int times;
+        # ``_nonzero`` the open int times whose xor is not 0; ``_others`` the number of open
+        # times that are not ints.  Every change of ``open`` goes through _entry (adds) and
+        # the termination methods (removes); every xor change through report/report_block.
+        self._ints: list[int] = []
+        self._nonzero: set[int] = set()
+        self._others = 0
 
     # -- membership ----------------------------------------------------------------------
 
@@ -283,7 +311,25 @@ class SegmentTable:
         ]
         entry.sealed_at_ms = max(sealed, default=0)
         self.open[t] = entry
+        self._index(t)
         return entry, True
+
+    def _index(self, t: Time) -> None:
+        """Add a new open time to the indexes (its xor is still 0)."""
+        if type(t) is int:
+            ints = self._ints
+            if not ints or t > ints[-1]:
+                ints.append(t)
+            else:
+                insort(ints, t)
+        else:
+            self._others += 1
+
+    def _reindex(self) -> None:
+        """Rebuild the indexes from ``open`` (after a load or a generic termination)."""
+        self._ints = sorted(t for t in self.open if type(t) is int)
+        self._nonzero = {t for t in self._ints if self.open[t].xor}
+        self._others = len(self.open) - len(self._ints)
 
     def report(
         self,
@@ -305,6 +351,11 @@ class SegmentTable:
         self._check_open(t)
         entry, new = self._entry(t, now_ms)
         entry.xor ^= xor
+        if type(t) is int:
+            if entry.xor:
+                self._nonzero.add(t)
+            else:
+                self._nonzero.discard(t)
         entry.records += records
         entry.reports += reports
         entry.add_ranges(ranges)
@@ -329,6 +380,75 @@ class SegmentTable:
                 f"substream '{self.substream}' is a session substream: times must be "
                 f"Keyed(key, event_ms), got a block of int times"
             )]
+        if not self.int_runs:
+            return self._report_block_generic(
+                times, xors, records, reports, range_counts, ranges, now_ms
+            )
+        new: list[Time] = []
+        refused: list[Violation] = []
+        open_ = self.open
+        ints = self._ints
+        nonzero = self._nonzero
+        # Once per block, not per time (int times only meet int seals): the highest int
+        # terminated time (a report at or below it is late unless open) and the highest int
+        # seal of any SOURCE (a time above it is covered by none: sealed_at_ms 0).
+        els = self.terminated.elements()
+        done = els[0] if els and type(els[0]) is int else None
+        seals = [s.int_seal() for s in self.sources.values() if s.role == SOURCE]
+        sealed_hi = max((b for b in seals if b is not None), default=None)
+        at = 0
+        for i, t in enumerate(times):
+            n = range_counts[i]
+            entry = open_.get(t)
+            if entry is None:
+                if done is not None and t <= done:
+                    refused.append(Violation(
+                        f"substream '{self.substream}': report for time {t!r}, which "
+                        f"already terminated"
+                    ))
+                    at += n
+                    continue
+                if sealed_hi is not None and t <= sealed_hi:
+                    entry, _ = self._entry(t, now_ms)
+                else:
+                    entry = open_[t] = OpenEntry(first_seen_ms=now_ms)
+                    if not ints or t > ints[-1]:
+                        ints.append(t)
+                    else:
+                        insort(ints, t)
+                new.append(t)
+            if xors:
+                x = xors[i]
+                if x:
+                    entry.xor ^= x
+                    if entry.xor:
+                        nonzero.add(t)
+                    else:
+                        nonzero.discard(t)
+            entry.records += records[i]
+            entry.reports += reports[i]
+            if n == 1 and not entry.ranges:
+                r = ranges[at]
+                entry.ranges[(r.stream, r.partition)] = [r.start, r.end]
+                entry.only = r
+                at += 1
+            elif n:
+                entry.add_ranges(ranges[at:at + n])
+                at += n
+        self.dirty = True
+        return new, refused
+
+    def _report_block_generic(
+        self,
+        times: Sequence[int],
+        xors: Sequence[int],
+        records: Sequence[int],
+        reports: Sequence[int],
+        range_counts: Sequence[int],
+        ranges: Sequence[OffsetRange],
+        now_ms: int,
+    ) -> tuple[list[Time], list[Violation]]:
+        """The reference for :meth:`report_block`: one entry at a time, as :meth:`report`."""
         new: list[Time] = []
         refused: list[Violation] = []
         open_ = self.open
@@ -347,6 +467,10 @@ class SegmentTable:
                 new.append(t)
             if xors:
                 entry.xor ^= xors[i]
+                if entry.xor:
+                    self._nonzero.add(t)
+                else:
+                    self._nonzero.discard(t)
             entry.records += records[i]
             entry.reports += reports[i]
             if n:
@@ -424,21 +548,86 @@ class SegmentTable:
 
     def terminations(self) -> list[Termination]:
         """Remove and return every time that terminates now, in a consistent order."""
+        run, entries, rest = self.termination_runs()
+        if not run:
+            return rest
+        sub = self.substream
+        out = [
+            Termination(sub, t, e.offset_ranges(), e.records, e.sealed_at_ms, e.first_seen_ms)
+            for t, e in zip(run, entries, strict=True)
+        ]
+        out.extend(rest)
+        return out
+
+    def termination_runs(self) -> tuple[list[int], list[OpenEntry], list[Termination]]:
+        """:meth:`terminations` without a :class:`Termination` per int time: the run of int
+        times that terminates now (ascending) with their removed entries, then the other
+        terminations.  The order is the same: ints come first in :func:`sort_key` order, and
+        ints and other times are never ordered against each other (blocked only by their
+        own class), so the two parts are decided independently."""
         if not self.dirty or not self.open:
             self.dirty = False
-            return []
+            return [], [], []
         self.dirty = False
         if not self.had_source:
-            return []
+            return [], [], []
         sources = [s for s in self.sources.values() if s.role == SOURCE and s.active]
         if self.gap_ms is not None:
-            return self._session_terminations(sources, self.gap_ms)
+            return [], [], self._session_terminations(sources, self.gap_ms)
+        if not self.int_runs:
+            return [], [], self._generic_terminations(sources, list(self.open))
+        run, entries = self._int_run(sources)
+        rest: list[Termination] = []
+        if self._others:
+            rest = self._generic_terminations(
+                sources, [t for t in self.open if type(t) is not int], prune=False
+            )
+        if run or rest:
+            self.prune()
+        return run, entries, rest
+
+    def _int_run(self, sources: list[SourceState]) -> tuple[list[int], list[OpenEntry]]:
+        """The open int times that terminate now, removed, with their entries.
+
+        An int time terminates iff every active source has an int seal ``>= t``, its xor is
+        0 and every open int time below it terminates: so the run is the prefix of the
+        sorted open ints up to ``end = min(lowest int seal of the sources, lowest open int
+        time with a nonzero xor - 1)`` -- found by one bisection, not a check per time."""
+        ints = self._ints
+        if not ints:
+            return [], []
+        end: int | None = None  # None: no bound (no active source left)
+        for s in sources:
+            b = s.int_seal()
+            if b is None:
+                return [], []
+            if end is None or b < end:
+                end = b
+        if self._nonzero:
+            blocked = min(self._nonzero) - 1
+            if end is None or blocked < end:
+                end = blocked
+        k = len(ints) if end is None else bisect_right(ints, end)
+        if not k:
+            return [], []
+        run = ints[:k]
+        del ints[:k]
+        pop = self.open.pop
+        entries = [pop(t) for t in run]
+        self.terminated.insert(run[-1])  # = inserting each: an int covers the ints below it
+        return run, entries
+
+    def _generic_terminations(
+        self, sources: list[SourceState], times: list[Time], prune: bool = True
+    ) -> list[Termination]:
+        """The reference algorithm (every open time checked on its own), over ``times``:
+        all the open times, or the non-int ones when the ints take :meth:`_int_run`."""
         out: list[Termination] = []
         # Blocked (still open) times: for totally ordered classes the minimum per class is
         # enough; partially ordered ones (tuples) keep a list.
         blocked_min: dict[tuple[int, str, int], int] = {}
         blocked_other: list[Time] = []
-        for t in sorted(self.open, key=sort_key):
+        for t in sorted(times, key=sort_key):
             key = sort_key(t)
             cls = key[:3]
             entry = self.open[t]
@@ -466,7 +655,12 @@ class SegmentTable:
             del self.open[term.time]
             self.terminated.insert(term.time)
         if out:
-            self.prune()
+            if any(type(term.time) is int for term in out):
+                self._reindex()
+            else:
+                self._others -= len(out)
+            if prune:
+                self.prune()
         return out
 
     def _session_terminations(
@@ -502,6 +696,7 @@ class SegmentTable:
                 )
                 for m in members:
                     del self.open[m]
+                self._others -= len(members)
                 self.terminated.insert(Keyed(key, end))
         out.sort(key=lambda term: sort_key(term.time))
         if out:
@@ -572,5 +767,6 @@ class SegmentTable:
             table.sources[name] = src
         table.had_source = bool(state["had_source"])
         table.terminated = UpperAntichain(time_from_wire(w) for w in state["terminated"])
+        table._reindex()
         table.dirty = True
         return table

@@ -41,18 +41,21 @@ from typing import Any, Protocol
 from confluent_kafka import TopicPartition
 
 from substreams.acker.agent import (
+    AckBlock,
     AckEntry,
     AckMessage,
     AckReport,
     Register,
     SealEntry,
     ack_headers,
+    decode_ack,
     encode_ack,
     segment_partition,
     split_body,
 )
 from substreams.acker.handler import CommandHandler
-from substreams.acker.service import AckerService
+from substreams.acker.service import AckerService, announce, apply_block
+from substreams.acker.state import AckerState
 from substreams.app import Application
 from substreams.bench.harness import (
     BenchContext,
@@ -66,8 +69,9 @@ from substreams.bench.harness import (
     titled,
 )
 from substreams.config import Config
+from substreams.control.chain import ChainHead
 from substreams.control.io import ControlTail
-from substreams.control.messages import completions
+from substreams.control.messages import OffsetRange, completions
 from substreams.kafka import client
 
 NAME = "acker"
@@ -161,6 +165,142 @@ def throughput(ctx: BenchContext, messages: int, entries: int, substreams: int) 
         "substreams": substreams,
         "seconds": round(elapsed, 3),
     }
+
+
+# -- (a'') the acker's own work at one record per time -------------------------------------
+
+
+def step_alone(
+    times: int, per_message: int = 100, per_step: int = 50, generic: bool = False
+) -> dict[str, Any]:
+    """One acker's work per time, in process: ``times`` int times of one substream, one
+    record each, ``per_message`` times per ack message (an ``AckBlock`` with the seal of its
+    last time).  Timed: decoding the pre-encoded messages, applying them as the service does
+    (:func:`~substreams.acker.service.apply_block`, the seal), then per ``per_step`` messages
+    what one ``AckerService.step`` does after its poll: :func:`~substreams.acker.service.
+    announce`, signing and encoding every control record, and the checkpoint
+    (``AckerState.dumps``).  Not timed: Kafka (the produce/consume of the same bytes).
+    ``generic``: the reference path (one open time at a time), for before/after rows."""
+    state = AckerState()
+    state.ensure("s", 100)
+    table, tracker = state.tables["s"], state.trackers["s"]
+    table.int_runs = not generic
+    tracker.int_runs = not generic
+    table.register("bench-source", "SOURCE")
+    stamp = int(time.time() * 1000)
+    raw: list[bytes] = []
+    for m in range(times // per_message):
+        lo = m * per_message
+        ts = tuple(range(lo, lo + per_message))
+        block = AckBlock(
+            "s", ts, (), (1,) * per_message, (1,) * per_message, (1,) * per_message,
+            tuple(OffsetRange("bench", 0, t, t + 1) for t in ts),
+        )
+        seal = (SealEntry("s", lo + per_message - 1, stamp),)
+        raw.append(encode_ack(AckMessage("bench-source", m + 1, 0, AckReport((), seal, (block,)))))
+    headers = ack_headers()
+    head = ChainHead()
+    done = records = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for at in range(0, len(raw), per_step):
+        now = int(time.time() * 1000)
+        for value in raw[at:at + per_step]:
+            body = decode_ack(value, headers).body
+            assert isinstance(body, AckReport)
+            for block in body.blocks:
+                apply_block(table, tracker, block, now)
+            for s in body.seals:
+                if table.seal("bench-source", s.time, s.sealed_at_ms, now):
+                    tracker.activate(s.time)
+        bodies, sealed_at, _ = announce(table, tracker, now)
+        for b in bodies:
+            head.append_encoded("acker", b, now)
+        records += len(bodies)
+        done += len(sealed_at)
+        state.dumps()
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    path = "generic (per time)" if generic else "per run"
+    return {
+        "measurement": f"acker step alone, {path}: {times:,} times, {per_message} per ack message",
+        "samples": done,
+        "rate": round(done / elapsed, 1),
+        "completed_per_s": round(done / elapsed, 1),
+        "notifications": done,
+        "expected_notifications": times,
+        "per_cpu_s": round(done / cpu, 1),
+        "cpu_s_max": round(cpu, 3),
+        "control_records": records,
+        "seconds": round(elapsed, 3),
+    }
+
+
+def step_kafka(ctx: BenchContext, times: int, per_message: int = 100) -> list[dict[str, Any]]:
+    """:func:`step_alone`'s input through Kafka: the ack messages pre-written to the acks
+    topic, then ``AckerService.step`` timed until every time's notification is written
+    (reads, transactions, checkpoints included; no command handler), once on the generic
+    path and once per run, by two acker names reading the same topic."""
+    config = ctx.config(
+        [("bench", 1)],
+        [{"name": "s0", "stream": "bench", "kind": "epoch", "field": "batch"}],
+        acker={"heartbeat_ms": 1000},
+    )
+    batching: dict[str, Any] = {"linger.ms": 20}
+    producer = client.producer(ctx.bootstrap, config, **batching)
+    headers = ack_headers()
+    stamp = int(time.time() * 1000)
+    sub = config.substreams[0].name  # the bench context suffixes the names
+    msgs = [AckMessage("bench-source", 0, 0, Register((sub,)))]
+    for m in range(times // per_message):
+        lo = m * per_message
+        ts = tuple(range(lo, lo + per_message))
+        block = AckBlock(
+            sub, ts, (), (1,) * per_message, (1,) * per_message, (1,) * per_message,
+            tuple(OffsetRange("bench", 0, t, t + 1) for t in ts),
+        )
+        seal = (SealEntry(sub, lo + per_message - 1, stamp),)
+        msgs.append(AckMessage("bench-source", m + 1, 0, AckReport((), seal, (block,))))
+    for msg in msgs:
+        while True:
+            try:
+                producer.produce(
+                    config.acker.acks_topic, encode_ack(msg), partition=0, headers=headers
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+    rows = []
+    for generic in (True, False):
+        name = f"{config.acker.name}.{'generic' if generic else 'runs'}"
+        service = AckerService(config, ctx.bootstrap, name, max_batch=5000)
+        service.start()
+        for table in service.state.tables.values():
+            table.int_runs = not generic
+        for tracker in service.state.trackers.values():
+            tracker.int_runs = not generic
+        t0, c0 = time.perf_counter(), time.process_time()
+        deadline = t0 + 120
+        while service.notifications < times and time.perf_counter() < deadline:
+            service.step(0.05)
+            if service.dead_letters:
+                break  # the input is refused: no point waiting for the deadline
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        done = service.notifications
+        service.close()
+        path = "generic (per time)" if generic else "per run"
+        rows.append({
+            "measurement": f"acker step with Kafka, {path}: {times:,} times, "
+                           f"{per_message} per ack message",
+            "samples": done,
+            "rate": round(done / elapsed, 1),
+            "completed_per_s": round(done / elapsed, 1),
+            "per_cpu_s": round(done / cpu, 1),
+            "cpu_s_max": round(cpu, 3),
+            "notifications": done,
+            "expected_notifications": times,
+            "seconds": round(elapsed, 3),
+        })
+    return rows
 
 
 # -- (a') shards ------------------------------------------------------------------------------
@@ -387,6 +527,7 @@ COLUMNS = [
     Column("rate", "per second", "{:,.0f}"),
     Column("entries_per_s", "entries/s", "{:,.0f}"),
     Column("completed_per_s", "times completed/s", "{:,.0f}"),
+    Column("per_cpu_s", "times/CPU s", "{:,.0f}"),
     Column("cpu_s_max", "CPU s (busiest)", "{:.2f}"),
     Column("p50_ms", "p50 ms", "{:.2f}"),
     Column("p99_ms", "p99 ms", "{:.2f}"),
@@ -410,11 +551,17 @@ def run(ctx: BenchContext) -> BenchResult:
     messages, entries, samples = (2000, 20, 50) if ctx.quick else (20000, 50, 300)
     lat: list[float] = []
     missed = 0
-    steps = ("throughput", "shards", "seal latency", "raw baseline")
+    steps = ("step alone", "throughput", "shards", "seal latency", "raw baseline")
     shard_rows: list[dict[str, Any]] = []
+    step_rows: list[dict[str, Any]] = []
     # ctx.track deletes each step's topics before the next one starts
     for step in ctx.track(steps, str):
-        if step == "throughput":
+        if step == "step alone":
+            n = 20_000 if ctx.quick else 200_000
+            step_rows = [step_alone(n, generic=True), step_alone(n)]
+            result.rows += step_rows
+            result.rows += step_kafka(ctx, n)
+        elif step == "throughput":
             result.rows.append(throughput(ctx, messages, entries, substreams=4))
         elif step == "shards":
             shard_rows = shard_throughput(ctx, messages, 8, substreams=4)
@@ -434,6 +581,16 @@ def run(ctx: BenchContext) -> BenchResult:
             None if not lat else p99 <= TARGET_P99_MS,
         )
     )
+    if step_rows:
+        result.targets.append(
+            Target(
+                "acker step alone completes times (per run, no Kafka I/O)",
+                ">= 100,000 /s",
+                f"{step_rows[-1]['completed_per_s']:,.0f} /s "
+                f"({step_rows[-1]['per_cpu_s']:,.0f} per CPU s)",
+                step_rows[-1]["per_cpu_s"] >= 100_000,
+            )
+        )
     if len(shard_rows) == 2:
         one, two = shard_rows
         result.targets.append(
@@ -493,7 +650,7 @@ def plot(result: BenchResult, path: Path) -> None:
     lat_ax.set_title("seal → EpochComplete vs produce → consume", fontsize=9)
     lat_ax.grid(True, axis="y", alpha=0.3)
     lat_ax.legend(fontsize=7)
-    tp = next((r for r in result.rows if "rate" in r and "shards" not in r), None)
+    tp = next((r for r in result.rows if "entries_per_s" in r and "shards" not in r), None)
     if tp is not None:
         bars = tp_ax.bar(
             ["ack messages/s", "entries/s"],

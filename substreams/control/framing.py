@@ -23,10 +23,18 @@ from substreams.control.messages import (
     OffsetRange,
 )
 from substreams.frontier import Time
-from substreams.streams.framing import avro_array, avro_string, avro_time, zigzag_long
+from substreams.streams.framing import (
+    _INT_TIME_HEAD,
+    _INT_TIME_TAIL,
+    avro_array,
+    avro_string,
+    avro_time,
+    zigzag_long,
+)
 from substreams.streams.schemas import raw_schema
 
-_ZERO = b"\x00"  # an empty bytes value
+_ZERO = b"\x00"  # an empty bytes value; a null union branch; an array's end
+_ONE_ITEM = b"\x02"  # an array block of one item (zig-zag 1)
 
 
 def _body_branch(name: str) -> bytes:
@@ -100,6 +108,35 @@ def _completion(c: Completion) -> bytes:
     )
 
 
+def _completions(epochs: tuple[Completion, ...]) -> list[bytes]:
+    """``_completion`` of each, with the acker's common shape (an int time, one range, no
+    until) written in one join and the encodings a run repeats (a stream's name, the seal
+    time) computed once per record: at one record per time this was a third of the
+    acker's remaining CPU per time."""
+    out: list[bytes] = []
+    strings: dict[str, bytes] = {}
+    longs: dict[int, bytes] = {}
+    for c in epochs:
+        t, rs = c.time, c.ranges
+        if type(t) is not int or c.until is not None or len(rs) != 1:
+            out.append(_completion(c))
+            continue
+        r = rs[0]
+        stream = strings.get(r.stream)
+        if stream is None:
+            stream = strings[r.stream] = avro_string(r.stream)
+        sealed = longs.get(c.sealed_at_ms)
+        if sealed is None:
+            sealed = longs[c.sealed_at_ms] = zigzag_long(c.sealed_at_ms)
+        out.append(b"".join((
+            _INT_TIME_HEAD, zigzag_long(t), _INT_TIME_TAIL,
+            _ONE_ITEM, stream, zigzag_long(r.partition), zigzag_long(r.start),
+            zigzag_long(r.end), _ZERO,  # the ranges array: one block of one range, end
+            zigzag_long(c.records), sealed, _ZERO,  # until: null
+        )))
+    return out
+
+
 def encode_unsigned_epochs_complete(record: ControlRecord) -> bytes:
     """The Avro encoding of ``record`` (an ``EpochsComplete``) with an empty digest."""
     body = record.body
@@ -108,7 +145,7 @@ def encode_unsigned_epochs_complete(record: ControlRecord) -> bytes:
         (
             _header(record, _EPOCHS_COMPLETE),
             avro_string(body.substream),
-            avro_array([_completion(c) for c in body.epochs]),
+            avro_array(_completions(body.epochs)),
             _lower(body.lower_updates),
         )
     )

@@ -50,6 +50,8 @@ class ProgressTracker:
         self.last_completed: Time | None = None
         self._pending = ChangeBatch()
         self.data_end: dict[tuple[str, int], int] = {}
+        self.int_runs = True
+        """Runs of int times are retired in bulk (False: one time at a time, the reference)."""
 
     def activate(self, time: Time) -> None:
         """``time`` was seen (a record or a seal of it): it is active until completed."""
@@ -58,6 +60,24 @@ class ProgressTracker:
         self.active.add(time)
         self._pending.extend(self.lower.update_iter([(time, 1)]))
         self.upper.insert(time)
+
+    def activate_many(self, times: Sequence[Time]) -> None:
+        """:meth:`activate` for each of ``times`` (a report block's new times), in one
+        lower-frontier update when they are all ints.  Same result: the pending changes are
+        the frontier's net change either way (consolidated), and inserting the highest int
+        into the upper frontier is inserting each (an int covers the ints below it)."""
+        if not self.int_runs or not all(type(t) is int for t in times):
+            for t in times:
+                self.activate(t)
+            return
+        active = self.active
+        fresh = [t for t in times if t not in active]
+        if not fresh:
+            return
+        active.update(fresh)
+        ints: list[int] = fresh  # type: ignore[assignment]  # checked above
+        self._pending.extend(self.lower.update_ints(ints, 1))
+        self.upper.insert(max(ints))
 
     def complete(
         self,
@@ -112,6 +132,42 @@ class ProgressTracker:
         )
         out: list[ControlBody] = [
             EpochsComplete(self.substream, epochs, tuple(self._pending.drain()))
+        ]
+        if self.completed // self.snapshot_every > before:
+            out.append(self.snapshot(open_starts))
+        return out
+
+    def complete_run(
+        self,
+        done: Sequence[Completion],
+        open_starts: Mapping[tuple[str, int], int] | None = None,
+    ) -> list[ControlBody]:
+        """:meth:`complete_many` for int times without session members whose ``ranges`` are
+        already merged (one hull per data partition, sorted: what the acker's table gives),
+        with the frontier bookkeeping once for the whole run instead of once per time.
+        Same records as :meth:`complete_many` (the property tests compare them)."""
+        if len(done) == 1 or not self.int_runs:
+            return self.complete_many([(c, ()) for c in done], open_starts)
+        before = self.completed // self.snapshot_every
+        times = [c.time for c in done]
+        active = self.active
+        missing = [t for t in times if t not in active]
+        if missing:  # retired without being seen: seen first, as _retire does
+            self.activate_many(missing)
+        active.difference_update(times)
+        self._pending.extend(self.lower.update_ints(times, -1))  # type: ignore[arg-type]
+        data_end = self.data_end
+        for c in done:
+            for r in c.ranges:
+                key = (r.stream, r.partition)
+                if r.end > data_end.get(key, 0):
+                    data_end[key] = r.end
+                elif key not in data_end:
+                    data_end[key] = 0
+        self.completed += len(done)
+        self.last_completed = times[-1]
+        out: list[ControlBody] = [
+            EpochsComplete(self.substream, tuple(done), tuple(self._pending.drain()))
         ]
         if self.completed // self.snapshot_every > before:
             out.append(self.snapshot(open_starts))

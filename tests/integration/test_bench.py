@@ -74,7 +74,14 @@ def test_bench_acker_quick_writes_json_and_png(bootstrap: str, tmp_path: Path) -
 
     data = json.loads((out / "acker.json").read_text())
     assert data["name"] == "acker" and data["quick"] is True
-    throughput, one_shard, two_shards, seal, raw = data["rows"]
+    generic, per_run, kafka_generic, kafka_run, throughput, one_shard, two_shards, seal, raw = (
+        data["rows"]
+    )
+    for row in (generic, per_run, kafka_generic, kafka_run):
+        assert row["notifications"] == row["expected_notifications"] > 0, row
+        assert isinstance(row["per_cpu_s"], float) and row["per_cpu_s"] > 0, row
+    assert "generic" in generic["measurement"] and "per run" in per_run["measurement"]
+    assert "with Kafka" in kafka_generic["measurement"] and "per run" in kafka_run["measurement"]
     for row in (throughput, one_shard, two_shards):
         for field in ("rate", "entries_per_s"):
             assert isinstance(row[field], float) and row[field] > 0, (field, row)
@@ -88,6 +95,7 @@ def test_bench_acker_quick_writes_json_and_png(bootstrap: str, tmp_path: Path) -
     assert seal["measurement"].startswith("seal()") and "baseline" in raw["measurement"]
     assert [t["name"] for t in data["targets"]] == [
         "p99 seal -> notification",
+        "acker step alone completes times (per run, no Kafka I/O)",
         "one acker process completes times",
         "two shards against one (acks/s)",
     ]

@@ -1,0 +1,216 @@
+"""The acker's per-run path for int times against the generic reference, step by step.
+
+The per-run path (``SegmentTable.int_runs``, ``ProgressTracker.int_runs``) must be invisible:
+random sequences of register / unregister / report / report_block / seal / keyed seal /
+terminations / checkpoint reloads are applied to a table and tracker on each path, and after
+every step the outputs (violations, newly open times, terminations, the control bodies
+``announce`` writes, the metrics' sealed-at times) and the states (``to_state``) must be
+equal.  Times mix plain ints (the fast path) with tuples and keyed times (the generic path
+inside the same table), so the split between the two is exercised too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from substreams.acker import service
+from substreams.acker.agent import AckBlock
+from substreams.acker.service import announce, apply_block
+from substreams.acker.table import SOURCE, STAGE, SegmentTable, Violation
+from substreams.control.messages import OffsetRange
+from substreams.control.progress import ProgressTracker
+from substreams.frontier import Keyed, Time
+
+SOURCES = ["a", "b", "c"]
+
+ints = st.integers(0, 7)
+times: st.SearchStrategy[Time] = st.one_of(
+    ints, ints, ints,
+    st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    st.builds(Keyed, st.sampled_from(["k", "j"]), st.integers(0, 5)),
+)
+xors = st.sampled_from([0, 0, 1, 2, 3])
+ranges = st.builds(
+    OffsetRange, st.just("s"), st.integers(0, 1), st.integers(0, 20), st.integers(20, 40)
+)
+
+
+@st.composite
+def blocks(draw: st.DrawFn) -> AckBlock:
+    n = draw(st.integers(1, 8))
+    ts = draw(st.lists(ints, min_size=n, max_size=n))
+    xs = draw(st.one_of(st.just([]), st.lists(xors, min_size=n, max_size=n)))
+    counts = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+    rs = draw(st.lists(ranges, min_size=sum(counts), max_size=sum(counts)))
+    recs = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+    reps = draw(st.lists(st.integers(1, 2), min_size=n, max_size=n))
+    return AckBlock("x", tuple(ts), tuple(xs), tuple(recs), tuple(reps), tuple(counts),
+                    tuple(rs))
+
+
+ops = st.one_of(
+    st.tuples(st.just("register"), st.sampled_from(SOURCES),
+              st.sampled_from([SOURCE, SOURCE, STAGE])),
+    st.tuples(st.just("unregister"), st.sampled_from(SOURCES)),
+    st.tuples(st.just("report"), times, xors, st.integers(0, 2),
+              st.lists(ranges, max_size=2)),
+    st.tuples(st.just("block"), blocks()),
+    st.tuples(st.just("block"), blocks()),
+    st.tuples(st.just("seal"), st.sampled_from(SOURCES), times, st.integers(0, 9)),
+    st.tuples(st.just("seal"), st.sampled_from(SOURCES), ints, st.integers(0, 9)),
+    st.tuples(st.just("seal_keys"), st.sampled_from(SOURCES), st.integers(0, 5)),
+    st.tuples(st.just("announce")),
+    st.tuples(st.just("announce")),
+    st.tuples(st.just("terminations")),
+    st.tuples(st.just("reload")),
+)
+
+
+class Side:
+    """One path: a table and its tracker, driven as the acker service drives them."""
+
+    def __init__(self, fast: bool) -> None:
+        self.fast = fast
+        self.table = SegmentTable("x")
+        self.tracker = ProgressTracker("x", 3)
+        self.table.int_runs = self.tracker.int_runs = fast
+
+    def apply(self, op: tuple[Any, ...], now: int) -> Any:
+        table, tracker = self.table, self.tracker
+        kind = op[0]
+        try:
+            if kind == "register":
+                table.register(op[1], op[2])
+            elif kind == "unregister":
+                table.unregister(op[1])
+            elif kind == "report":
+                _, t, x, records, rs = op
+                if table.report(t, x, records, 1, rs, now):
+                    tracker.activate(t)
+            elif kind == "block":
+                return [v.reason for v in apply_block(table, tracker, op[1], now)]
+            elif kind == "seal":
+                if table.seal(op[1], op[2], op[3], now):
+                    tracker.activate(op[2])
+            elif kind == "seal_keys":
+                table.seal_keys(op[1], op[2], now)
+            elif kind == "announce":
+                return announce(table, tracker, now)
+            elif kind == "terminations":
+                return table.terminations()
+            elif kind == "reload":
+                self.table = SegmentTable.from_state("x", json.loads(json.dumps(table.to_state())))
+                self.tracker = ProgressTracker.from_state(
+                    "x", json.loads(json.dumps(tracker.to_state())), 3
+                )
+                self.table.int_runs = self.tracker.int_runs = self.fast
+        except Violation as v:
+            return ("violation", v.reason)
+        return None
+
+    def state(self) -> tuple[Any, Any]:
+        return self.table.to_state(), self.state_of(self.tracker)
+
+    @staticmethod
+    def state_of(tracker: ProgressTracker) -> dict[str, Any]:
+        state = tracker.to_state()
+        # a set's iteration order is not part of the state
+        state["active"] = sorted(json.dumps(t, sort_keys=True) for t in state["active"])
+        return state
+
+
+def check_equivalent(steps: list[tuple[Any, ...]]) -> None:
+    fast, ref = Side(True), Side(False)
+    for i, op in enumerate(steps):
+        now = 1000 + i
+        got, want = fast.apply(op, now), ref.apply(op, now)
+        assert got == want, (i, op)
+        assert fast.state() == ref.state(), (i, op)
+        # the indexes the per-run path keeps are what the open times say
+        table = fast.table
+        assert table._ints == sorted(t for t in table.open if type(t) is int)
+        assert table._nonzero == {t for t in table._ints if table.open[t].xor}
+        assert table._others == sum(1 for t in table.open if type(t) is not int)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ops, max_size=40))
+def test_per_run_path_equals_generic(steps: list[tuple[Any, ...]]) -> None:
+    with mock.patch.object(service, "MAX_COMPLETIONS_PER_RECORD", 3):
+        check_equivalent([("register", "a", SOURCE), *steps])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(ops, st.tuples(st.just("long_run"), st.integers(1, 60))),
+                max_size=20))
+def test_long_runs_equal_generic(steps: list[tuple[Any, ...]]) -> None:
+    """Runs longer than a record (500 times) and several snapshots per run."""
+    expanded: list[tuple[Any, ...]] = [("register", "a", SOURCE)]
+    top = 0
+    for op in steps:
+        if op[0] != "long_run":
+            expanded.append(op)
+            continue
+        n = op[1] * 20
+        ts = tuple(range(top, top + n))
+        top += n
+        expanded.append(("block", AckBlock(
+            "x", ts, (), (1,) * n, (1,) * n, (1,) * n,
+            tuple(OffsetRange("s", 0, t, t + 1) for t in ts),
+        )))
+        expanded.append(("seal", "a", top - 1, 5))
+        expanded.append(("announce",))
+    check_equivalent(expanded)
+
+
+def test_a_run_is_announced_like_single_times() -> None:
+    """A concrete case: 1 000 times, one record each, one source sealing the last."""
+    steps: list[tuple[Any, ...]] = [("register", "a", SOURCE)]
+    ts = tuple(range(1000))
+    steps.append(("block", AckBlock("x", ts, (), (1,) * 1000, (1,) * 1000, (1,) * 1000,
+                                    tuple(OffsetRange("s", 0, t, t + 1) for t in ts))))
+    steps += [("seal", "a", 499, 7), ("announce",), ("seal", "a", 999, 8), ("announce",)]
+    check_equivalent(steps)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(times, max_size=12),
+    st.lists(st.tuples(ints, st.lists(ranges, max_size=2)), min_size=2, max_size=10,
+             unique_by=lambda c: c[0]),
+)
+def test_complete_run_equals_complete_many(active: list[Time], run: list[Any]) -> None:
+    """Tracker level, including times retired without having been activated (the acker
+    activates every open time first; the tracker must not depend on it)."""
+    from substreams.control.messages import Completion, merge_ranges
+
+    fast, ref = ProgressTracker("x", 3), ProgressTracker("x", 3)
+    ref.int_runs = False
+    for tracker in (fast, ref):
+        for t in active:
+            tracker.activate(t)
+    done = [Completion(t, merge_ranges(rs), 1, 5) for t, rs in sorted(run)]
+    got = fast.complete_run(done)
+    want = ref.complete_many([(c, ()) for c in done])
+    assert got == want
+    assert Side.state_of(fast) == Side.state_of(ref)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 30), max_size=12),
+                          st.sampled_from([-2, -1, 1, 2])), max_size=12))
+def test_update_ints_equals_update_iter(batches: list[tuple[list[int], int]]) -> None:
+    """The MutableAntichain's run update: same frontier changes, counts and frontier."""
+    from substreams.frontier import MutableAntichain
+
+    fast, ref = MutableAntichain(), MutableAntichain()
+    for ts, delta in batches:
+        assert fast.update_ints(ts, delta) == ref.update_iter([(t, delta) for t in ts])
+        assert fast.frontier() == ref.frontier()
+        assert all(fast.count_for(t) == ref.count_for(t) for t in range(31))
+        assert fast.is_empty() == ref.is_empty()
