@@ -4,7 +4,8 @@ A *unit* is one task of the write stage of a micro-batch, named by its partition
 (deterministic, so a replayed batch gives unit ``p`` the same rows: either the source's read
 task ``p``, whose split into tasks is logged with the batch's offsets -- an operator without
 ``group_by`` -- or hash partition ``p`` of the notification's identity and key).  Unit
-``p`` of query ``q`` writes with its own transactional publisher, source id ``spark.<q>.w<p>`` (:func:`unit_source`), so:
+``p`` of query ``q`` writes with its own transactional publisher, source id
+``spark.<q>.w<p>`` (:func:`unit_source`), so:
 
 * ``init_transactions`` of a new attempt fences every earlier attempt of the same unit (a
   Spark task retry, a zombie task of a killed driver): a zombie commits nothing after it;
