@@ -259,7 +259,7 @@ def run(
     output_stream: str | None = None,
     *,
     checkpoint: str | Path | None = None,
-    trigger: str = "100 milliseconds",
+    trigger: str = "0 seconds",
     once: bool = False,
     spark: SparkSession | None = None,
     bootstrap: str | None = None,
@@ -279,6 +279,10 @@ def run(
     writers.  ``once`` processes what is complete now and stops.  With ``block`` the call
     waits for the query to end (Ctrl-C stops it); otherwise it returns the running query.
     ``metrics_port`` serves Prometheus metrics on ``127.0.0.1:<port>/metrics``.
+    ``trigger`` (a processing-time interval) defaults to ``0 seconds``: the next batch is
+    planned as soon as the last one ends, and an idle query is paced by the source, whose
+    ``latestOffset`` waits up to 50 ms on the control topic and returns as soon as an
+    EpochComplete arrives (with a 100 ms timer, a seal waited ~40 ms more, median).
     """
     from substreams.spark.session import register, session
 
