@@ -220,6 +220,8 @@ class BenchContext:
         """Seconds between samples (``--sample-s``; soak only), else the default."""
         self.records: int | None = None
         """Records of the backlog (``--records``; spark only), else the benchmark's default."""
+        self.part: str | None = None
+        """Only this part, ``a`` or ``b`` (``--part``; spark only), else both."""
         self._topics: set[str] = set()
         self._schema = workdir / "bench_record.avsc"
         self._schema.write_text(json.dumps(BENCH_SCHEMA))

@@ -78,6 +78,13 @@ BENCHES = (
     help="spark only: records of part (a)'s backlog, a multiple of 500 (default 5,000,000; "
     "20,000 with --quick).",
 )
+@click.option(
+    "--part",
+    type=click.Choice(["a", "b"]),
+    default=None,
+    help="spark only: run part (a) (backlog throughput) or part (b) (seal -> operator "
+    "latency) alone (default: both).",
+)
 @bootstrap_option
 def command(
     name: str,
@@ -88,6 +95,7 @@ def command(
     minutes: float | None,
     sample_s: float | None,
     records: int | None,
+    part: str | None,
     bootstrap: str | None,
 ) -> None:
     """Run one benchmark and write its JSON result and PNG plot."""
@@ -102,6 +110,8 @@ def command(
         raise BenchError(f"--minutes/--sample-s apply to 'bench soak' only, not to 'bench {name}'")
     if records is not None and name != "spark":
         raise BenchError(f"--records applies to 'bench spark' only, not to 'bench {name}'")
+    if part is not None and name != "spark":
+        raise BenchError(f"--part applies to 'bench spark' only, not to 'bench {name}'")
     module = importlib.import_module(f"substreams.bench.{name}")
     # SIGTERM unwinds like Ctrl-C, so the embedded broker and the acker process stop too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -112,6 +122,7 @@ def command(
         ctx.mechanism = mechanism
         ctx.minutes, ctx.sample_s = minutes, sample_s
         ctx.records = records
+        ctx.part = part
         where = f"on {ctx.bootstrap}" if needs_broker else "(no broker needed)"
         console.print(f"[bold]bench {name}[/]{' (quick)' if quick else ''} {where}")
         result = module.run(ctx)

@@ -89,6 +89,14 @@ class ControlTail:
     ) -> list[tuple[int, ControlRecord | Corrupt]]:
         return list(self._decoded(self._reader.poll(timeout, max_records)))
 
+    def poll_batch(
+        self, timeout: float = 0.1, max_records: int = 500
+    ) -> list[tuple[int, ControlRecord | Corrupt]]:
+        """What is buffered now, or the first record (or end of partition) within
+        ``timeout``: unlike :meth:`poll`, it does not wait out ``timeout`` for
+        ``max_records`` (a tail that must answer fast: the Spark source's planner)."""
+        return list(self._decoded(self._reader.poll_batch(timeout, max_records)))
+
     def read_to_end(self, timeout: float = 10.0) -> Iterator[tuple[int, ControlRecord | Corrupt]]:
         """Everything from the current position up to the end of the partition."""
         yield from self._decoded(self._reader.iter_to_end(timeout))

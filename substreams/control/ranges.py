@@ -82,7 +82,8 @@ def read_ranges(
                 raise SubstreamsError(
                     f"ranges not readable: no progress for {timeout} s: {missing}"
                 )
-            batch = reader.poll(0.2, 1000)
+            # poll_batch: returns with what arrived (consume(n, t) would wait out t for n).
+            batch = reader.poll_batch(0.2, 1000)
             if batch:
                 deadline = _time.monotonic() + timeout
             for msg in batch:

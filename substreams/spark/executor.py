@@ -1,9 +1,11 @@
 """What runs in the executors: operators over a task's groups, and exactly-once writes.
 
 A *unit* is one task of the write stage of a micro-batch, named by its partition id ``p``
-(deterministic: the rows reach it by hash partitioning on the notification's identity, and
-a replayed batch has the same rows).  Unit ``p`` of query ``q`` writes with its own
-transactional publisher, source id ``spark.<q>.w<p>`` (:func:`unit_source`), so:
+(deterministic, so a replayed batch gives unit ``p`` the same rows: either the source's read
+task ``p``, whose split into tasks is logged with the batch's offsets -- an operator without
+``group_by`` -- or hash partition ``p`` of the notification's identity and key).  Unit
+``p`` of query ``q`` writes with its own transactional publisher, source id
+``spark.<q>.w<p>`` (:func:`unit_source`), so:
 
 * ``init_transactions`` of a new attempt fences every earlier attempt of the same unit (a
   Spark task retry, a zombie task of a killed driver): a zombie commits nothing after it;
@@ -52,6 +54,15 @@ from substreams.streams.records import SentRecord
 log = logging.getLogger(__name__)
 
 UNLIMITED = 1 << 62
+
+DIRECT_UNITS = 0
+"""``UnitPlan.units`` of a batch whose units are the source's read tasks (no shuffle: an
+operator without ``group_by``); their split is in Spark's offset log."""
+
+def _ms(since: float) -> float:
+    import time
+
+    return (time.perf_counter() - since) * 1000.0
 
 
 def commit_topic(stream: str) -> str:
@@ -214,7 +225,8 @@ class UnitPlan:
     operator: EpochOperator
     batch_id: int
     units: int
-    """The write stage's partition count (recorded in each marker: a replay must match)."""
+    """The write stage's partition count (recorded in each marker: a replay must match);
+    :data:`DIRECT_UNITS` when the units are the source's read tasks."""
     config: Config | None = None
     output_stream: str | None = None
     driver_source: str = ""
@@ -226,21 +238,32 @@ class UnitPlan:
 def run_unit(plan: UnitPlan, unit: int, rows: Iterable[Row]) -> list[Summary]:
     """One task: its rows (sorted by :func:`~substreams.spark.operator.sort_columns`)
     -> the operator's results written exactly once -> one summary per notification."""
+    import time
+
     op = plan.operator
+    t0 = time.perf_counter()
     grouped = groups(rows, op.group_by)
     if plan.output_stream is None or plan.config is None:
-        return _consume(apply_operator(op, grouped), unit, written=False, plan=plan)
+        out = _consume(apply_operator(op, grouped), unit, written=False, plan=plan)
+        log.debug("unit %d: batch %d: %d epochs, rows+operator %.0f ms (no output)",
+                  unit, plan.batch_id, len(out), _ms(t0))
+        return out
     if plan.sealed:
         return _skip(grouped, unit)
     writer: UnitWriter | None = None
     try:
         first = next(grouped, None)
+        t_rows = _ms(t0)
         if first is None:
             return []
+        t1 = time.perf_counter()
         writer = UnitWriter(
             plan.config, plan.output_stream, plan.driver_source, unit, plan.bootstrap
         )
+        t_init = _ms(t1)
+        t1 = time.perf_counter()
         done, meta = writer.committed()
+        t_marker = _ms(t1)
         if done >= plan.batch_id:
             if done == plan.batch_id and meta.get("units") != plan.units:
                 raise SubstreamsError(
@@ -253,7 +276,14 @@ def run_unit(plan: UnitPlan, unit: int, rows: Iterable[Row]) -> list[Summary]:
                         writer.source_id, plan.batch_id, done)
             writer.close()
             writer = None
-            return _skip(_chain(first, grouped), unit)
+            skipped = _skip(_chain(first, grouped), unit)
+            if done == plan.batch_id and "span" in meta and meta["span"] != _span(skipped):
+                raise SubstreamsError(
+                    f"unit {unit} of batch {plan.batch_id} committed the notifications "
+                    f"{meta['span']}, the replay holds {_span(skipped)}: the batch was cut "
+                    "differently, so exactly-once cannot be kept"
+                )
+            return skipped
         live = writer
 
         def written() -> Iterator[GroupResult]:
@@ -262,17 +292,36 @@ def run_unit(plan: UnitPlan, unit: int, rows: Iterable[Row]) -> list[Summary]:
                 result.group.info.rows = []  # the records are done with: free them
                 yield result
 
+        t1 = time.perf_counter()
         sums = summaries(written(), unit, written=True)
-        writer.commit(plan.batch_id, {"units": plan.units, "batch": plan.batch_id})
+        t_op = _ms(t1)
+        t1 = time.perf_counter()
+        writer.commit(
+            plan.batch_id, {"units": plan.units, "batch": plan.batch_id, "span": _span(sums)}
+        )
+        t_commit = _ms(t1)
         log.info("unit %s: batch %d committed (%d results)", writer.source_id, plan.batch_id,
                  sum(s.results for s in sums))
+        t1 = time.perf_counter()
         writer.close()
         writer = None
+        log.debug(
+            "unit %d: batch %d timings: first rows %.0f ms, writer init %.0f ms, marker "
+            "lookup %.0f ms, operator+publish %.0f ms, commit %.0f ms, close %.0f ms",
+            unit, plan.batch_id, t_rows, t_init, t_marker, t_op, t_commit, _ms(t1),
+        )
         return sums
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
+
+
+def _span(sums: Sequence[Summary]) -> list[list[int]]:
+    """The first and last notification a unit holds (in its marker: a replay that finds
+    the marker checks it holds the same ones, not only the same unit count)."""
+    idents = sorted((s.control_offset, s.control_index) for s in sums)
+    return [list(idents[0]), list(idents[-1])] if idents else []
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:

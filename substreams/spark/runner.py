@@ -27,7 +27,14 @@ from substreams import metrics
 from substreams.config import Config, load_config
 from substreams.errors import SubstreamsError
 from substreams.kafka import client
-from substreams.spark.executor import SUMMARY_FIELDS, UnitPlan, check_output, run_unit
+from substreams.spark.executor import (
+    DIRECT_UNITS,
+    SUMMARY_FIELDS,
+    UnitPlan,
+    check_output,
+    run_unit,
+)
+from substreams.spark.offsets import worker_logging
 from substreams.spark.operator import (
     EpochFunction,
     EpochInfo,
@@ -57,8 +64,7 @@ def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
         from pyspark import TaskContext
 
         # The units' lines ("committed", "already committed") in the executor's stderr.
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
-                            "%(message)s")
+        worker_logging()
         ctx = TaskContext.get()
         unit = ctx.partitionId() if ctx is not None else 0
         rows = (row for b in batches for row in b.to_pylist())
@@ -95,6 +101,9 @@ class EpochBatchHandler:
         self.units: int | None = None
         """Tasks of each batch's write stage; fixed for the query's life (see :func:`units`)."""
         self._last_batch = -1
+        self._started = 0.0
+        self._ran = 0.0
+        """Wall clock of the current batch's start and of its jobs' end (timing logs)."""
 
     def _sink(self) -> BatchSink | None:
         if self.output_stream is not None and self.sink is None:
@@ -131,15 +140,30 @@ class EpochBatchHandler:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         op = self.operator
+        self._started = time.time()
         sealed = self._begin(batch_id)
-        units = self.units or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1)
-        log.info("batch %d: started (%d units%s)", batch_id, units,
-                 ", a replay of a sealed batch" if sealed else "")
-        part = df.repartition(units, *partition_columns(op.group_by)).sortWithinPartitions(
-            *sort_columns(op.group_by)
-        )
-        rows = part.mapInArrow(_unit_task(self.plan(batch_id, units, sealed)), SUMMARY_DDL)
+        if op.group_by is None:
+            # Direct: the source's read tasks are the units.  Each holds whole epochs in
+            # notification order, records in read order before their notification row --
+            # the order sort_columns asks for -- so no shuffle and no sort: one stage.  The
+            # split is in Spark's offset log (SourceOffset.tasks): a replay has the same units.
+            log.info("batch %d: started (units: the source's tasks%s)", batch_id,
+                     ", a replay of a sealed batch" if sealed else "")
+            rows = df.mapInArrow(
+                _unit_task(self.plan(batch_id, DIRECT_UNITS, sealed)), SUMMARY_DDL
+            )
+        else:
+            units = self.units or int(
+                df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1
+            )
+            log.info("batch %d: started (%d units%s)", batch_id, units,
+                     ", a replay of a sealed batch" if sealed else "")
+            part = df.repartition(units, *partition_columns(op.group_by)).sortWithinPartitions(
+                *sort_columns(op.group_by)
+            )
+            rows = part.mapInArrow(_unit_task(self.plan(batch_id, units, sealed)), SUMMARY_DDL)
         sums = [Summary(**r.asDict()) for r in rows.collect()]  # summaries, not records
+        self._ran = time.time()
         self.deliver(batch_id, sums, sealed)
 
     def deliver(self, batch_id: int, sums: list[Summary], sealed: bool) -> list[EpochNote]:
@@ -150,9 +174,11 @@ class EpochBatchHandler:
             "batch %d: %d epochs%s", batch_id, len(notes),
             f" ({notes[0].label} .. {notes[-1].label})" if notes else "",
         )
+        t_seal = time.time()
         sink = self.sink
         if sink is not None:
             sink.seal(batch_id, [op.output_times(n.time, sink.output_substreams) for n in notes])
+        t_callback = time.time()
         handled = metrics.EPOCHS_HANDLED.labels(self.query_name, self.substream)
         latency = metrics.EPOCH_LATENCY.labels(self.query_name, self.substream)
         for note in notes:
@@ -160,7 +186,28 @@ class EpochBatchHandler:
             if note.sealed_at_ms > 0:
                 latency.observe(note.latency_ms / 1000.0)
             op.on_notification(note)
+        self._phases(batch_id, notes, t_seal, t_callback)
         return notes
+
+    def _phases(
+        self, batch_id: int, notes: list[EpochNote], t_seal: float, t_callback: float
+    ) -> None:
+        """One DEBUG line per batch: where the time from the oldest seal went (wall clock,
+        ms).  ``to batch`` = seal -> ``foreachBatch`` called (trigger wait, the source's
+        ``latestOffset`` and planning); ``jobs`` = the Spark jobs (read, shuffle, units);
+        then the driver's seal transaction and the callbacks."""
+        sealed = [n.sealed_at_ms for n in notes if n.sealed_at_ms > 0]
+        if not sealed or not log.isEnabledFor(logging.DEBUG):
+            return
+        now = time.time()
+        start, ran = self._started or t_seal, self._ran or t_seal
+        log.debug(
+            "batch %d timings: oldest seal -> batch %.0f ms, jobs %.0f ms, notes %.0f ms, "
+            "driver seal %.0f ms, callbacks %.0f ms; seal -> callback %.0f ms",
+            batch_id, start * 1000 - min(sealed), (ran - start) * 1000,
+            (t_seal - ran) * 1000, (t_callback - t_seal) * 1000, (now - t_callback) * 1000,
+            now * 1000 - min(sealed),
+        )
 
     def close(self) -> None:
         if self.sink is not None:
@@ -212,7 +259,7 @@ def run(
     output_stream: str | None = None,
     *,
     checkpoint: str | Path | None = None,
-    trigger: str = "100 milliseconds",
+    trigger: str = "0 seconds",
     once: bool = False,
     spark: SparkSession | None = None,
     bootstrap: str | None = None,
@@ -232,6 +279,10 @@ def run(
     writers.  ``once`` processes what is complete now and stops.  With ``block`` the call
     waits for the query to end (Ctrl-C stops it); otherwise it returns the running query.
     ``metrics_port`` serves Prometheus metrics on ``127.0.0.1:<port>/metrics``.
+    ``trigger`` (a processing-time interval) defaults to ``0 seconds``: the next batch is
+    planned as soon as the last one ends, and an idle query is paced by the source, whose
+    ``latestOffset`` waits up to 50 ms on the control topic and returns as soon as an
+    EpochComplete arrives (with a 100 ms timer, a seal waited ~40 ms more, median).
     """
     from substreams.spark.session import register, session
 

@@ -14,6 +14,8 @@ task needs travels in its :class:`InputPartition` and Kafka clients are opened i
 
 from __future__ import annotations
 
+import logging
+import time as _time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -37,12 +39,20 @@ from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.spark.epochs import epoch_int, epoch_key, epoch_struct, format_time
 from substreams.spark.limits import ReadLimits, batch_end
-from substreams.spark.offsets import ControlScanner, DataScanner, Notification, SourceOffset
+from substreams.spark.offsets import (
+    ControlScanner,
+    DataScanner,
+    Notification,
+    SourceOffset,
+    worker_logging,
+)
 from substreams.spark.options import SourceOptions
 from substreams.spark.schema import PayloadLayout, row
 from substreams.streams.records import Entry
 
 SOURCE_NAME = "substreams"
+
+log = logging.getLogger(__name__)
 
 
 class EpochsPartition(InputPartition):  # type: ignore[misc]
@@ -128,6 +138,7 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     read everything (``Trigger.Once``): then the options are ignored, as Spark requires."""
 
     def __init__(self, opts: SourceOptions, layout: PayloadLayout) -> None:
+        worker_logging()  # the planner's Python process (the driver side)
         self.opts = opts
         self.layout = layout
         self.control = ControlScanner(
@@ -190,8 +201,17 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadLimits(epochs, records)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        t0 = _time.perf_counter()
         begin = SourceOffset.from_json(start)
         latest = self._latest(begin)
+        if latest.control > begin.control and log.isEnabledFor(logging.DEBUG):
+            seals = [n.sealed_at_ms for n in self.control.between(begin.control, latest.control)
+                     if n.sealed_at_ms > 0]
+            log.debug(
+                "latestOffset: control %d -> %d in %.0f ms; oldest seal %.0f ms ago",
+                begin.control, latest.control, (_time.perf_counter() - t0) * 1000,
+                _time.time() * 1000 - min(seals) if seals else -1,
+            )
         if self._freeze:
             if self._target is None:
                 self._target = latest
@@ -201,6 +221,13 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self.data is None and not limits.unlimited and latest.control > begin.control:
             notes = self.control.between(begin.control, latest.control)
             latest = SourceOffset(batch_end(begin.control, latest.control, notes, limits))
+        if self.data is None:
+            # The split into tasks goes into the offset log with the end (SourceOffset.tasks);
+            # nothing new: the start itself, so that Spark sees no new data.
+            latest = (
+                SourceOffset(latest.control, tasks=self.opts.max_tasks)
+                if latest.control > begin.control else begin
+            )
         return latest.to_json()
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
@@ -216,7 +243,8 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         begin, finish = SourceOffset.from_json(start), SourceOffset.from_json(end)
         notes = self.control.between(begin.control, finish.control)
         if self.data is None:
-            return [EpochsPartition(chunk) for chunk in _chunks(notes, self.opts.max_tasks)]
+            tasks = finish.tasks or self.opts.max_tasks  # the logged split on a replay
+            return [EpochsPartition(chunk) for chunk in _chunks(notes, tasks)]
         parts: list[InputPartition] = []
         lo, hi = begin.data or {}, finish.data or {}
         for p in range(self.opts.partitions):
@@ -237,6 +265,7 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # -- reading (executors) --------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        worker_logging()
         if isinstance(partition, EpochsPartition):
             return self._read_epochs(partition.notes)
         if isinstance(partition, DataPartition):
@@ -252,7 +281,11 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             index.add(n.time, n.until, i)
         hull = merge_ranges([r for n in notes for r in n.ranges if r.stream == opts.stream])
         by_note: dict[int, list[Entry]] = {}
-        for e in read_ranges(opts.bootstrap, opts.config, hull):
+        t0 = _time.perf_counter()
+        entries_read = read_ranges(opts.bootstrap, opts.config, hull)
+        log.debug("read task: %d epochs, %d records, consumer + read %.0f ms", len(notes),
+                  len(entries_read), (_time.perf_counter() - t0) * 1000)
+        for e in entries_read:
             t = e.times.get(opts.substream)
             for i in index.get(t) if t is not None else ():
                 by_note.setdefault(i, []).append(e)
