@@ -1,0 +1,252 @@
+"""The streaming sink ``df.writeStream.format("substreams")``: a firm read, an ordinary
+Spark aggregation, and the sink chain into an output stream whose acker substream announces
+each window once with exactly its records; a query stopped mid-stream and restarted from its
+checkpoint writes every result exactly once; bad options fail naming the option."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from substreams.app import Application
+from substreams.config import Config
+from substreams.errors import SubstreamsError
+from substreams.spark.options import CONFIG_PICKLE, ship_config
+from substreams.spark.stream_write import SinkOptions
+from substreams.streams.publisher import Publisher
+from tests.conftest import ConfigFactory
+from tests.spark.conftest import running_acker, wait_for_epochs, window_clicks
+from tests.spark.jobs import out_stream
+from tests.spark.test_driver_kill import output_epochs, output_rows
+
+pytestmark = pytest.mark.spark
+
+WINDOWS = {"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}
+
+
+def make(make_config: ConfigFactory) -> Config:
+    return make_config(
+        [{"name": "clicks", "partitions": 2},
+         out_stream("url_counts", "url_count.avsc", partitions=2)],
+        [WINDOWS, {"name": "uw", "stream": "url_counts", "kind": "epoch", "field": "window"}],
+        # a stopped query is restarted within this: its seals are waited for, not evicted
+        acker={"source_timeout_ms": 600_000},
+    )
+
+
+def publish(pub: Publisher, config: Config, windows: list[tuple[int, int]]
+            ) -> Counter[tuple[int, str]]:
+    """Clicks of each window, then its seal; window 99 stays open (nobody may see it: the
+    caller keeps ``pub`` open, as closing it would let the acker end its times)."""
+    want: Counter[tuple[int, str]] = Counter()
+    w = config.substreams[0].name
+    for window, n in windows:
+        for c in window_clicks(window, n):
+            pub.publish(c, key=str(c["user"]))
+            want[(window, str(c["url"]))] += 1
+        pub.seal(w, window)
+    for c in window_clicks(99, 3):
+        pub.publish(c, key=str(c["user"]))
+    pub.flush()
+    return want
+
+
+def count_per_url(batches: Iterator[Any]) -> Iterator[Any]:
+    """Clicks per (epoch, url) of one input partition, and the partition's notification
+    rows as they are.  Exact without a shuffle: a firm read's task holds whole epochs."""
+    import pyarrow as pa
+
+    counts: Counter[tuple[int, int, str, str]] = Counter()
+    epochs: dict[tuple[int, int], Any] = {}
+    marks: list[dict[str, Any]] = []
+    for b in batches:
+        for r in b.to_pylist():
+            ident = (r["control_offset"], r["control_index"])
+            epochs[ident] = r["epoch"]
+            if r["is_notification"]:
+                marks.append({**{k: r[k] for k in NOTE}, "is_notification": True})
+            else:
+                counts[(*ident, str(r["url"]), "")] += 1
+    out = [
+        {"control_offset": o, "control_index": i, "epoch": epochs[(o, i)],
+         "is_notification": False, "url": url, "clicks": n}
+        for (o, i, url, _), n in counts.items()
+    ] + [{**m, "url": None, "clicks": None} for m in marks]
+    epoch = pa.struct([("key", pa.string()), ("coords", pa.list_(pa.int64())),
+                       ("kind", pa.string())])
+    schema = pa.schema([("control_offset", pa.int64()), ("control_index", pa.int32()),
+                        ("epoch", epoch), ("is_notification", pa.bool_()),
+                        ("url", pa.string()), ("clicks", pa.int64())])
+    if out:
+        yield pa.RecordBatch.from_pylist(out, schema=schema)
+
+
+NOTE = ("control_offset", "control_index", "epoch")
+
+
+def per_url(spark: SparkSession, config: Config, **read: str) -> DataFrame:
+    """Clicks per url and window, through an ordinary (stateless) Spark transformation
+    that keeps each epoch's notification row (so a window without clicks is still sealed
+    downstream).  The sink takes append mode only (Python data sources): no streaming
+    aggregation with state, which a firm read does not need."""
+    source = (
+        spark.readStream.format("substreams")
+        .option(CONFIG_PICKLE, ship_config(config))
+        .option("substream", config.substreams[0].name)
+        .option("markers", "true")
+        .options(**read)
+        .load()
+    )
+    ddl = ("control_offset long, control_index int, "
+           "epoch struct<key:string,coords:array<bigint>,kind:string>, "
+           "is_notification boolean, url string, clicks long")
+    return (
+        source.mapInArrow(count_per_url, ddl)
+        .withColumn("window", F.col("epoch.coords")[0])
+    )
+
+
+def start(df: DataFrame, config: Config, ck: Path, **trigger: Any) -> StreamingQuery:
+    return (
+        df.writeStream.format("substreams")
+        .option(CONFIG_PICKLE, ship_config(config))
+        .option("stream", config.streams[1].name)
+        .option("queryName", "url-counts")
+        .option("keyField", "url")
+        .option("checkpointLocation", str(ck))
+        .trigger(**trigger)
+        .start()
+    )
+
+
+def check_output(config: Config, want: Counter[tuple[int, str]], windows: list[int]) -> None:
+    """Every result exactly once with its count; every window announced once, in order,
+    with exactly its results (a window without clicks: sealed with none)."""
+    uw, url_counts = config.substreams[1].name, config.streams[1].name
+    notes = wait_for_epochs(config, uw, len(windows), timeout=120)
+    rows = output_rows(config, url_counts)
+    seen = Counter((int(r["window"]), str(r["url"])) for r in rows)
+    dup = {k: n for k, n in seen.items() if n > 1}
+    assert not dup, f"results written more than once: {dup}"
+    assert {(int(r["window"]), str(r["url"])): int(r["clicks"]) for r in rows} == dict(want)
+    assert [n.time for n in notes] == windows
+    per_window = Counter(win for win, _ in want)
+    assert [n.records for n in notes] == [per_window[i] for i in windows]
+
+
+def test_sink_chains_a_read_and_an_aggregation_into_an_announced_output(
+    spark: SparkSession, make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    config = make(make_config)
+    windows = [(0, 10), (1, 6), (2, 0), (3, 9)]  # window 2 sealed without clicks
+    clicks = config.streams[0].name
+    with running_acker(config), Application(config).publisher(clicks, "src") as pub:
+        want = publish(pub, config, windows)
+        wait_for_epochs(config, config.substreams[0].name, len(windows), timeout=60)
+        query = start(per_url(spark, config), config, tmp_path / "ck", availableNow=True)
+        assert query.awaitTermination(300)
+        assert query.exception() is None
+        check_output(config, want, [w for w, _ in windows])
+        # nothing more: the open window 99 was not announced
+        time.sleep(1.0)
+        assert len(output_epochs(config, config.substreams[1].name)) == len(windows)
+
+
+def test_restart_from_the_checkpoint_after_a_stop_mid_stream_writes_once(
+    spark: SparkSession, make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    config = make(make_config)
+    windows = [(w, 3 + w % 4) for w in range(6)]
+    uw = config.substreams[1].name
+    ck = tmp_path / "ck"
+    clicks = config.streams[0].name
+    with running_acker(config), Application(config).publisher(clicks, "src") as pub:
+        want = publish(pub, config, windows)
+        wait_for_epochs(config, config.substreams[0].name, len(windows), timeout=60)
+        # one window per batch, stopped once two windows are out: the rest is replayed
+        # (or first written) by the restarted query
+        first = start(per_url(spark, config, maxEpochsPerTrigger="1"), config, ck,
+                      processingTime="200 milliseconds")
+        wait_for_epochs(config, uw, 2, timeout=300)
+        first.stop()
+        done = len(output_epochs(config, uw))
+        assert done < len(windows), "the first query wrote everything: nothing was restarted"
+        again = start(per_url(spark, config, maxEpochsPerTrigger="1"), config, ck,
+                      availableNow=True)
+        assert again.awaitTermination(300)
+        assert again.exception() is None
+        check_output(config, want, [w for w, _ in windows])
+
+
+SCHEMA = StructType([
+    StructField("control_offset", LongType()),
+    StructField("control_index", LongType()),
+    StructField("epoch", StringType()),
+    StructField("window", LongType()),
+    StructField("url", StringType()),
+    StructField("clicks", LongType()),
+])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"stream": None}, "option 'stream' (the output stream) is required"),
+        ({"stream": "nope"}, "option 'stream' names no stream of the config: 'nope'"),
+        ({"queryName": None}, "option 'queryName' (or 'name') is required"),
+        ({"queryName": "a b"}, "option 'queryName' must be letters"),
+        ({"keyField": "user"}, "option 'keyField' names no column of the DataFrame: 'user'"),
+        ({CONFIG_PICKLE: None}, "substreams sink: option 'config' (path of substreams.yaml)"),
+        ({CONFIG_PICKLE: "xx"}, "substreams sink: option 'configPickle' is not a shipped"),
+    ],
+)
+def test_bad_options_name_the_option(
+    make_config: ConfigFactory, change: dict[str, str | None], message: str
+) -> None:
+    config = make(make_config)
+    good = {CONFIG_PICKLE: ship_config(config), "stream": config.streams[1].name,
+            "queryName": "q"}
+    options = {k: v for k, v in {**good, **change}.items() if v is not None}
+    with pytest.raises(SubstreamsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        SinkOptions.parse(options, SCHEMA, overwrite=False)
+
+
+def test_bad_columns_and_complete_mode_are_refused(make_config: ConfigFactory) -> None:
+    config = make(make_config)
+    good = {CONFIG_PICKLE: ship_config(config), "stream": config.streams[1].name,
+            "queryName": "q"}
+    assert SinkOptions.parse(good, SCHEMA, overwrite=False).source_id == "spark.q"
+    no_epoch = StructType([f for f in SCHEMA.fields if f.name != "epoch"])
+    with pytest.raises(SubstreamsError, match="no column 'epoch'"):
+        SinkOptions.parse(good, no_epoch, overwrite=False)
+    no_clicks = StructType([f for f in SCHEMA.fields if f.name != "clicks"])
+    with pytest.raises(SubstreamsError, match=r"needs field\(s\) clicks"):
+        SinkOptions.parse(good, no_clicks, overwrite=False)
+    with pytest.raises(SubstreamsError, match="output mode 'complete'"):
+        SinkOptions.parse(good, SCHEMA, overwrite=True)
+
+
+def test_a_bad_option_fails_the_query_start_with_its_message(
+    spark: SparkSession, make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    config = make(make_config)
+    df = per_url(spark, config)
+    with pytest.raises(Exception, match="option 'stream' names no stream of the config"):
+        query = (
+            df.writeStream.format("substreams")
+            .option(CONFIG_PICKLE, ship_config(config))
+            .option("stream", "nope").option("queryName", "q")
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+        )
+        query.awaitTermination(120)
+        raise AssertionError(str(query.exception()))
