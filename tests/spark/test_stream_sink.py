@@ -43,17 +43,22 @@ def make(make_config: ConfigFactory) -> Config:
     )
 
 
-def publish(pub: Publisher, config: Config, windows: list[tuple[int, int]]
-            ) -> Counter[tuple[int, str]]:
+def publish(pub: Publisher, config: Config, windows: list[tuple[int, int]],
+            one_by_one: bool = False) -> Counter[tuple[int, str]]:
     """Clicks of each window, then its seal; window 99 stays open (nobody may see it: the
-    caller keeps ``pub`` open, as closing it would let the acker end its times)."""
+    caller keeps ``pub`` open, as closing it would let the acker end its times).
+    ``one_by_one``: wait for each window's EpochComplete before the next, so that each has
+    its own control record (a batch never splits one)."""
     want: Counter[tuple[int, str]] = Counter()
     w = config.substreams[0].name
-    for window, n in windows:
+    for k, (window, n) in enumerate(windows):
         for c in window_clicks(window, n):
             pub.publish(c, key=str(c["user"]))
             want[(window, str(c["url"]))] += 1
         pub.seal(w, window)
+        if one_by_one:
+            pub.flush()
+            wait_for_epochs(config, w, k + 1, timeout=60)
     for c in window_clicks(99, 3):
         pub.publish(c, key=str(c["user"]))
     pub.flush()
@@ -170,8 +175,7 @@ def test_restart_from_the_checkpoint_after_a_stop_mid_stream_writes_once(
     ck = tmp_path / "ck"
     clicks = config.streams[0].name
     with running_acker(config), Application(config).publisher(clicks, "src") as pub:
-        want = publish(pub, config, windows)
-        wait_for_epochs(config, config.substreams[0].name, len(windows), timeout=60)
+        want = publish(pub, config, windows, one_by_one=True)
         # one window per batch, stopped once two windows are out: the rest is replayed
         # (or first written) by the restarted query
         first = start(per_url(spark, config, maxEpochsPerTrigger="1"), config, ck,
