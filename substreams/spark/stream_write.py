@@ -157,6 +157,13 @@ def _sink(opts: SinkOptions, fresh: bool = False) -> BatchSink:
     return sink
 
 
+def close_sinks() -> None:
+    """Close this process's BatchSinks (unregistering their sources): for a process that
+    commits no more batches of any query, e.g. a test that called :meth:`commit` itself."""
+    while _SINKS:
+        _SINKS.popitem()[1].close()
+
+
 def _task_batch_id() -> tuple[int, int]:
     from pyspark import TaskContext
 
@@ -230,4 +237,6 @@ def stream_writer(options: Mapping[str, str], schema: StructType, overwrite: boo
     return SubstreamsStreamWriter(opts)
 
 
-__all__ = ["SinkOptions", "SubstreamsStreamWriter", "UnitSummaries", "stream_writer"]
+__all__ = [
+    "SinkOptions", "SubstreamsStreamWriter", "UnitSummaries", "close_sinks", "stream_writer",
+]

@@ -254,3 +254,54 @@ def test_a_bad_option_fails_the_query_start_with_its_message(
         )
         query.awaitTermination(120)
         raise AssertionError(str(query.exception()))
+
+
+def test_a_replayed_batch_writes_nothing_twice_and_other_rows_fail(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sink's tasks and commit called as Spark calls them, with a crash between the
+    units' commits and the driver's: deterministic, no Spark session."""
+    from pyspark.sql import Row as SparkRow
+
+    from substreams.spark import stream_write
+    from substreams.spark.epochs import epoch_struct
+
+    config = make(make_config)
+    uw, url_counts = config.substreams[1].name, config.streams[1].name
+    options = {CONFIG_PICKLE: ship_config(config), "stream": url_counts,
+               "queryName": "replayed", "keyField": "url"}
+
+    def rows(window: int, *urls: str) -> list[SparkRow]:
+        base = {"control_offset": window, "control_index": 0, "epoch": epoch_struct(window)}
+        return [SparkRow(**base, window=window, url=u, clicks=1, is_notification=False)
+                for u in urls] + [
+            SparkRow(**base, window=window, url=None, clicks=None, is_notification=True)]
+
+    def task(batch: int, unit: int, data: list[SparkRow]) -> Any:
+        monkeypatch.setattr(stream_write, "_task_batch_id", lambda: (batch, unit))
+        return stream_write.stream_writer(options, SCHEMA, False).write(iter(data))
+
+    with running_acker(config):
+        # batch 0: both units commit, then the driver "crashes" before its commit
+        task(0, 0, rows(0, "/a", "/b"))
+        task(0, 1, rows(0, "/c"))
+        # the replay: unit 0 finds its marker and writes nothing, the driver seals
+        msgs = [task(0, 0, rows(0, "/a", "/b")), task(0, 1, rows(0, "/c"))]
+        assert [s.written for m in msgs for s in m.summaries] == [False, False]
+        stream_write.stream_writer(options, SCHEMA, False).commit(msgs, 0)
+        # batch 0 replayed once more after its seal: nothing written, nothing sealed
+        again = [task(0, 0, rows(0, "/a", "/b")), task(0, 1, rows(0, "/c"))]
+        stream_write.stream_writer(options, SCHEMA, False).commit(again, 0)
+        # batch 1, then a replay of it whose unit 0 got other rows: refused
+        msgs = [task(1, 0, rows(1, "/a")), task(1, 1, rows(1))]
+        stream_write.stream_writer(options, SCHEMA, False).commit(msgs, 1)
+        with pytest.raises(SubstreamsError, match="unit 0 of batch 1 committed 1 rows"):
+            task(1, 0, rows(1, "/a", "/z"))
+        notes = wait_for_epochs(config, uw, 2, timeout=60)
+        rows_out = output_rows(config, url_counts)
+        stream_write.close_sinks()
+    assert sorted((int(r["window"]), str(r["url"])) for r in rows_out) == [
+        (0, "/a"), (0, "/b"), (0, "/c"), (1, "/a")]
+    assert [(n.time, n.records) for n in notes] == [(0, 3), (1, 1)]
+    time.sleep(1.0)
+    assert len(output_epochs(config, uw)) == 2
