@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -26,6 +24,7 @@ from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
 from tests.spark.conftest import running_acker, wait_for_epochs, window_clicks
 from tests.spark.jobs import out_stream
+from tests.spark.sink_job import per_url
 from tests.spark.test_driver_kill import output_epochs, output_rows
 
 pytestmark = pytest.mark.spark
@@ -65,59 +64,8 @@ def publish(pub: Publisher, config: Config, windows: list[tuple[int, int]],
     return want
 
 
-def count_per_url(batches: Iterator[Any]) -> Iterator[Any]:
-    """Clicks per (epoch, url) of one input partition, and the partition's notification
-    rows as they are.  Exact without a shuffle: a firm read's task holds whole epochs."""
-    import pyarrow as pa
-
-    counts: Counter[tuple[int, int, str, str]] = Counter()
-    epochs: dict[tuple[int, int], Any] = {}
-    marks: list[dict[str, Any]] = []
-    for b in batches:
-        for r in b.to_pylist():
-            ident = (r["control_offset"], r["control_index"])
-            epochs[ident] = r["epoch"]
-            if r["is_notification"]:
-                marks.append({**{k: r[k] for k in NOTE}, "is_notification": True})
-            else:
-                counts[(*ident, str(r["url"]), "")] += 1
-    out = [
-        {"control_offset": o, "control_index": i, "epoch": epochs[(o, i)],
-         "is_notification": False, "url": url, "clicks": n}
-        for (o, i, url, _), n in counts.items()
-    ] + [{**m, "url": None, "clicks": None} for m in marks]
-    epoch = pa.struct([("key", pa.string()), ("coords", pa.list_(pa.int64())),
-                       ("kind", pa.string())])
-    schema = pa.schema([("control_offset", pa.int64()), ("control_index", pa.int32()),
-                        ("epoch", epoch), ("is_notification", pa.bool_()),
-                        ("url", pa.string()), ("clicks", pa.int64())])
-    if out:
-        yield pa.RecordBatch.from_pylist(out, schema=schema)
-
-
-NOTE = ("control_offset", "control_index", "epoch")
-
-
-def per_url(spark: SparkSession, config: Config, **read: str) -> DataFrame:
-    """Clicks per url and window, through an ordinary (stateless) Spark transformation
-    that keeps each epoch's notification row (so a window without clicks is still sealed
-    downstream).  The sink takes append mode only (Python data sources): no streaming
-    aggregation with state, which a firm read does not need."""
-    source = (
-        spark.readStream.format("substreams")
-        .option(CONFIG_PICKLE, ship_config(config))
-        .option("substream", config.substreams[0].name)
-        .option("markers", "true")
-        .options(**read)
-        .load()
-    )
-    ddl = ("control_offset long, control_index int, "
-           "epoch struct<key:string,coords:array<bigint>,kind:string>, "
-           "is_notification boolean, url string, clicks long")
-    return (
-        source.mapInArrow(count_per_url, ddl)
-        .withColumn("window", F.col("epoch.coords")[0])
-    )
+def clicks_per_url(spark: SparkSession, config: Config, **read: str) -> DataFrame:
+    return per_url(spark, config, config.substreams[0].name, **read)
 
 
 def start(df: DataFrame, config: Config, ck: Path, **trigger: Any) -> StreamingQuery:
@@ -157,7 +105,7 @@ def test_sink_chains_a_read_and_an_aggregation_into_an_announced_output(
     with running_acker(config), Application(config).publisher(clicks, "src") as pub:
         want = publish(pub, config, windows)
         wait_for_epochs(config, config.substreams[0].name, len(windows), timeout=60)
-        query = start(per_url(spark, config), config, tmp_path / "ck", availableNow=True)
+        query = start(clicks_per_url(spark, config), config, tmp_path / "ck", availableNow=True)
         assert query.awaitTermination(300)
         assert query.exception() is None
         check_output(config, want, [w for w, _ in windows])
@@ -178,13 +126,13 @@ def test_restart_from_the_checkpoint_after_a_stop_mid_stream_writes_once(
         want = publish(pub, config, windows, one_by_one=True)
         # one window per batch, stopped once two windows are out: the rest is replayed
         # (or first written) by the restarted query
-        first = start(per_url(spark, config, maxEpochsPerTrigger="1"), config, ck,
+        first = start(clicks_per_url(spark, config, maxEpochsPerTrigger="1"), config, ck,
                       processingTime="200 milliseconds")
         wait_for_epochs(config, uw, 2, timeout=300)
         first.stop()
         done = len(output_epochs(config, uw))
         assert done < len(windows), "the first query wrote everything: nothing was restarted"
-        again = start(per_url(spark, config, maxEpochsPerTrigger="1"), config, ck,
+        again = start(clicks_per_url(spark, config, maxEpochsPerTrigger="1"), config, ck,
                       availableNow=True)
         assert again.awaitTermination(300)
         assert again.exception() is None
@@ -243,7 +191,7 @@ def test_a_bad_option_fails_the_query_start_with_its_message(
     spark: SparkSession, make_config: ConfigFactory, tmp_path: Path
 ) -> None:
     config = make(make_config)
-    df = per_url(spark, config)
+    df = clicks_per_url(spark, config)
     with pytest.raises(Exception, match="option 'stream' names no stream of the config"):
         query = (
             df.writeStream.format("substreams")
