@@ -13,6 +13,8 @@ sealed even when it produced no row.  The other columns named like the output st
 fields are published.  Each Spark task writes its share with its own transactional writer and
 marker (:class:`~substreams.spark.executor.UnitWriter`, the same as ``run``'s); the driver
 seals the epochs of the batch once the write action returned, i.e. once every task committed.
+The streaming sink (``writeStream.format("substreams")``, :mod:`substreams.spark.stream_write`)
+runs the same :func:`write_unit` in its tasks and :func:`batch_notes` in its commit.
 """
 
 from __future__ import annotations
