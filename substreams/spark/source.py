@@ -22,6 +22,7 @@ from typing import Any
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
@@ -315,7 +316,8 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
 class SubstreamsDataSource(DataSource):  # type: ignore[misc]
     """``spark.readStream.format("substreams").option("config", ...).option("substream", ...)``
-    (or ``.option("configPickle", ship_config(config))`` in place of the path)."""
+    (or ``.option("configPickle", ship_config(config))`` in place of the path); also the
+    sink ``df.writeStream.format("substreams").option("stream", ...)``."""
 
     @classmethod
     def name(cls) -> str:
@@ -336,3 +338,9 @@ class SubstreamsDataSource(DataSource):  # type: ignore[misc]
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts, layout = self._layout()
         return SubstreamsStreamReader(opts, layout)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """``df.writeStream.format("substreams")``: :mod:`substreams.spark.stream_write`."""
+        from substreams.spark.stream_write import stream_writer
+
+        return stream_writer(self.options, schema, overwrite)

@@ -13,10 +13,15 @@ sealed even when it produced no row.  The other columns named like the output st
 fields are published.  Each Spark task writes its share with its own transactional writer and
 marker (:class:`~substreams.spark.executor.UnitWriter`, the same as ``run``'s); the driver
 seals the epochs of the batch once the write action returned, i.e. once every task committed.
+The streaming sink (``writeStream.format("substreams")``, :mod:`substreams.spark.stream_write`)
+runs the same :func:`write_unit` in its tasks and :func:`batch_notes` in its commit.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
@@ -33,6 +38,8 @@ from substreams.spark.executor import SUMMARY_FIELDS, UnitWriter, check_output
 from substreams.spark.operator import EpochNote, Row, Summary, notifications
 from substreams.spark.sink import BatchSink
 
+log = logging.getLogger(__name__)
+
 OutputTimes = Callable[[Time, Sequence[str]], Mapping[str, Time]]
 
 
@@ -40,15 +47,35 @@ def _same_time(epoch: Time, substreams: Sequence[str]) -> Mapping[str, Time]:
     return {name: epoch for name in substreams}
 
 
+NOTE_COLUMNS = ("control_offset", "control_index", "epoch")
+"""The read's notification columns every written row must keep (an epoch's identity)."""
+
+
+def missing_note_columns(columns: Sequence[str]) -> list[str]:
+    return [c for c in NOTE_COLUMNS if c not in columns]
+
+
+def _row_digest(values: Mapping[str, Any], key: str | None) -> int:
+    data = json.dumps([key, values], sort_keys=True, default=str).encode()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
 def write_unit(
     config: Config, stream: str, driver_source: str, bootstrap: str, batch_id: int,
-    units: int, unit: int, rows: Iterable[Row], key_field: str | None,
+    units: int | None, unit: int, rows: Iterable[Row], key_field: str | None,
 ) -> list[Summary]:
-    """One task of :class:`EpochWriter`: publish its rows once, summarise its epochs."""
+    """One write task (of :class:`EpochWriter` or of the streaming sink): publish its rows
+    once, summarise its epochs.
+
+    The unit's marker records what it wrote (row count and an order-independent digest,
+    and ``units`` when the caller knows the task count): a replay that finds the marker at
+    its batch but other rows (the partitioning changed between attempts) fails instead of
+    writing them twice or losing them."""
     fields = [str(f["name"]) for f in config.stream(stream).schema.get("fields", ())]
     per: dict[tuple[int, int], dict[str, Any]] = {}
     writer: UnitWriter | None = None
-    skip = False
+    skip: dict[str, Any] | None = None  # the marker's metadata when the batch was written
+    count, digest = 0, 0
     try:
         for row in rows:
             ident = (int(row["control_offset"]), int(row["control_index"] or 0))
@@ -58,18 +85,31 @@ def write_unit(
             if row.get("is_notification"):
                 entry["mark"] = True
                 continue
-            if writer is None and not skip:
+            if writer is None and skip is None:
                 writer = UnitWriter(config, stream, driver_source, unit, bootstrap)
-                done, _ = writer.committed()
+                done, meta = writer.committed()
                 if done >= batch_id:
-                    skip = True
+                    skip = meta if done == batch_id else {}
+                    log.warning("unit %s: batch %d already committed (marker %d): skipped",
+                                writer.source_id, batch_id, done)
                     writer.close()
                     writer = None
             entry["n"] += 1
+            values = {f: row.get(f) for f in fields}
+            count += 1
+            digest = (digest + _row_digest(values, None if key_field is None
+                                           else str(row.get(key_field)))) % (1 << 64)
             if writer is not None:
-                writer.write([{f: row.get(f) for f in fields}], key_field, check_order=False)
+                writer.write([values], key_field, check_order=False)
+        if skip:
+            _check_replay(skip, batch_id, unit, units, count, digest)
         if writer is not None:
-            writer.commit(batch_id, {"units": units, "batch": batch_id})
+            meta = {"batch": batch_id, "rows": count, "digest": f"{digest:016x}"}
+            if units is not None:
+                meta["units"] = units
+            writer.commit(batch_id, meta)
+            log.info("unit %s: batch %d committed (%d results)", writer.source_id, batch_id,
+                     count)
             writer.close()
             writer = None
     except BaseException:
@@ -77,9 +117,28 @@ def write_unit(
             writer.abort()
         raise
     return [
-        Summary(i[0], i[1], e["label"], e["mark"], 0, 0, e["n"], unit, not skip)
+        Summary(i[0], i[1], e["label"], e["mark"], 0, 0, e["n"], unit, skip is None)
         for i, e in per.items()
     ]
+
+
+def _check_replay(meta: Mapping[str, Any], batch_id: int, unit: int, units: int | None,
+                  count: int, digest: int) -> None:
+    """A replayed unit must hold what its committed attempt wrote (module doc)."""
+    if units is not None and meta.get("units") not in (None, units):
+        raise SubstreamsError(
+            f"unit {unit} of batch {batch_id} was committed with {meta.get('units')} units, "
+            f"the replay has {units}: the partitioning changed, so exactly-once cannot be "
+            "kept (keep the number of write tasks across restarts of a query)"
+        )
+    recorded = (meta.get("rows"), meta.get("digest"))
+    if recorded != (None, None) and recorded != (count, f"{digest:016x}"):
+        raise SubstreamsError(
+            f"unit {unit} of batch {batch_id} committed {meta.get('rows')} rows (digest "
+            f"{meta.get('digest')}); the replay gives it {count} rows (digest {digest:016x}): "
+            "the rows of a write task changed between attempts (a non-deterministic "
+            "partitioning or transformation), so exactly-once cannot be kept"
+        )
 
 
 class EpochWriter:
@@ -117,12 +176,11 @@ class EpochWriter:
         self.sink = BatchSink(config, stream, self.source_id, self.bootstrap)
 
     def __call__(self, df: DataFrame, batch_id: int) -> list[EpochNote]:
-        for col in ("control_offset", "control_index", "epoch"):
-            if col not in df.columns:
-                raise SubstreamsError(
-                    f"EpochWriter: the DataFrame has no column '{col}' (keep the read's "
-                    "notification columns on every row)"
-                )
+        for col in missing_note_columns(df.columns):
+            raise SubstreamsError(
+                f"EpochWriter: the DataFrame has no column '{col}' (keep the read's "
+                "notification columns on every row)"
+            )
         sink = self.sink
         sealed = batch_id <= sink.committed
         units = self.units or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1)
@@ -137,7 +195,7 @@ class EpochWriter:
                 "control_offset", "control_index"
             )
             sums = [Summary(**r.asDict()) for r in part.mapInArrow(task, ddl).collect()]
-        notes = _notes(sums, sealed)
+        notes = batch_notes(sums, sealed)
         sink.seal(batch_id, [self.output_times(n.time, sink.output_substreams) for n in notes])
         if self.on_notification is not None:
             for note in notes:
@@ -148,7 +206,7 @@ class EpochWriter:
         self.sink.close()
 
 
-def _notes(sums: list[Summary], replayed: bool) -> list[EpochNote]:
+def batch_notes(sums: Sequence[Summary], replayed: bool) -> list[EpochNote]:
     """Every epoch some task saw (rows or its notification row), in order."""
     marks = {(s.control_offset, s.control_index): s for s in sums}
     full = [
@@ -181,4 +239,4 @@ def _write_task(
     return task
 
 
-__all__ = ["EpochWriter", "write_unit"]
+__all__ = ["EpochWriter", "batch_notes", "missing_note_columns", "write_unit"]
