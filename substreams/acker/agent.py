@@ -271,6 +271,8 @@ class AckBlockV2:
         if any(c < 0 for c in self.range_counts) or sum(self.range_counts) != len(self.ranges):
             return (f"{where}: range counts sum to {sum(self.range_counts)}, "
                     f"{len(self.ranges)} ranges")
+        if any(r.partition < 0 for r in self.ranges):
+            return f"{where}: a negative partition"
         if any(r.start > r.end for r in self.ranges):
             return f"{where}: a range whose start is after its end"
         streams = tuple(dict.fromkeys(r.stream for r in self.ranges))

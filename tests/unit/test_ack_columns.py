@@ -164,3 +164,20 @@ def test_unpack_never_raises_and_what_it_accepts_holds_the_invariants(
     assert all(0 <= i < len(cols.streams) for i in cols.stream_index)
     assert all(lo <= hi for lo, hi in zip(cols.starts, cols.ends, strict=True))
     list(block.entries())  # well-formed: expands without error
+
+
+def test_a_v2_block_is_held_to_the_same_rules() -> None:
+    """What v3 refuses, a v2 block (an old publisher's) must not get through either."""
+    r = OffsetRange("s", 0, 0, 1)
+    cases = [
+        (AckBlockV2("x", (1, 2), (), (1,), (1, 1), (1, 1), (r, r)), "2 times but 1 records"),
+        (AckBlockV2("x", (1,), (3, 4), (1,), (1,), (1,), (r,)), "1 times but 2 xors"),
+        (AckBlockV2("x", (1,), (), (1,), (1,), (2,), (r,)), "range counts sum to 2"),
+        (AckBlockV2("x", (1,), (), (1,), (1,), (1,), (replace(r, partition=-1),)),
+         "negative partition"),
+        (AckBlockV2("x", (1,), (), (1,), (1,), (1,), (replace(r, start=2),)),
+         "start is after its end"),
+    ]
+    for block, reason in cases:
+        problem = block.unpack()
+        assert isinstance(problem, str) and reason in problem, (block, problem)
