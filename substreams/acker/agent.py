@@ -83,6 +83,10 @@ class SealEntry:
     """The keyed seal: ``time`` is an event time T covering ``Keyed(k, t <= T)`` for every k."""
 
 
+_BIG_ENDIAN = sys.byteorder == "big"
+assert array("i").itemsize == 4 and array("q").itemsize == 8  # the wire widths
+
+
 def _column(typecode: str, data: bytes) -> array[int] | None:
     """A packed column (little-endian), or None if ``data`` is not a whole number of items."""
     col = array(typecode)
@@ -100,10 +104,6 @@ def _pack(typecode: str, values: Iterable[int]) -> bytes:
     if _BIG_ENDIAN:
         col.byteswap()
     return col.tobytes()
-
-
-_BIG_ENDIAN = sys.byteorder == "big"
-assert array("i").itemsize == 4 and array("q").itemsize == 8  # the wire widths
 
 
 class Columns(NamedTuple):
@@ -497,7 +497,8 @@ def _ranges(agg: _Agg) -> tuple[OffsetRange, ...]:
 
 def _block(sub: str, items: list[tuple[int, _Agg]]) -> AckBlock:
     """One substream's int-time aggregates as a block, the columns built straight from the
-    aggregates (no ``OffsetRange`` per range: this runs per record at granularity 1)."""
+    aggregates (no ``OffsetRange`` per range: this runs per record at granularity 1).
+    Records and reports travel as 32-bit ints: one commit holds fewer than 2**31 records."""
     index: dict[str, int] = {}
     streams: list[str] = []
     counts: list[int] = []
