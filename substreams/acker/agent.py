@@ -27,11 +27,15 @@ source (sequence numbers, registration) by incarnation and ignores anything else
 
 from __future__ import annotations
 
+import sys
 import time
 import zlib
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
+from operator import le
+from typing import NamedTuple
 
 from substreams.acker.table import SOURCE
 from substreams.config import Config
@@ -79,17 +83,172 @@ class SealEntry:
     """The keyed seal: ``time`` is an event time T covering ``Keyed(k, t <= T)`` for every k."""
 
 
+_BIG_ENDIAN = sys.byteorder == "big"
+assert array("i").itemsize == 4 and array("q").itemsize == 8  # the wire widths
+
+
+def _column(typecode: str, data: bytes) -> array[int] | None:
+    """A packed column (little-endian), or None if ``data`` is not a whole number of items."""
+    col = array(typecode)
+    if len(data) % col.itemsize:
+        return None
+    col.frombytes(data)
+    if _BIG_ENDIAN:
+        col.byteswap()
+    return col
+
+
+def _pack(typecode: str, values: Iterable[int]) -> bytes:
+    """``values`` as a packed little-endian column (OverflowError if one does not fit)."""
+    col = array(typecode, values)
+    if _BIG_ENDIAN:
+        col.byteswap()
+    return col.tobytes()
+
+
+class Columns(NamedTuple):
+    """A block's columns, unpacked and checked (what the acker applies; arrays from an
+    :class:`AckBlock`, tuples from a version 2 block)."""
+
+    times: Sequence[int]
+    xors: Sequence[int]
+    """Empty: every xor is 0."""
+    records: Sequence[int]
+    reports: Sequence[int]
+    range_counts: Sequence[int]
+    streams: tuple[str, ...]
+    stream_index: Sequence[int]
+    partitions: Sequence[int]
+    starts: Sequence[int]
+    ends: Sequence[int]
+
+
 @dataclass(frozen=True, slots=True)
 class AckBlock:
-    """``AckEntry``s of one substream at int times, as columns.
+    """``AckEntry``s of one substream at int times, as packed columns (Avro ``AckColumns``).
 
-    Why: at one record per time (granularity 1) a report holds one entry per record, and
-    decoding and applying them one Avro record (and one nested ``Time``) at a time was a
-    third of the acker's CPU; arrays of longs decode in bulk and the table applies them in
-    one loop.  Invariants (checked by the acker, which dead-letters a block breaking them):
-    ``times``, ``records``, ``reports`` and ``range_counts`` have one item per entry,
-    ``xors`` too or is empty (every xor 0), and ``ranges`` holds ``sum(range_counts)``
-    ranges, the entries' in order."""
+    Why: at one record per time (granularity 1) a report holds one entry per record.  Version
+    2 sent them as arrays of longs plus one ``OffsetRange`` record per range, and decoding
+    that (fastavro builds a dict per range, the converter an ``OffsetRange``) was the largest
+    cost of the acker's step.  Each column is now one ``bytes`` (little-endian; see
+    ``substreams/avro/ack.avsc``), unpacked with one copy (:meth:`unpack`), and the ranges
+    are four columns with the stream names once.  Invariants (:meth:`unpack` checks them, the
+    acker dead-letters a block breaking them): ``times``, ``records``, ``reports``,
+    ``range_counts`` have n items, ``xors`` too or none (every xor 0); ``stream_index``,
+    ``partitions``, ``starts``, ``ends`` have ``sum(range_counts)`` items, the entries'
+    ranges in order; every stream index is < ``len(streams)``, every start <= its end."""
+
+    substream: str
+    times: bytes
+    xors: bytes
+    records: bytes
+    reports: bytes
+    range_counts: bytes
+    streams: tuple[str, ...]
+    stream_index: bytes
+    partitions: bytes
+    starts: bytes
+    ends: bytes
+
+    @classmethod
+    def pack(
+        cls,
+        substream: str,
+        times: Iterable[int],
+        xors: Iterable[int],
+        records: Iterable[int],
+        reports: Iterable[int],
+        range_counts: Iterable[int],
+        ranges: Iterable[OffsetRange],
+    ) -> AckBlock:
+        """A block from per-entry values and the entries' ranges in order (``xors`` may be
+        empty: every xor 0)."""
+        index: dict[str, int] = {}
+        streams: list[str] = []
+        sidx: list[int] = []
+        parts: list[int] = []
+        starts: list[int] = []
+        ends: list[int] = []
+        for r in ranges:
+            i = index.get(r.stream)
+            if i is None:
+                i = index[r.stream] = len(streams)
+                streams.append(r.stream)
+            sidx.append(i)
+            parts.append(r.partition)
+            starts.append(r.start)
+            ends.append(r.end)
+        return cls(
+            substream, _pack("q", times), _pack("q", xors), _pack("i", records),
+            _pack("i", reports), _pack("i", range_counts), tuple(streams), _pack("i", sidx),
+            _pack("i", parts), _pack("q", starts), _pack("q", ends),
+        )
+
+    def unpack(self) -> Columns | str:
+        """The columns, or what breaks the invariants (the acker's dead-letter detail)."""
+        where = f"block of substream '{self.substream}'"
+        cols = []
+        for name, code in _LAYOUT:
+            col = _column(code, getattr(self, name))
+            if col is None:
+                return f"{where}: column {name} is not a whole number of {code!r} items"
+            cols.append(col)
+        times, xors, records, reports, counts, sidx, parts, starts, ends = cols
+        n = len(times)
+        if not (len(records) == len(reports) == len(counts) == n):
+            return (f"{where}: {n} times but {len(records)} records, {len(reports)} reports "
+                    f"and {len(counts)} range counts")
+        if xors and len(xors) != n:
+            return f"{where}: {n} times but {len(xors)} xors"
+        if counts and min(counts) < 0:
+            return f"{where}: a negative range count"
+        m = sum(counts)
+        if not (len(sidx) == len(parts) == len(starts) == len(ends) == m):
+            return (f"{where}: range counts sum to {m}, but {len(sidx)} stream indexes, "
+                    f"{len(parts)} partitions, {len(starts)} starts and {len(ends)} ends")
+        if m and (min(sidx) < 0 or max(sidx) >= len(self.streams)):
+            return f"{where}: a stream index outside the {len(self.streams)} streams"
+        if m and min(parts) < 0:
+            return f"{where}: a negative partition"
+        if not all(map(le, starts, ends)):
+            return f"{where}: a range whose start is after its end"
+        return Columns(times, xors, records, reports, counts, self.streams, sidx, parts,
+                       starts, ends)
+
+    def problem(self) -> str | None:
+        """What breaks the invariants, or None."""
+        cols = self.unpack()
+        return cols if isinstance(cols, str) else None
+
+    def entries(self) -> Iterator[AckEntry]:
+        """The block as the entries it stands for (for readers that count or show them);
+        a malformed block (see :meth:`unpack`) raises ValueError."""
+        c = self.unpack()
+        if isinstance(c, str):
+            raise ValueError(c)
+        at = 0
+        xors = c.xors or (0,) * len(c.times)
+        for t, x, rec, rep, n in zip(c.times, xors, c.records, c.reports, c.range_counts,
+                                     strict=True):
+            yield AckEntry(self.substream, t, x, rec, rep, tuple(
+                OffsetRange(c.streams[c.stream_index[i]], c.partitions[i], c.starts[i],
+                            c.ends[i])
+                for i in range(at, at + n)
+            ))
+            at += n
+
+
+_LAYOUT = (("times", "q"), ("xors", "q"), ("records", "i"), ("reports", "i"),
+           ("range_counts", "i"), ("stream_index", "i"), ("partitions", "i"), ("starts", "q"),
+           ("ends", "q"))
+"""Each packed column of :class:`AckBlock` and its item type."""
+
+
+@dataclass(frozen=True, slots=True)
+class AckBlockV2:
+    """Version 2's block (Avro ``AckBlock``): the same entries with the ranges as
+    ``OffsetRange`` records.  Only read (acks written before the upgrade; "Batched
+    completions" in docs/design.md), and applied through the same :class:`Columns`."""
 
     substream: str
     times: tuple[int, ...]
@@ -99,22 +258,37 @@ class AckBlock:
     range_counts: tuple[int, ...]
     ranges: tuple[OffsetRange, ...]
 
-    def problem(self) -> str | None:
-        """What breaks the invariants, or None."""
+    def unpack(self) -> Columns | str:
+        """As :meth:`AckBlock.unpack` (the same invariants, ``ranges`` holding
+        ``sum(range_counts)`` items)."""
+        where = f"block of substream '{self.substream}'"
         n = len(self.times)
         if not (len(self.records) == len(self.reports) == len(self.range_counts) == n):
-            return (f"block of substream '{self.substream}': {n} times but "
-                    f"{len(self.records)} records, {len(self.reports)} reports and "
-                    f"{len(self.range_counts)} range counts")
+            return (f"{where}: {n} times but {len(self.records)} records, "
+                    f"{len(self.reports)} reports and {len(self.range_counts)} range counts")
         if self.xors and len(self.xors) != n:
-            return f"block of substream '{self.substream}': {n} times but {len(self.xors)} xors"
+            return f"{where}: {n} times but {len(self.xors)} xors"
         if any(c < 0 for c in self.range_counts) or sum(self.range_counts) != len(self.ranges):
-            return (f"block of substream '{self.substream}': range counts sum to "
-                    f"{sum(self.range_counts)}, {len(self.ranges)} ranges")
-        return None
+            return (f"{where}: range counts sum to {sum(self.range_counts)}, "
+                    f"{len(self.ranges)} ranges")
+        if any(r.partition < 0 for r in self.ranges):
+            return f"{where}: a negative partition"
+        if any(r.start > r.end for r in self.ranges):
+            return f"{where}: a range whose start is after its end"
+        streams = tuple(dict.fromkeys(r.stream for r in self.ranges))
+        index = {s: i for i, s in enumerate(streams)}
+        rs = self.ranges
+        return Columns(
+            self.times, self.xors, self.records, self.reports, self.range_counts, streams,
+            tuple(index[r.stream] for r in rs), tuple(r.partition for r in rs),
+            tuple(r.start for r in rs), tuple(r.end for r in rs),
+        )
+
+    def problem(self) -> str | None:
+        cols = self.unpack()
+        return cols if isinstance(cols, str) else None
 
     def entries(self) -> Iterator[AckEntry]:
-        """The block as the entries it stands for (for readers that count or show them)."""
         at = 0
         xors = self.xors or (0,) * len(self.times)
         for t, x, rec, rep, n in zip(self.times, xors, self.records, self.reports,
@@ -127,14 +301,21 @@ class AckBlock:
 class AckReport:
     entries: tuple[AckEntry, ...]
     seals: tuple[SealEntry, ...] = ()
-    blocks: tuple[AckBlock, ...] = ()
-    """Entries at int times of substreams with many of them, as columns (applied with
-    ``entries``, before ``seals``)."""
+    columns: tuple[AckBlock, ...] = ()
+    """Entries at int times of substreams with many of them, as packed columns (applied
+    with ``entries``, before ``seals``)."""
+    blocks: tuple[AckBlockV2, ...] = ()
+    """Version 2's blocks (only in acks written before the upgrade; applied like
+    ``columns``, before them)."""
+
+    def all_blocks(self) -> tuple[AckBlockV2 | AckBlock, ...]:
+        """``blocks`` and then ``columns``, in the order the acker applies them."""
+        return (*self.blocks, *self.columns) if self.blocks else self.columns
 
     def all_entries(self) -> Iterator[AckEntry]:
         """``entries`` and then every block's entries."""
         yield from self.entries
-        for block in self.blocks:
+        for block in self.all_blocks():
             yield from block.entries()
 
 
@@ -170,7 +351,7 @@ class AckMessage:
             return set(b.substreams)
         if isinstance(b, AckReport):
             return ({e.substream for e in b.entries} | {s.substream for s in b.seals}
-                    | {k.substream for k in b.blocks})
+                    | {k.substream for k in b.all_blocks()})
         return set()
 
 
@@ -246,17 +427,21 @@ def split_body(body: AckBody, partition_of: Callable[[str], int]) -> list[tuple[
         entries: dict[int, list[AckEntry]] = {}
         seals: dict[int, list[SealEntry]] = {}
         blocks: dict[int, list[AckBlock]] = {}
+        v2: dict[int, list[AckBlockV2]] = {}
         for e in body.entries:
             entries.setdefault(partition_of(e.substream), []).append(e)
         for s in body.seals:
             seals.setdefault(partition_of(s.substream), []).append(s)
-        for k in body.blocks:
+        for k in body.columns:
             blocks.setdefault(partition_of(k.substream), []).append(k)
+        for b in body.blocks:
+            v2.setdefault(partition_of(b.substream), []).append(b)
         return [
             (p, AckReport(
-                tuple(entries.get(p, ())), tuple(seals.get(p, ())), tuple(blocks.get(p, ()))
+                tuple(entries.get(p, ())), tuple(seals.get(p, ())), tuple(blocks.get(p, ())),
+                tuple(v2.get(p, ())),
             ))
-            for p in sorted(entries.keys() | seals.keys() | blocks.keys())
+            for p in sorted(entries.keys() | seals.keys() | blocks.keys() | v2.keys())
         ]
     return [(-1, body)]
 
@@ -310,6 +495,45 @@ def _ranges(agg: _Agg) -> tuple[OffsetRange, ...]:
     return tuple(OffsetRange(s, p, lo, hi) for (s, p), (lo, hi) in agg.ranges.items())
 
 
+def _block(sub: str, items: list[tuple[int, _Agg]]) -> AckBlock:
+    """One substream's int-time aggregates as a block, the columns built straight from the
+    aggregates (no ``OffsetRange`` per range: this runs per record at granularity 1).
+    Records and reports travel as 32-bit ints: one commit holds fewer than 2**31 records."""
+    index: dict[str, int] = {}
+    streams: list[str] = []
+    counts: list[int] = []
+    sidx: list[int] = []
+    parts: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    for _, agg in items:
+        ranges = agg.ranges
+        counts.append(len(ranges))
+        for (stream, partition), (lo, hi) in ranges.items():
+            i = index.get(stream)
+            if i is None:
+                i = index[stream] = len(streams)
+                streams.append(stream)
+            sidx.append(i)
+            parts.append(partition)
+            starts.append(lo)
+            ends.append(hi)
+    xors = [agg.xor for _, agg in items]
+    return AckBlock(
+        sub,
+        _pack("q", [t for t, _ in items]),
+        _pack("q", xors) if any(xors) else b"",
+        _pack("i", [agg.records for _, agg in items]),
+        _pack("i", [agg.reports for _, agg in items]),
+        _pack("i", counts),
+        tuple(streams),
+        _pack("i", sidx),
+        _pack("i", parts),
+        _pack("q", starts),
+        _pack("q", ends),
+    )
+
+
 def _entries(
     table: dict[tuple[str, Time], _Agg],
 ) -> tuple[tuple[AckEntry, ...], tuple[AckBlock, ...], dict[str, int]]:
@@ -326,20 +550,7 @@ def _entries(
         for (sub, t), agg in table.items()
         if sub not in blocked or type(t) is not int
     )
-    blocks = []
-    for sub in blocked:
-        items = int_times[sub]
-        aggs = [agg for _, agg in items]
-        xors = tuple(agg.xor for agg in aggs)
-        blocks.append(AckBlock(
-            sub,
-            tuple(t for t, _ in items),
-            xors if any(xors) else (),
-            tuple(agg.records for agg in aggs),
-            tuple(agg.reports for agg in aggs),
-            tuple(len(agg.ranges) for agg in aggs),
-            tuple(r for agg in aggs for r in _ranges(agg)),
-        ))
+    blocks = [_block(sub, int_times[sub]) for sub in blocked]
     return entries, tuple(blocks), reports
 
 

@@ -50,8 +50,8 @@ from confluent_kafka import OFFSET_END, KafkaException, Message, TopicPartition
 
 from substreams import metrics
 from substreams.acker.agent import (
-    AckBlock,
     AckReport,
+    Columns,
     Evict,
     Register,
     SourceHeartbeat,
@@ -767,15 +767,15 @@ class AckerService:
                     trackers[e.substream].activate(e.time)
             except Violation as v:
                 problems.append((REASON_TERMINATED, v.reason))
-        for block in body.blocks:
+        for block in body.all_blocks():
             table = self._table_for(source, block.substream, partition, problems)
             if table is None:
                 continue
-            shape = block.problem()
-            if shape is not None:
-                problems.append((REASON_MALFORMED, shape))
+            columns = block.unpack()  # the shape check: a malformed block applies nothing
+            if isinstance(columns, str):
+                problems.append((REASON_MALFORMED, columns))
                 continue
-            refused = apply_block(table, trackers[block.substream], block, now)
+            refused = apply_block(table, trackers[block.substream], columns, now)
             problems.extend((REASON_TERMINATED, v.reason) for v in refused)
         for s in body.seals:
             table = self._table_for(source, s.substream, partition, problems)
@@ -844,14 +844,11 @@ class AckerService:
 
 
 def apply_block(
-    table: SegmentTable, tracker: ProgressTracker, block: AckBlock, now: int
+    table: SegmentTable, tracker: ProgressTracker, columns: Columns, now: int
 ) -> list[Violation]:
-    """Apply a well-formed ``AckBlock`` (the caller checked :meth:`AckBlock.problem`): the
-    table's entries, the tracker's newly active times; the refused entries' violations."""
-    new, refused = table.report_block(
-        block.times, block.xors, block.records, block.reports, block.range_counts,
-        block.ranges, now,
-    )
+    """Apply a block's checked columns (:meth:`AckBlock.unpack`): the table's entries, the
+    tracker's newly active times; the refused entries' violations."""
+    new, refused = table.report_block(*columns, now)
     tracker.activate_many(new)
     return refused
 

@@ -110,6 +110,18 @@ def _not_keyed_covered(state: SourceState, t: Time) -> bool:
 # -- the table ------------------------------------------------------------------------------
 
 
+def _offset_ranges(
+    streams: Sequence[str],
+    stream_index: Sequence[int],
+    partitions: Sequence[int],
+    starts: Sequence[int],
+    ends: Sequence[int],
+) -> list[OffsetRange]:
+    """A block's range columns as ranges (the reference path)."""
+    return [OffsetRange(streams[i], p, lo, hi)
+            for i, p, lo, hi in zip(stream_index, partitions, starts, ends, strict=True)]
+
+
 @dataclass(slots=True)
 class OpenEntry:
     """What is known about one open (not yet terminated) time."""
@@ -120,13 +132,8 @@ class OpenEntry:
     ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     first_seen_ms: int = 0
     sealed_at_ms: int = 0
-    only: OffsetRange | None = field(default=None, compare=False)
-    """The one range reported for this time while it is the whole of ``ranges`` (set by
-    report_block, dropped by any other addition): :meth:`offset_ranges` returns it instead
-    of building an equal one.  Not state: a loaded entry builds its range."""
 
     def add_ranges(self, ranges: Iterable[OffsetRange]) -> None:
-        self.only = None
         for r in ranges:
             key = (r.stream, r.partition)
             hull = self.ranges.get(key)
@@ -140,9 +147,8 @@ class OpenEntry:
 
     def offset_ranges(self) -> tuple[OffsetRange, ...]:
         """The hulls, one per (stream, partition), sorted: already merged
-        (:func:`~substreams.control.messages.merge_ranges` returns them unchanged)."""
-        if self.only is not None:
-            return (self.only,)
+        (:func:`~substreams.control.messages.merge_ranges` returns them unchanged).  Built
+        here, once per time, since ranges arrive as columns (``AckBlock``), not objects."""
         if len(self.ranges) == 1:  # the common case: one data partition per time
             for (s, p), (lo, hi) in self.ranges.items():
                 return (OffsetRange(s, p, lo, hi),)
@@ -369,12 +375,19 @@ class SegmentTable:
         records: Sequence[int],
         reports: Sequence[int],
         range_counts: Sequence[int],
-        ranges: Sequence[OffsetRange],
+        streams: Sequence[str],
+        stream_index: Sequence[int],
+        partitions: Sequence[int],
+        starts: Sequence[int],
+        ends: Sequence[int],
         now_ms: int,
     ) -> tuple[list[Time], list[Violation]]:
-        """:meth:`report` for a block of int-time entries (``AckBlock``: the caller checked
-        its shape), in one loop.  Returns the newly open times and the violations of the
-        entries that were refused (the others are applied, as separate entries would be)."""
+        """:meth:`report` for a block of int-time entries (``AckBlock``'s columns: the caller
+        checked their shape), in one loop.  Entry i's ranges are items ``at .. at+n-1`` of the
+        range columns (``n = range_counts[i]``, ``at`` the sum of the counts before it), of
+        stream ``streams[stream_index[j]]``.  Returns the newly open times and the violations
+        of the entries that were refused (the others are applied, as separate entries would
+        be)."""
         if self.gap_ms is not None:
             return [], [Violation(
                 f"substream '{self.substream}' is a session substream: times must be "
@@ -382,7 +395,8 @@ class SegmentTable:
             )]
         if not self.int_runs:
             return self._report_block_generic(
-                times, xors, records, reports, range_counts, ranges, now_ms
+                times, xors, records, reports, range_counts,
+                _offset_ranges(streams, stream_index, partitions, starts, ends), now_ms,
             )
         new: list[Time] = []
         refused: list[Violation] = []
@@ -427,13 +441,14 @@ class SegmentTable:
                         nonzero.discard(t)
             entry.records += records[i]
             entry.reports += reports[i]
-            if n == 1 and not entry.ranges:
-                r = ranges[at]
-                entry.ranges[(r.stream, r.partition)] = [r.start, r.end]
-                entry.only = r
+            if n == 1 and not entry.ranges:  # the common case: no OffsetRange built
+                entry.ranges[(streams[stream_index[at]], partitions[at])] = [starts[at], ends[at]]
                 at += 1
             elif n:
-                entry.add_ranges(ranges[at:at + n])
+                entry.add_ranges(
+                    OffsetRange(streams[stream_index[j]], partitions[j], starts[j], ends[j])
+                    for j in range(at, at + n)
+                )
                 at += n
         self.dirty = True
         return new, refused

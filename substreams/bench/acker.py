@@ -192,9 +192,9 @@ def step_alone(
     for m in range(times // per_message):
         lo = m * per_message
         ts = tuple(range(lo, lo + per_message))
-        block = AckBlock(
+        block = AckBlock.pack(
             "s", ts, (), (1,) * per_message, (1,) * per_message, (1,) * per_message,
-            tuple(OffsetRange("bench", 0, t, t + 1) for t in ts),
+            [OffsetRange("bench", 0, t, t + 1) for t in ts],
         )
         seal = (SealEntry("s", lo + per_message - 1, stamp),)
         raw.append(encode_ack(AckMessage("bench-source", m + 1, 0, AckReport((), seal, (block,)))))
@@ -207,8 +207,10 @@ def step_alone(
         for value in raw[at:at + per_step]:
             body = decode_ack(value, headers).body
             assert isinstance(body, AckReport)
-            for block in body.blocks:
-                apply_block(table, tracker, block, now)
+            for got in body.all_blocks():
+                columns = got.unpack()  # the service's shape check
+                assert not isinstance(columns, str), columns
+                apply_block(table, tracker, columns, now)
             for s in body.seals:
                 if table.seal("bench-source", s.time, s.sealed_at_ms, now):
                     tracker.activate(s.time)
@@ -234,6 +236,99 @@ def step_alone(
     }
 
 
+def block_decode(times: int, per_message: int = 100) -> list[dict[str, Any]]:
+    """The micro-benchmark that keeps ``AckBlock``'s columns packed in ``bytes`` (the
+    project's rule: hand framing only where a committed benchmark shows it pays): the same
+    ``times`` int times, one range each, ``per_message`` per block, decoded from the wire
+    into what the acker applies, three ways.  v2: the previous schema's block (arrays of
+    longs, one ``OffsetRange`` record per range; fastavro, then an ``OffsetRange`` per range
+    as the converter built them); Avro arrays: the same columns as v3 but as ``array<long>``
+    (fastavro, then a tuple per column); packed: the real path (``decode_ack``, then
+    :meth:`AckBlock.unpack` with its shape checks).  Rows: times decoded per CPU second."""
+    import io
+
+    import fastavro
+
+    ts = list(range(1_700_000_000_000, 1_700_000_000_000 + per_message))
+    ranges = [OffsetRange("bench", 0, 10**9 + i, 10**9 + i + 1) for i in range(per_message)]
+    ones = [1] * per_message
+    arrays = {"type": "array", "items": "long"}
+    v2 = fastavro.parse_schema({
+        "type": "record", "name": "B", "fields": [
+            {"name": n, "type": arrays} for n in ("times", "xors", "records", "reports",
+                                                  "range_counts")
+        ] + [{"name": "ranges", "type": {"type": "array", "items": {
+            "type": "record", "name": "R", "fields": [
+                {"name": "stream", "type": "string"}, {"name": "partition", "type": "int"},
+                {"name": "start", "type": "long"}, {"name": "end", "type": "long"}]}}}],
+    })
+    columns = ("times", "xors", "records", "reports", "range_counts", "stream_index",
+               "partitions", "starts", "ends")
+    longs = fastavro.parse_schema({
+        "type": "record", "name": "C", "fields": [
+            {"name": n, "type": arrays} for n in columns
+        ] + [{"name": "streams", "type": {"type": "array", "items": "string"}}],
+    })
+
+    def write(schema: Any, datum: dict[str, Any]) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, schema, datum)
+        return buf.getvalue()
+
+    v2_raw = write(v2, {
+        "times": ts, "xors": [], "records": ones, "reports": ones, "range_counts": ones,
+        "ranges": [{"stream": r.stream, "partition": r.partition, "start": r.start,
+                    "end": r.end} for r in ranges],
+    })
+    longs_raw = write(longs, {
+        "times": ts, "xors": [], "records": ones, "reports": ones, "range_counts": ones,
+        "stream_index": [0] * per_message, "partitions": [0] * per_message,
+        "starts": [r.start for r in ranges], "ends": [r.end for r in ranges],
+        "streams": ["bench"],
+    })
+    block = AckBlock.pack("s", ts, (), ones, ones, ones, ranges)
+    packed_raw = encode_ack(AckMessage("bench-source", 1, 0, AckReport((), (), (block,))))
+    headers = ack_headers()
+
+    def decode_v2() -> None:
+        d = fastavro.schemaless_reader(io.BytesIO(v2_raw), v2, None)
+        assert isinstance(d, dict)
+        _ = ([tuple(d[n]) for n in columns[:5]],
+             tuple(OffsetRange(r["stream"], r["partition"], r["start"], r["end"])
+                   for r in d["ranges"]))
+
+    def decode_longs() -> None:
+        d = fastavro.schemaless_reader(io.BytesIO(longs_raw), longs, None)
+        assert isinstance(d, dict)
+        _ = [tuple(d[n]) for n in columns]
+
+    def decode_packed() -> None:
+        body = decode_ack(packed_raw, headers).body
+        assert isinstance(body, AckReport)
+        assert not isinstance(body.columns[0].unpack(), str)
+
+    rows = []
+    for name, fn, size in (
+        ("v2: OffsetRange records", decode_v2, len(v2_raw)),
+        ("v3 as Avro arrays of long", decode_longs, len(longs_raw)),
+        ("v3, packed bytes columns (decode_ack + unpack)", decode_packed, len(packed_raw)),
+    ):
+        n = max(1, times // per_message)
+        c0 = time.process_time()
+        for _ in range(n):
+            fn()
+        cpu = time.process_time() - c0
+        rows.append({
+            "measurement": f"ack block decode, {name}: {per_message} times/block, "
+                           f"{size:,} bytes",
+            "samples": n * per_message,
+            "per_cpu_s": round(n * per_message / cpu, 1),
+            "cpu_s_max": round(cpu, 3),
+            "bytes_per_block": size,
+        })
+    return rows
+
+
 def step_kafka(ctx: BenchContext, times: int, per_message: int = 100) -> list[dict[str, Any]]:
     """:func:`step_alone`'s input through Kafka: the ack messages pre-written to the acks
     topic, then ``AckerService.step`` timed until every time's notification is written
@@ -253,9 +348,9 @@ def step_kafka(ctx: BenchContext, times: int, per_message: int = 100) -> list[di
     for m in range(times // per_message):
         lo = m * per_message
         ts = tuple(range(lo, lo + per_message))
-        block = AckBlock(
+        block = AckBlock.pack(
             sub, ts, (), (1,) * per_message, (1,) * per_message, (1,) * per_message,
-            tuple(OffsetRange("bench", 0, t, t + 1) for t in ts),
+            [OffsetRange("bench", 0, t, t + 1) for t in ts],
         )
         seal = (SealEntry(sub, lo + per_message - 1, stamp),)
         msgs.append(AckMessage("bench-source", m + 1, 0, AckReport((), seal, (block,))))
@@ -561,6 +656,7 @@ def run(ctx: BenchContext) -> BenchResult:
             step_rows = [step_alone(n, generic=True), step_alone(n)]
             result.rows += step_rows
             result.rows += step_kafka(ctx, n)
+            result.rows += block_decode(n)
         elif step == "throughput":
             result.rows.append(throughput(ctx, messages, entries, substreams=4))
         elif step == "shards":

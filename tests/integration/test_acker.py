@@ -9,16 +9,20 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 
 from substreams.acker.agent import (
+    AckBlock,
+    AckBlockV2,
     AckEntry,
     AckMessage,
     AckReport,
     Register,
+    SealEntry,
     ack_headers,
     acks_partition,
     encode_ack,
@@ -29,12 +33,20 @@ from substreams.app import Application
 from substreams.config import Config
 from substreams.control.chain import ChainVerifier
 from substreams.control.io import read_control
-from substreams.control.messages import EpochComplete, EpochsComplete, completions
+from substreams.control.messages import EpochComplete, EpochsComplete, OffsetRange, completions
 from substreams.control.ranges import read_ranges
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.frontier import Time, sort_key
 from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
+from substreams.streams.schemas import (
+    HEADER_FINGERPRINT,
+    HEADER_TYPE,
+    TYPE_DATA,
+    Codec,
+    protocol_codec,
+    raw_schema,
+)
 from tests.conftest import ConfigFactory
 
 FAST = {"heartbeat_ms": 200, "flush_ms": 2}
@@ -345,6 +357,56 @@ def test_malformed_acks_are_dead_lettered_and_the_acker_keeps_running(
         b"no fingerprint at all",
     }
     assert all(d.topic == topic and d.offset >= 0 for d in letters)
+
+
+def test_a_malformed_block_is_dead_lettered_and_v2_blocks_still_apply(
+    make_config: ConfigFactory,
+) -> None:
+    """A columnar block (ack schema v3) whose stream index is out of range is dead-lettered
+    as malformed, with the reason, and applies nothing; a good block after it applies; a
+    block written with the previous schema (v2, an old publisher) applies like one."""
+    config = make_config(
+        [{"name": "clicks", "partitions": 1}],
+        [{"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}],
+        acker=FAST,
+    )
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    topic = config.acker.acks_topic
+    producer = Producer({"bootstrap.servers": config.kafka.bootstrap})
+    part = acks_partition("a", config.acker.acks_partitions)
+
+    def block(ts: list[int]) -> AckBlock:
+        return AckBlock.pack(sub, ts, [], [1] * len(ts), [2] * len(ts), [1] * len(ts),
+                             [OffsetRange(stream, 0, t, t + 1) for t in ts])
+
+    def send(seq: int, body: Any, value: bytes | None = None, headers: Any = None) -> None:
+        producer.produce(topic, value or encode_ack(AckMessage("a", seq, 0, body)),
+                         partition=part, headers=headers or ack_headers())
+
+    bad = replace(block([1]), streams=())  # its one range names stream 0 of none
+    send(1, Register((sub,)))
+    send(2, AckReport((), (), (bad,)))
+    send(3, AckReport((), (SealEntry(sub, 2, 5),), (block([1, 2]),)))
+    # what an old publisher wrote: the v2 schema, its fingerprint in the header
+    old = Codec(raw_schema("ack.v2"), union_names=True)
+    v2 = AckBlockV2(sub, (3, 4), (), (1, 1), (2, 2), (1, 1),
+                    (OffsetRange(stream, 0, 3, 4), OffsetRange(stream, 0, 4, 5)))
+    datum = protocol_codec("ack").decode(encode_ack(AckMessage(
+        "a", 4, 0, AckReport((), (SealEntry(sub, 4, 6),), (), (v2,)))))
+    name, report = datum["body"]
+    report.pop("columns")
+    send(4, None, old.encode(datum | {"body": (name, report)}),
+         [(HEADER_FINGERPRINT, old.fingerprint_hex), (HEADER_TYPE, TYPE_DATA)])
+    producer.flush(10)
+    with acker(config):
+        got = wait_notifications(config, sub, 4)
+    assert [(n.time, n.records, n.ranges) for n in got] == [
+        (t, 1, (OffsetRange(stream, 0, t, t + 1),)) for t in (1, 2, 3, 4)
+    ]
+    letters = list(read_dead_letters(config))
+    assert [d.reason for d in letters] == ["malformed"]
+    assert "stream index outside the 0 streams" in letters[0].detail
+    assert letters[0].source == "a"
 
 
 def test_second_acker_with_the_same_name_fences_the_first(make_config: ConfigFactory) -> None:

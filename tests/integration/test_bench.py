@@ -74,12 +74,18 @@ def test_bench_acker_quick_writes_json_and_png(bootstrap: str, tmp_path: Path) -
 
     data = json.loads((out / "acker.json").read_text())
     assert data["name"] == "acker" and data["quick"] is True
-    generic, per_run, kafka_generic, kafka_run, throughput, one_shard, two_shards, seal, raw = (
-        data["rows"]
-    )
+    (generic, per_run, kafka_generic, kafka_run, *decode, throughput, one_shard, two_shards,
+     seal, raw) = data["rows"]
     for row in (generic, per_run, kafka_generic, kafka_run):
         assert row["notifications"] == row["expected_notifications"] > 0, row
         assert isinstance(row["per_cpu_s"], float) and row["per_cpu_s"] > 0, row
+    # the micro-benchmark that keeps AckBlock's columns packed: v2, Avro arrays, packed
+    assert [r["measurement"].split(":")[0] for r in decode] == [
+        "ack block decode, v2", "ack block decode, v3 as Avro arrays of long",
+        "ack block decode, v3, packed bytes columns (decode_ack + unpack)",
+    ]
+    for row in decode:
+        assert row["samples"] > 0 and row["per_cpu_s"] > 0 and row["bytes_per_block"] > 0
     assert "generic" in generic["measurement"] and "per run" in per_run["measurement"]
     assert "with Kafka" in kafka_generic["measurement"] and "per run" in kafka_run["measurement"]
     for row in (throughput, one_shard, two_shards):

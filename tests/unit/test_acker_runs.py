@@ -36,7 +36,8 @@ times: st.SearchStrategy[Time] = st.one_of(
 )
 xors = st.sampled_from([0, 0, 1, 2, 3])
 ranges = st.builds(
-    OffsetRange, st.just("s"), st.integers(0, 1), st.integers(0, 20), st.integers(20, 40)
+    OffsetRange, st.sampled_from(["s", "s", "t"]), st.integers(0, 1), st.integers(0, 20),
+    st.integers(20, 40),
 )
 
 
@@ -49,8 +50,7 @@ def blocks(draw: st.DrawFn) -> AckBlock:
     rs = draw(st.lists(ranges, min_size=sum(counts), max_size=sum(counts)))
     recs = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
     reps = draw(st.lists(st.integers(1, 2), min_size=n, max_size=n))
-    return AckBlock("x", tuple(ts), tuple(xs), tuple(recs), tuple(reps), tuple(counts),
-                    tuple(rs))
+    return AckBlock.pack("x", ts, xs, recs, reps, counts, rs)
 
 
 ops = st.one_of(
@@ -93,7 +93,9 @@ class Side:
                 if table.report(t, x, records, 1, rs, now):
                     tracker.activate(t)
             elif kind == "block":
-                return [v.reason for v in apply_block(table, tracker, op[1], now)]
+                columns = op[1].unpack()
+                assert not isinstance(columns, str), columns
+                return [v.reason for v in apply_block(table, tracker, columns, now)]
             elif kind == "seal":
                 if table.seal(op[1], op[2], op[3], now):
                     tracker.activate(op[2])
@@ -159,9 +161,9 @@ def test_long_runs_equal_generic(steps: list[tuple[Any, ...]]) -> None:
         n = op[1] * 20
         ts = tuple(range(top, top + n))
         top += n
-        expanded.append(("block", AckBlock(
+        expanded.append(("block", AckBlock.pack(
             "x", ts, (), (1,) * n, (1,) * n, (1,) * n,
-            tuple(OffsetRange("s", 0, t, t + 1) for t in ts),
+            [OffsetRange("s", 0, t, t + 1) for t in ts],
         )))
         expanded.append(("seal", "a", top - 1, 5))
         expanded.append(("announce",))
@@ -172,8 +174,8 @@ def test_a_run_is_announced_like_single_times() -> None:
     """A concrete case: 1 000 times, one record each, one source sealing the last."""
     steps: list[tuple[Any, ...]] = [("register", "a", SOURCE)]
     ts = tuple(range(1000))
-    steps.append(("block", AckBlock("x", ts, (), (1,) * 1000, (1,) * 1000, (1,) * 1000,
-                                    tuple(OffsetRange("s", 0, t, t + 1) for t in ts))))
+    steps.append(("block", AckBlock.pack("x", ts, (), (1,) * 1000, (1,) * 1000, (1,) * 1000,
+                                         [OffsetRange("s", 0, t, t + 1) for t in ts])))
     steps += [("seal", "a", 499, 7), ("announce",), ("seal", "a", 999, 8), ("announce",)]
     check_equivalent(steps)
 

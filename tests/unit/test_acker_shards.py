@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import substreams.acker.agent as agent_module
 from substreams.acker.agent import (
     AckBlock,
+    AckBlockV2,
     AckEntry,
     AckReport,
     Register,
@@ -73,13 +74,14 @@ def test_split_report_keeps_every_entry_in_its_segment_partition(
     body = AckReport(
         tuple(AckEntry(s, t, x, 1, 1, (OffsetRange("d", 0, t, t + 1),)) for s, t, x in es),
         tuple(SealEntry(s, t, 0, k) for s, t, k in ss),
-        tuple(AckBlock(s, (t,), (x,), (1,), (1,), (0,), ()) for s, t, x in es[::3]),
+        tuple(AckBlock.pack(s, (t,), (x % 2**63,), (1,), (1,), (0,), ()) for s, t, x in es[::3]),
+        tuple(AckBlockV2(s, (t,), (x,), (1,), (1,), (0,), ()) for s, t, x in es[1::3]),
     )
     parts = split_body(body, lambda s: segment_partition(s, partitions))
     assert [p for p, _ in parts] == sorted({p for p, _ in parts})  # one part per partition
     for p, part in parts:
         assert isinstance(part, AckReport)
-        assert part.entries or part.seals or part.blocks
+        assert part.entries or part.seals or part.columns or part.blocks
         assert all(segment_partition(e.substream, partitions) == p for e in part.entries)
         assert all(segment_partition(s.substream, partitions) == p for s in part.seals)
     # Nothing lost, nothing added, order kept within each partition.
@@ -90,6 +92,9 @@ def test_split_report_keeps_every_entry_in_its_segment_partition(
         ]
         assert list(part.seals) == [
             s for s in body.seals if segment_partition(s.substream, partitions) == p
+        ]
+        assert list(part.columns) == [
+            k for k in body.columns if segment_partition(k.substream, partitions) == p
         ]
         assert list(part.blocks) == [
             k for k in body.blocks if segment_partition(k.substream, partitions) == p

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from substreams.acker.agent import BLOCK_MIN, AckReport, TrackingAgent
+from substreams.acker.agent import BLOCK_MIN, AckBlock, AckReport, TrackingAgent
 from substreams.acker.table import SOURCE, SegmentTable, Violation
 from substreams.control.messages import OffsetRange
 from substreams.streams.records import SentRecord
@@ -101,7 +101,7 @@ def test_blocks_carry_exactly_the_entries_of_a_commit(
     }
     assert got == want
     assert len(all_entries) == len(want)  # no time twice
-    for block in (b for r in reports if isinstance(r, AckReport) for b in r.blocks):
+    for block in (b for r in reports if isinstance(r, AckReport) for b in r.columns):
         assert block.problem() is None
         assert len(block.times) >= BLOCK_MIN
         assert all(type(t) is int for t in block.times)
@@ -122,7 +122,7 @@ def test_a_block_applies_like_its_entries_one_by_one(
             tab.terminations()
         return tab
 
-    ranges = [OffsetRange("s", p, t, t + 1 + n) for t, _, p, n in rows]
+    ranges = [OffsetRange(("s", "u")[p % 2], p, t, t + 1 + n) for t, _, p, n in rows]
     one, many = table(), table()
     new_one, refused_one = [], []
     for (t, x, _, n), r in zip(rows, ranges, strict=True):
@@ -131,10 +131,12 @@ def test_a_block_applies_like_its_entries_one_by_one(
                 new_one.append(t)
         except Violation as v:
             refused_one.append(v.reason)
-    new_many, refused_many = many.report_block(
-        [t for t, *_ in rows], [x for _, x, _, _ in rows], [n for *_, n in rows],
-        [2] * len(rows), [1] * len(rows), ranges, 7,
-    )
+    columns = AckBlock.pack(
+        "ep", [t for t, *_ in rows], [x for _, x, _, _ in rows], [n for *_, n in rows],
+        [2] * len(rows), [1] * len(rows), ranges,
+    ).unpack()
+    assert not isinstance(columns, str), columns
+    new_many, refused_many = many.report_block(*columns, 7)
     assert new_many == new_one
     assert [v.reason for v in refused_many] == refused_one
     assert {t: (e.xor, e.records, e.reports, e.ranges) for t, e in many.open.items()} == {
