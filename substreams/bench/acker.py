@@ -73,6 +73,7 @@ from substreams.control.chain import ChainHead
 from substreams.control.io import ControlTail
 from substreams.control.messages import OffsetRange, completions
 from substreams.kafka import client
+from substreams.kafka.write import produce
 
 NAME = "acker"
 TARGET_P99_MS = 20.0
@@ -130,14 +131,10 @@ def throughput(ctx: BenchContext, messages: int, entries: int, substreams: int) 
     msgs = ack_messages(subs, messages, entries, per_time)
     headers = ack_headers()
     for msg in msgs:
-        while True:
-            try:
-                producer.produce(
-                    config.acker.acks_topic, encode_ack(msg), partition=0, headers=headers
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce(
+            producer, config.acker.acks_topic, encode_ack(msg), partition=0,
+            headers=headers,
+        )
     producer.flush(60)
     service = AckerService(config, ctx.bootstrap, max_batch=5000)
     handler = CommandHandler(config, service.bootstrap, service.name)
@@ -355,14 +352,10 @@ def step_kafka(ctx: BenchContext, times: int, per_message: int = 100) -> list[di
         seal = (SealEntry(sub, lo + per_message - 1, stamp),)
         msgs.append(AckMessage("bench-source", m + 1, 0, AckReport((), seal, (block,))))
     for msg in msgs:
-        while True:
-            try:
-                producer.produce(
-                    config.acker.acks_topic, encode_ack(msg), partition=0, headers=headers
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce(
+            producer, config.acker.acks_topic, encode_ack(msg), partition=0,
+            headers=headers,
+        )
     producer.flush(60)
     rows = []
     for generic in (True, False):
@@ -480,14 +473,10 @@ def shard_throughput(
             msg = AckMessage(whole.source, seqs.get(p, 0), 0, body, whole.incarnation)
             seqs[p] = msg.seq + 1
             per_partition[p] = per_partition.get(p, 0) + 1
-            while True:
-                try:
-                    producer.produce(
-                        config.acker.acks_topic, encode_ack(msg), partition=p, headers=headers
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            produce(
+                producer, config.acker.acks_topic, encode_ack(msg), partition=p,
+                headers=headers,
+            )
     producer.flush(60)
     rows = []
     spawn = multiprocessing.get_context("spawn")
