@@ -101,8 +101,18 @@ def test_four_sources_sharing_keys_close_each_session_once_through_sigkills(
 
     def kill_loop(i: int) -> None:
         for _ in range(3):
-            p, _ = start(i)
-            time.sleep(rng.uniform(0.6, 2.5))
+            p, lines = start(i)
+            # Mid-run by construction: after its first commit of this run (a process that
+            # starts fast can otherwise finish its records before a fixed delay is up), then
+            # a random moment later, inside or between transactions.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if lines.get(timeout=0.1) in ("committed", "done"):
+                        break
+                except queue.Empty:
+                    continue
+            time.sleep(rng.uniform(0, 0.05))
             if p.poll() is None:  # still publishing: a kill mid-run
                 kills.append(SOURCES[i])
             p.send_signal(signal.SIGKILL)
