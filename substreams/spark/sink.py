@@ -30,6 +30,16 @@ UNLIMITED = 1 << 31
 log = logging.getLogger(__name__)
 
 
+def ensure_commit_topic(config: Config, stream: str, bootstrap: str) -> None:
+    """Create the stream's commit topic (batch and unit markers; one partition) if missing.
+    Idempotent: the driver's sink and the streaming sink's start-up both need it."""
+    ensure_topics(
+        client.admin(bootstrap, config),
+        [(commit_topic(stream), 1)],
+        config.kafka.replication_factor,
+    )
+
+
 def read_commits(
     bootstrap: str, config: Config, stream: str, timeout: float = 30.0
 ) -> dict[str, int]:
@@ -59,11 +69,7 @@ class BatchSink:
         self.stream = stream
         self.source_id = source_id
         self.bootstrap = bootstrap
-        ensure_topics(
-            client.admin(bootstrap, config),
-            [(commit_topic(stream), 1)],
-            config.kafka.replication_factor,
-        )
+        ensure_commit_topic(config, stream, bootstrap)
         self.publisher = Application(config, bootstrap, mechanisms).publisher(
             stream, source_id, batch_size=UNLIMITED
         )

@@ -38,11 +38,10 @@ from pyspark.sql.types import StructType
 from substreams.config import Config
 from substreams.errors import SubstreamsError
 from substreams.kafka import client
-from substreams.kafka.topics import ensure_topics
 from substreams.spark import options as source_options
-from substreams.spark.executor import check_output, commit_topic
+from substreams.spark.executor import check_output
 from substreams.spark.operator import Summary
-from substreams.spark.sink import BatchSink
+from substreams.spark.sink import BatchSink, ensure_commit_topic
 from substreams.spark.write import batch_notes, missing_note_columns, write_unit
 
 log = logging.getLogger(__name__)
@@ -232,8 +231,7 @@ def stream_writer(options: Mapping[str, str], schema: StructType, overwrite: boo
     Spark calls it on the driver when the query starts, before any task: the commit topic
     the units' markers go to must exist by then (idempotent; also run before each commit)."""
     opts = SinkOptions.parse(options, schema, overwrite)
-    ensure_topics(client.admin(opts.bootstrap, opts.config), [(commit_topic(opts.stream), 1)],
-                  opts.config.kafka.replication_factor)
+    ensure_commit_topic(opts.config, opts.stream, opts.bootstrap)
     return SubstreamsStreamWriter(opts)
 
 
