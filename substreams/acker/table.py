@@ -301,11 +301,15 @@ class SegmentTable:
                     state.seals = keep
                     state.seal_ms = {u: ms for u, ms in state.seal_ms.items() if u in keep}
 
+    def _late(self, t: Time) -> Violation:
+        """The violation of a report for ``t``, which already terminated."""
+        return Violation(
+            f"substream '{self.substream}': report for time {t!r}, which already terminated"
+        )
+
     def _check_open(self, t: Time) -> None:
         if t not in self.open and (self.terminated.covers(t) or self._below_floor(t)):
-            raise Violation(
-                f"substream '{self.substream}': report for time {t!r}, which already terminated"
-            )
+            raise self._late(t)
 
     def _entry(self, t: Time, now_ms: int) -> tuple[OpenEntry, bool]:
         entry = self.open.get(t)
@@ -416,10 +420,7 @@ class SegmentTable:
             entry = open_.get(t)
             if entry is None:
                 if done is not None and t <= done:
-                    refused.append(Violation(
-                        f"substream '{self.substream}': report for time {t!r}, which "
-                        f"already terminated"
-                    ))
+                    refused.append(self._late(t))
                     at += n
                     continue
                 if sealed_hi is not None and t <= sealed_hi:
