@@ -89,6 +89,7 @@ from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.read import Reader
 from substreams.kafka.topics import ensure_topics
+from substreams.kafka.write import fenced_as
 
 CommandHandler = Callable[["AckerService"], list[tuple[str, bytes]]]
 
@@ -473,7 +474,15 @@ class AckerService:
                     self.recoveries += 1
                     if self._superseded(stop):
                         raise self._fenced() from exc
-                    self.close()
+                    # The newcomer may not have heartbeated yet; librdkafka then learns of
+                    # the fence only now, when the failed producer is flushed and closed.
+                    try:
+                        with fenced_as(self._fenced):
+                            self.close()
+                    except AckerFencedError:
+                        raise
+                    except PublisherFencedError as fence:
+                        raise self._fenced() from fence
                     self.state = AckerState()
                     self._evicting.clear()
                     self._evicted_items = []
