@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -24,7 +25,7 @@ from substreams.control.direct import DirectProgress
 from substreams.punctuation.hook import PunctuationHook
 from substreams.streams.publisher import Mechanisms, Publisher
 
-__all__ = ["DIRECT", "TRACKED", "UNTRACKED", "Application", "Mechanisms"]
+__all__ = ["DIRECT", "TRACKED", "UNTRACKED", "Application", "Mechanisms", "never_evicted"]
 
 TRACKED: Mechanisms = MappingProxyType(
     {"acker": AckerHook, "punctuations": PunctuationHook}
@@ -38,6 +39,22 @@ DIRECT: Mechanisms = MappingProxyType(
 
 UNTRACKED: Mechanisms = MappingProxyType({})
 """No mechanism: records only (the untracked baseline of the benchmarks)."""
+
+
+def never_evicted(mechanisms: Mechanisms) -> Mechanisms:
+    """``mechanisms`` with the acker told never to evict the source for silence.
+
+    Why: eviction is the right answer to a dead source whose substreams would otherwise
+    wait forever, but not to a source whose seal is the only thing holding back times that
+    other writers already filled in part -- a Spark query's driver seals an output time
+    after its tasks committed, so evicting a crashed driver would let the time terminate
+    with the tasks that happened to commit.  Such a source waits to be restarted (or is
+    evicted by hand: ``substreams acker evict-source``)."""
+    if mechanisms.get("acker") is not AckerHook:
+        return mechanisms
+    return MappingProxyType(
+        {**mechanisms, "acker": partial(AckerHook, evict_when_silent=False)}
+    )
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ class Register:
     role: str = SOURCE
     writer: str = ""
     """The source's transactional id (fenced when the source is evicted)."""
+    evict_when_silent: bool = True
+    """False: only an operator's ``evict-source`` evicts it, never silence (a Spark driver)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,7 +418,7 @@ def split_body(body: AckBody, partition_of: Callable[[str], int]) -> list[tuple[
         groups: dict[int, list[str]] = {}
         for sub in body.substreams:
             groups.setdefault(partition_of(sub), []).append(sub)
-        return [(p, Register(tuple(subs), body.role, body.writer))
+        return [(p, Register(tuple(subs), body.role, body.writer, body.evict_when_silent))
                 for p, subs in sorted(groups.items())]
     if isinstance(body, Unregister):
         groups = {}
@@ -691,12 +693,19 @@ class TrackingAgent:
 
     # -- membership ----------------------------------------------------------------------
 
-    def register(self, substreams: Iterable[str], role: str = SOURCE, writer: str = "") -> None:
+    def register(
+        self,
+        substreams: Iterable[str],
+        role: str = SOURCE,
+        writer: str = "",
+        evict_when_silent: bool = True,
+    ) -> None:
         """Join with the next commit (before its reports): a source counts from the moment
-        the acker reads its Register.  ``writer``: the transactional id to fence on eviction."""
+        the acker reads its Register.  ``writer``: the transactional id to fence on eviction;
+        ``evict_when_silent=False``: never evicted for silence, only by hand."""
         subs = tuple(substreams)
         self.partitions.update(self.partition_of(s) for s in subs)
-        self._before.append(Register(subs, role, writer))
+        self._before.append(Register(subs, role, writer, evict_when_silent))
 
     def unregister(self, substreams: Iterable[str]) -> None:
         """Leave with the next commit (after its reports)."""

@@ -83,7 +83,11 @@ class AckerHook(PublishHook):
     """Tracking for one publisher (one source incarnation) over its stream's acker
     substreams."""
 
-    def __init__(self, publisher: Publisher, substreams: list[str]) -> None:
+    def __init__(
+        self, publisher: Publisher, substreams: list[str], *, evict_when_silent: bool = True
+    ) -> None:
+        """``evict_when_silent=False``: the acker never evicts this source for silence (see
+        :func:`substreams.app.never_evicted`)."""
         self.substreams = list(substreams)
         self.stream = publisher.stream
         self.terminal = [
@@ -98,7 +102,8 @@ class AckerHook(PublishHook):
         self.agent = TrackingAgent(publisher.config, publisher.source_id, publisher.incarnation)
         # Written by the publisher's first commit (at the end of its constructor).
         self.agent.register(
-            self.substreams, SOURCE, transactional_id(publisher.stream, publisher.source_id)
+            self.substreams, SOURCE, transactional_id(publisher.stream, publisher.source_id),
+            evict_when_silent,
         )
         self.heartbeat = Heartbeat(publisher, self.agent)
 

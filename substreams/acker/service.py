@@ -218,6 +218,8 @@ class AckerService:
         self.evictions = 0
         self.recoveries = 0
         self._evicting: dict[SessionKey, tuple[int, str]] = {}
+        self._kept_warned: set[SessionKey] = set()
+        """Silent sources that asked never to be evicted for silence, already warned of."""
         """Sessions being evicted: (source, acks partition) -> (offset to read up to, reason)."""
         self._evicted_items: list[tuple[str, ControlBody]] = []
         self._source_timeout_ms = config.acker.source_timeout_ms
@@ -607,7 +609,8 @@ class AckerService:
             # A new incarnation: everything the old one committed precedes this message in
             # the partition (its transactions were fenced by ours), the rest never will.
             self.state.sessions[skey] = SourceSession(
-                ack.incarnation, ack.seq, now, body.writer
+                ack.incarnation, ack.seq, now, body.writer,
+                evict_when_silent=body.evict_when_silent,
             )
             self._evicting.pop(skey, None)  # a new incarnation: nothing to evict
             self._membership(ack.source, body, partition, problems)
@@ -676,14 +679,26 @@ class AckerService:
     # -- liveness ------------------------------------------------------------------------
 
     def _liveness(self, now: int) -> None:
-        """Evict the sources silent for ``source_timeout_ms``; finish evictions whose acks
-        were read up to the fence (checked at most every 100 ms)."""
+        """Evict the sources silent for ``source_timeout_ms`` (but those whose Register said
+        ``evict_when_silent=False``: warned of once per silence); finish evictions whose
+        acks were read up to the fence (checked at most every 100 ms)."""
         if time.monotonic() - self._last_liveness >= 0.1:
             self._last_liveness = time.monotonic()
             for key, session in list(self.state.sessions.items()):
                 silent = now - session.last_seen_ms
-                if silent > self._source_timeout_ms and key not in self._evicting:
-                    self._evict(key, f"silent for {silent} ms")
+                if silent <= self._source_timeout_ms:
+                    self._kept_warned.discard(key)  # heard again: warn at the next silence
+                elif session.evict_when_silent:
+                    if key not in self._evicting:
+                        self._evict(key, f"silent for {silent} ms")
+                elif key not in self._kept_warned and not session.evicted:
+                    self._kept_warned.add(key)
+                    log.warning(
+                        "source '%s' (acks partition %d) silent for %d ms; not evicted: it "
+                        "registered as never evicted for silence (a Spark query's driver), "
+                        "so its substreams wait for it; if it is gone for good: substreams "
+                        "acker evict-source %s", key[0], key[1], silent, key[0],
+                    )
         for key, (upto, reason) in list(self._evicting.items()):
             assert self._reader is not None
             [pos] = self._reader.consumer.position([TopicPartition(self.acks_topic, key[1])])

@@ -74,20 +74,25 @@ class SourceSession:
     sequence number *of that incarnation* (a new incarnation starts its own count);
     ``last_seen_ms`` is the acker's clock when its latest message was read (liveness; reset
     to "now" when an acker starts, so that an acker's own downtime evicts no one); ``writer``
-    is its transactional id (what eviction fences)."""
+    is its transactional id (what eviction fences); ``evict_when_silent`` is what its
+    Register asked for (False: silence never evicts it, an operator's order does)."""
 
     incarnation: str
     seq: int
     last_seen_ms: int
     writer: str = ""
     evicted: bool = False
+    evict_when_silent: bool = True
 
     def to_state(self) -> list[Any]:
-        return [self.incarnation, self.seq, self.last_seen_ms, self.writer, self.evicted]
+        return [self.incarnation, self.seq, self.last_seen_ms, self.writer, self.evicted,
+                self.evict_when_silent]
 
     @classmethod
     def from_state(cls, v: list[Any]) -> SourceSession:
-        return cls(str(v[0]), int(v[1]), int(v[2]), str(v[3]), bool(v[4]))
+        # A checkpoint written before the flag existed has five fields: evictable.
+        return cls(str(v[0]), int(v[1]), int(v[2]), str(v[3]), bool(v[4]),
+                   bool(v[5]) if len(v) > 5 else True)
 
 
 @dataclass
@@ -272,7 +277,7 @@ def source_liveness(state: AckerState, written_ms: int, timeout_ms: int) -> list
         elif not subs:
             status = "left"
         elif written_ms - session.last_seen_ms > timeout_ms // 2:
-            status = "silent"
+            status = "silent" if session.evict_when_silent else "silent (kept)"
         else:
             status = "live"
         out.append(SourceLiveness(

@@ -392,7 +392,8 @@ def sources(config_path: str, bootstrap: str | None, name: str | None, shards: i
             )
     Console().print(table)
     click.echo(
-        f"checkpoint written: {'; '.join(written)}; evicted after {timeout} ms of silence"
+        f"checkpoint written: {'; '.join(written)}; evicted after {timeout} ms of silence, "
+        "but 'kept' sources (a Spark query's driver), which only evict-source evicts"
     )
 
 

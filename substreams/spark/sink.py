@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 
-from substreams.app import TRACKED, Application, Mechanisms
+from substreams.app import TRACKED, Application, Mechanisms, never_evicted
 from substreams.config import Config
 from substreams.frontier import Time
 from substreams.kafka import client
@@ -70,7 +70,9 @@ class BatchSink:
         self.source_id = source_id
         self.bootstrap = bootstrap
         ensure_commit_topic(config, stream, bootstrap)
-        self.publisher = Application(config, bootstrap, mechanisms).publisher(
+        # Never evicted for silence: a crashed driver must hold back the output times its
+        # tasks wrote in part until it is restarted and seals them (docs/design.md).
+        self.publisher = Application(config, bootstrap, never_evicted(mechanisms)).publisher(
             stream, source_id, batch_size=UNLIMITED
         )
         # After init_transactions (which fenced any zombie): nothing of it can commit later.

@@ -118,3 +118,36 @@ def test_evict_source_by_hand_and_list_sources(make_config: ConfigFactory) -> No
     assert "evicted" in after.stdout
     [ev] = evictions(config, sub)
     assert ev.source == "gone" and ev.reason == "evicted by hand: drill"
+
+
+def test_a_spark_driver_is_never_evicted_for_silence(make_config: ConfigFactory) -> None:
+    """A Spark query's driver (a ``BatchSink``) registers as never evicted for silence: a
+    crashed driver must hold back the output times its tasks wrote in part until it is
+    restarted and seals them.  Beside it an ordinary silent source is evicted as usual;
+    the driver is listed as 'silent (kept)' and an operator's order evicts it."""
+    from substreams.spark.sink import BatchSink
+    from tests.integration.test_acker import acker
+
+    config = make_config([{"name": "clicks", "partitions": 2}], [EPOCH], acker=LIVENESS)
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    with acker(config), Application(config).publisher(stream, "live") as live:
+        driver = BatchSink(config, stream, "spark.q", config.kafka.bootstrap)
+        Application(config).publisher(stream, "gone").abort()  # silent, evictable
+        live.publish({"user": "l", "url": "/live", "ts": 0})
+        live.seal(sub, 0)
+        driver.publisher.abort()  # the driver goes silent: as if SIGKILLed
+        deadline = time.monotonic() + TIMEOUT_MS / 1000 + 15
+        while not evictions(config, sub) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2 * TIMEOUT_MS / 1000)  # the driver is silent for 3x the timeout now
+        assert [e.source for e in evictions(config, sub)] == ["gone"]
+        assert notifications(config, sub) == []  # the silent driver holds epoch 0
+        listed = cli("acker", "sources", "-c", str(config.path))
+        assert listed.returncode == 0, listed.stderr
+        row = next(line for line in listed.stdout.splitlines() if "spark.q" in line)
+        assert "silent (kept)" in row, listed.stdout
+        out = cli("acker", "evict-source", "-c", str(config.path), "spark.q", "--reason", "gone")
+        assert out.returncode == 0, out.stderr
+        [note] = wait_notifications(config, sub, 1)
+    assert note.time == 0 and note.records == 1
+    assert [e.source for e in evictions(config, sub)] == ["gone", "spark.q"]

@@ -20,6 +20,8 @@ import pytest
 
 from substreams.app import Application
 from substreams.config import Config
+from substreams.control.io import read_control
+from substreams.control.messages import SourceEvicted
 from tests.conftest import ConfigFactory
 from tests.spark.conftest import running_acker, window_clicks
 from tests.spark.jobs import ROOT, out_stream
@@ -44,8 +46,9 @@ def test_sigkilled_sink_driver_restarts_and_every_result_is_written_once(
          out_stream("url_counts", "url_count.avsc", partitions=2)],
         [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000},
          {"name": "uw", "stream": "url_counts", "kind": "epoch", "field": "window"}],
-        # a killed driver is restarted within this: its seals are waited for, not evicted
-        acker={"source_timeout_ms": 600_000},
+        # Far shorter than a driver's restart: the killed driver is silent past it every
+        # time, and must be waited for (never evicted for silence), not evicted.
+        acker={"source_timeout_ms": 5000, "source_heartbeat_ms": 500},
     )
     w, uw = config.substreams[0].name, config.substreams[1].name
     clicks, url_counts = config.streams[0].name, config.streams[1].name
@@ -111,5 +114,10 @@ def test_sigkilled_sink_driver_restarts_and_every_result_is_written_once(
     per_window = Counter(k[0] for k in truth)
     assert [n.time for n in notes] == list(range(WINDOWS))
     assert [n.records for n in notes] == [per_window[i] for i in range(WINDOWS)]
+    # Silent past the timeout at every kill, the driver was waited for, never evicted.
+    evicted = [r.body.source for _, r in read_control(
+        config.kafka.bootstrap, config.acker.control_topic(uw), config
+    ) if isinstance(r.body, SourceEvicted)]
+    assert evicted == [], evicted
     print(f"kills (output epochs seen, delay s): {kills}; unit skips: "
           f"{log.read_text().count('already committed')}")
