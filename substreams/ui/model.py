@@ -5,9 +5,11 @@ already on them — each substream's control topic carries its frontier changes 
 notifications (whatever wrote them: the acker or a punctuation aligner), and the acker's own
 checkpoint topic carries, every ``heartbeat_ms``, its whole state (open times with their XOR,
 the sources that have not sealed, every source's liveness): what ``acker sources`` reads and
-``acker status``/``acker epochs`` answer over the command protocol.  Following the topics
-costs the acker nothing, works while it restarts or fails over, and sees punctuation
-substreams too.
+``acker status``/``acker epochs`` answer over the command protocol.  With ``acker.shards: N``
+every shard has its own checkpoint topic and owns some substreams: the model follows all N
+and takes each substream's open times and upper frontier from the shard that tracks it.
+Following the topics costs the acker nothing, works while it restarts or fails over, and
+sees punctuation substreams too.
 
 :class:`DashboardModel` keeps a JSON-able snapshot and a version number; waiters (the
 server-sent-events handlers) block on :meth:`DashboardModel.wait` until the version moves.
@@ -52,6 +54,17 @@ while the acker runs (one per transaction, at least one per heartbeat)."""
 
 
 @dataclass
+class _Shard:
+    """What the model knows of one acker shard (the acker itself when unsharded)."""
+
+    name: str
+    topic: str
+    state: AckerState | None = None
+    checkpoint_ms: int = 0
+    seen_ms: int = 0
+
+
+@dataclass
 class _Substream:
     name: str
     stream: str
@@ -70,7 +83,11 @@ class DashboardModel:
     def __init__(self, config: Config, bootstrap: str | None = None, keep: int = 20) -> None:
         self.config = config
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
-        self.checkpoint_topic = config.acker.checkpoint_topic()
+        acker = config.acker
+        names = [acker.shard_name(i) for i in range(acker.shards)]
+        self.shards = {
+            acker.checkpoint_topic(n): _Shard(n, acker.checkpoint_topic(n)) for n in names
+        }
         self.subs = {
             s.name: _Substream(s.name, s.stream, s.mechanism, config.acker.control_topic(s.name))
             for s in config.substreams
@@ -78,9 +95,6 @@ class DashboardModel:
         for sub in self.subs.values():
             sub.notifications = deque(maxlen=keep)
         self._by_topic = {s.topic: s for s in self.subs.values()}
-        self._acker_state: AckerState | None = None
-        self._checkpoint_ms = 0
-        self._acker_seen_ms = 0
         self._cond = threading.Condition()
         self.version = 0
         self._snapshot: dict[str, Any] = {}
@@ -94,7 +108,7 @@ class DashboardModel:
         """Position on every topic (latest snapshot / latest checkpoint), then follow them
         from a daemon thread."""
         reader = Reader(self.bootstrap, self.config, name="dashboard")
-        assignments = [self._position_checkpoints(reader)]
+        assignments = [self._position_checkpoints(reader, t) for t in self.shards]
         for sub in self.subs.values():
             found = find_latest_snapshot(self.bootstrap, sub.topic, self.config)
             start = 0
@@ -114,12 +128,13 @@ class DashboardModel:
         )
         self._thread.start()
 
-    def _position_checkpoints(self, reader: Reader) -> TopicPartition:
+    @staticmethod
+    def _position_checkpoints(reader: Reader, topic: str) -> TopicPartition:
         try:
-            low, high = reader.watermarks(self.checkpoint_topic, 0, timeout=5)
+            low, high = reader.watermarks(topic, 0, timeout=5)
         except (SubstreamsError, KafkaException):  # no acker ran yet: no topic either
-            return TopicPartition(self.checkpoint_topic, 0, 0)
-        return TopicPartition(self.checkpoint_topic, 0, max(low, high - CHECKPOINT_LOOKBACK))
+            return TopicPartition(topic, 0, 0)
+        return TopicPartition(topic, 0, max(low, high - CHECKPOINT_LOOKBACK))
 
     def close(self) -> None:
         self._stop.set()
@@ -155,12 +170,13 @@ class DashboardModel:
 
     def _apply(self, topic: str, rec: ControlRecord) -> bool:
         body = rec.body
-        if topic == self.checkpoint_topic:
-            if rec.writer != self.config.acker.name:
+        shard = self.shards.get(topic)
+        if shard is not None:
+            if rec.writer != shard.name:
                 return False
-            self._acker_seen_ms = rec.written_at_ms
+            shard.seen_ms = rec.written_at_ms
             if isinstance(body, Checkpoint):
-                self._load_checkpoint(body, rec.written_at_ms)
+                self._load_checkpoint(shard, body, rec.written_at_ms)
             return True
         sub = self._by_topic.get(topic)
         if sub is None:
@@ -196,24 +212,31 @@ class DashboardModel:
             if delta > 0:
                 sub.upper.insert(t)
 
-    def _load_checkpoint(self, body: Checkpoint, written_ms: int) -> None:
+    def _load_checkpoint(self, shard: _Shard, body: Checkpoint, written_ms: int) -> None:
         try:
             state = AckerState.loads(
                 body.state, dict(body.acks_offsets), self.config.acker.snapshot_every
             )
         except ProtocolError as exc:
-            self.error = f"acker checkpoint: {exc}"
+            self.error = f"acker '{shard.name}' checkpoint: {exc}"
             return
-        self._acker_state, self._checkpoint_ms = state, written_ms
+        shard.state, shard.checkpoint_ms = state, written_ms
+
+    def _tracking(self, substream: str) -> AckerState | None:
+        """The checkpointed state of the shard that tracks ``substream`` (None: none yet)."""
+        for shard in self.shards.values():
+            if shard.state is not None and substream in shard.state.tables:
+                return shard.state
+        return None
 
     # -- the snapshot --------------------------------------------------------------------
 
     def _build(self) -> dict[str, Any]:
         now = int(time.time() * 1000)
-        state = self._acker_state
         acker = self.config.acker
         out_subs = []
         for sub in self.subs.values():
+            state = self._tracking(sub.name)
             table = state.tables.get(sub.name) if state is not None else None
             open_times = None
             if table is not None:
@@ -238,28 +261,36 @@ class DashboardModel:
                 "notifications": list(sub.notifications),
                 "evictions": list(sub.evictions),
             })
-        sources = []
-        if state is not None:
-            sources = [
-                {
-                    "source": s.source,
-                    "incarnation": s.incarnation,
-                    "roles": s.roles,
-                    "substreams": s.substreams,
-                    "last_seen_ms": s.last_seen_ms,
-                    "status": s.status,
-                }
-                for s in source_liveness(state, self._checkpoint_ms, acker.source_timeout_ms)
-            ]
+        sources = [
+            {
+                "shard": shard.name,
+                "source": s.source,
+                "incarnation": s.incarnation,
+                "roles": s.roles,
+                "substreams": s.substreams,
+                "last_seen_ms": s.last_seen_ms,
+                "status": s.status,
+            }
+            for shard in self.shards.values() if shard.state is not None
+            for s in source_liveness(shard.state, shard.checkpoint_ms, acker.source_timeout_ms)
+        ]
+        views = list(self.shards.values())
+        alive = [bool(v.seen_ms) and now - v.seen_ms < acker.standby_timeout_ms for v in views]
+        shards = [
+            {"name": v.name, "checkpoint_ms": v.checkpoint_ms, "last_heard_ms": v.seen_ms,
+             "alive": a}
+            for v, a in zip(views, alive, strict=True)
+        ]
         return {
             "generated_ms": now,
             "version": self.version + 1,
             "acker": {
                 "name": acker.name,
-                "checkpoint_ms": self._checkpoint_ms,
-                "last_heard_ms": self._acker_seen_ms,
-                "alive": bool(self._acker_seen_ms)
-                and now - self._acker_seen_ms < acker.standby_timeout_ms,
+                # The oldest shard's checkpoint: everything shown is at least this fresh.
+                "checkpoint_ms": min(v.checkpoint_ms for v in views),
+                "last_heard_ms": min(v.seen_ms for v in views),
+                "alive": all(alive),
+                "shards": shards,
             },
             "substreams": out_subs,
             "sources": sources,
@@ -270,7 +301,7 @@ class DashboardModel:
         """The upper frontier: the acker's own (checkpointed) when it tracks ``sub``; else
         what the control topic shows (snapshots and completed times: activations travel
         only when they move the lower frontier)."""
-        state = self._acker_state
+        state = self._tracking(sub.name)
         tracker = state.trackers.get(sub.name) if state is not None else None
         return tracker.upper if tracker is not None else sub.upper
 

@@ -103,20 +103,31 @@ function substreamCard(s) {
 function render(snap) {
   const a = snap.acker;
   const acker = document.getElementById("acker");
-  acker.replaceChildren("acker '" + a.name + "' ",
-    el("span", {"class": "badge " + (a.alive ? "live" : "down")}, a.alive ? "alive" : "not heard"),
-    a.checkpoint_ms ? "  checkpoint " + ago(a.checkpoint_ms) : "");
+  const badge = (alive) =>
+    el("span", {"class": "badge " + (alive ? "live" : "down")}, alive ? "alive" : "not heard");
+  if (a.shards.length > 1) {
+    acker.replaceChildren("acker '" + a.name + "', " + a.shards.length + " shards: ",
+      ...a.shards.flatMap(s => [el("span", {"class": "shard", "data-shard": s.name},
+        s.name + " ", badge(s.alive),
+        s.checkpoint_ms ? " checkpoint " + ago(s.checkpoint_ms) : ""), "  "]));
+  } else {
+    acker.replaceChildren("acker '" + a.name + "' ", badge(a.alive),
+      a.checkpoint_ms ? "  checkpoint " + ago(a.checkpoint_ms) : "");
+  }
   document.getElementById("updated").textContent =
     "updated " + new Date(snap.generated_ms).toLocaleTimeString();
   document.getElementById("error").textContent = snap.error || "";
   document.getElementById("substreams").replaceChildren(...snap.substreams.map(substreamCard));
+  const sharded = snap.acker.shards.length > 1;
   const rows = snap.sources.map(s => el("tr", {"class": "source", "data-source": s.source},
+    ...(sharded ? [el("td", {}, s.shard)] : []),
     el("td", {}, s.source), el("td", {"class": "mono"}, s.incarnation),
     el("td", {}, s.roles.join(",")), el("td", {}, s.substreams.join(", ") || "-"),
     el("td", {}, ago(s.last_seen_ms)),
     el("td", {}, el("span", {"class": "badge " + s.status}, s.status))));
   document.getElementById("sources").replaceChildren(rows.length
-    ? table(["source", "incarnation", "role", "substreams", "last heard", "state"], rows)
+    ? table([...(sharded ? ["shard"] : []),
+             "source", "incarnation", "role", "substreams", "last heard", "state"], rows)
     : el("div", {"class": "muted"}, "no registered source"));
 }
 const events = new EventSource("events");

@@ -290,6 +290,8 @@ def test_a_source_idle_on_one_shard_is_not_evicted_there(make_config: ConfigFact
             got = wait_notifications(config, b, 2)
             # `acker sources` reads every shard's checkpoint: the source is live on both.
             listed = cli("acker", "sources", "-c", str(config.path))
+            # So does the dashboard: each substream's open times come from its own shard.
+            snap = dashboard_snapshot(config)
         assert listed.returncode == 0, listed.stderr
         rows = [line.split("│") for line in listed.stdout.splitlines() if "only-a" in line]
         assert sorted(r[1].strip() for r in rows) == ["0", "1"], listed.stdout
@@ -299,3 +301,27 @@ def test_a_source_idle_on_one_shard_is_not_evicted_there(make_config: ConfigFact
         assert zero.service.evictions == 0 and one.service.evictions == 0
     for s in subs:
         assert evictions(config, s) == []
+    shards = {s["name"]: s["alive"] for s in snap["acker"]["shards"]}
+    assert shards == {config.acker.shard_name(0, 2): True, config.acker.shard_name(1, 2): True}
+    assert all(card["open"] is not None for card in snap["substreams"]), snap["substreams"]
+    assert sorted(r["shard"] for r in snap["sources"] if r["source"] == "only-a") == sorted(
+        shards
+    )
+
+
+def dashboard_snapshot(config: Config, timeout: float = 20.0) -> dict[str, Any]:
+    """The dashboard model's snapshot once it has a checkpoint of every shard."""
+    from substreams.ui.model import DashboardModel
+
+    model = DashboardModel(config)
+    model.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            snap = model.snapshot()
+            if all(s["checkpoint_ms"] for s in snap["acker"]["shards"]):
+                return snap
+            assert time.monotonic() < deadline, snap
+            time.sleep(0.2)
+    finally:
+        model.close()
