@@ -17,21 +17,29 @@ Per epoch, on one wall clock (all processes share the machine):
 - acker apply / decide / begin / produce / commit: the acker's step, from its phase log;
 - subscriber sees: the acker's commit returned -> the tail decoded the record.
 
-Prints p50 / p99 / mean of each phase and of the total.
+Prints p50 / p99 / mean of each phase and of the total.  ``--eos-debug``: librdkafka's
+``debug=eos`` on the publisher and the acker, to count the AddPartitionsToTxn requests the
+coordinator refused with CONCURRENT_TRANSACTIONS (the previous transaction of the same
+transactional id still writing its markers; librdkafka retries after a fixed 20 ms).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import statistics
 import time
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from substreams.app import Application
 from substreams.bench.harness import bench_context, percentile
 from substreams.bench.workload import acker_process
+from substreams.config import load_config
 from substreams.control.io import ControlTail
 from substreams.control.messages import completions
 
@@ -40,6 +48,18 @@ PHASE = re.compile(
     r"apply=([\d.]+) decide=([\d.]+) begin=([\d.]+) produce=([\d.]+) commit=([\d.]+) "
     r"after=([\d.]+) last=(\S*)"
 )
+
+
+class Refusals(logging.Handler):
+    """Counts librdkafka's CONCURRENT_TRANSACTIONS answers to AddPartitionsToTxn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "another concurrent operation" in record.getMessage():
+            self.at.append(time.time())
 
 
 class TimedProducer:
@@ -68,7 +88,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--records", type=int, default=10)
+    ap.add_argument("--eos-debug", action="store_true")
+    ap.add_argument("--keep-log", type=Path, help="copy the acker's log here")
     args = ap.parse_args()
+    refusals = Refusals()
+    overrides: dict[str, Any] = {}
+    if args.eos_debug:
+        rdlog = logging.getLogger("rdkafka.publisher")
+        rdlog.addHandler(refusals)
+        rdlog.setLevel(logging.DEBUG)
+        rdlog.propagate = False
+        overrides = {"debug": "eos", "log_level": 7, "logger": rdlog}
     os.environ["SUBSTREAMS_ACKER_PHASES"] = "1"
     with bench_context(quick=True) as ctx:
         config = ctx.config(
@@ -79,9 +109,17 @@ def main() -> None:
         stream, sub = config.streams[0].name, config.substreams[0].name
         seen: dict[int, tuple[float, int]] = {}
         pub_phases: dict[int, tuple[float, float, float, float]] = {}
-        with acker_process(config, ctx.bootstrap):
+        acker_config = config
+        if args.eos_debug:  # the same topics, librdkafka's eos debug in the acker process
+            doc = yaml.safe_load(config.path.read_text())
+            doc.setdefault("kafka", {})["client"] = {"debug": "eos", "log_level": 7}
+            path = Path(str(config.path).replace(".yaml", ".eos.yaml"))
+            path.write_text(yaml.safe_dump(doc, sort_keys=False))
+            acker_config = load_config(path)
+        with acker_process(acker_config, ctx.bootstrap):
             tail = ControlTail(ctx.bootstrap, config.acker.control_topic(sub), 0, config)
-            with Application(config, ctx.bootstrap).publisher(stream, "lat-src") as pub:
+            app = Application(config, ctx.bootstrap)
+            with app.publisher(stream, "lat-src", producer_overrides=overrides) as pub:
                 timed = TimedProducer(pub._producer)
                 pub._producer = timed  # type: ignore[assignment]
                 ts = 0
@@ -105,7 +143,9 @@ def main() -> None:
                     time.sleep(0.02)
             tail.close()
             time.sleep(0.5)
-        log = config.path.with_suffix(".acker.log").read_text(errors="replace")
+        log = acker_config.path.with_suffix(".acker.log").read_text(errors="replace")
+        if args.keep_log:
+            args.keep_log.write_text(log)
     acker: dict[int, tuple[float, ...]] = {}
     for m in PHASE.finditer(log):
         woke = float(m.group(3))
@@ -114,6 +154,10 @@ def main() -> None:
             if part.startswith(sub + "@"):
                 acker[int(part.rsplit("@", 1)[1])] = (woke, *nums, float(m.group(1)))
     rows: dict[str, list[float]] = {}
+    seal_refused = [
+        sum(1 for at in refusals.at if pub_phases[i][0] <= at <= pub_phases[i][3])
+        for i in range(1, args.samples + 1) if i in pub_phases
+    ]
     for i in range(1, args.samples + 1):
         if i not in seen or i not in acker or i not in pub_phases:
             continue
@@ -142,6 +186,17 @@ def main() -> None:
         print(f"{k:50s} {percentile(v, 50):8.2f} {percentile(v, 90):8.2f} "
               f"{percentile(v, 99):8.2f} "
               f"{statistics.fmean(v):8.2f}")
+    if args.eos_debug:
+        hit = sum(1 for n in seal_refused if n)
+        print(f"publisher: {hit} of {len(seal_refused)} seal transactions had their "
+              f"AddPartitionsToTxn refused (CONCURRENT_TRANSACTIONS) "
+              f"{sum(seal_refused)} times in all")
+        acker_refused = log.count("another concurrent operation")
+        txns = sum(1 for _ in PHASE.finditer(log))
+        print(f"acker: {acker_refused} CONCURRENT_TRANSACTIONS refusals over {txns} "
+              f"notifying transactions (and its heartbeat transactions); "
+              f"{log.count('Registering partitions with transaction')} AddPartitionsToTxn "
+              "requests in all")
 
 
 if __name__ == "__main__":
