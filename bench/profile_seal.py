@@ -188,6 +188,15 @@ def main() -> None:
               f"{statistics.fmean(v):8.2f}")
     if args.eos_debug:
         hit = sum(1 for n in seal_refused if n)
+        commits = rows.get("publisher: commit_transaction", [])
+        matched = [i for i in range(1, args.samples + 1)
+                   if i in seen and i in acker and i in pub_phases]
+        for label, want in (("refused", True), ("not refused", False)):
+            got = [c for c, i in zip(commits, matched, strict=True)
+                   if bool(seal_refused[i - 1]) == want]
+            if got:
+                print(f"publisher commit_transaction, AddPartitionsToTxn {label}: n={len(got)} "
+                      f"p50 {percentile(got, 50):.2f} p90 {percentile(got, 90):.2f} ms")
         print(f"publisher: {hit} of {len(seal_refused)} seal transactions had their "
               f"AddPartitionsToTxn refused (CONCURRENT_TRANSACTIONS) "
               f"{sum(seal_refused)} times in all")

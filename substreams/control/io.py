@@ -293,8 +293,9 @@ class ControlWriter:
         try:
             # Encoded (and signed) before the first produce: librdkafka registers the
             # transaction's partitions (AddPartitionsToTxn) from a timer started by the
-            # first produce, one request at a time, so produces spread over the encoding
-            # may cost a second registration round trip before the commit can flush.
+            # first produce, one request at a time; produces spread over a long encoding (a
+            # backlog's hundreds of records, the checkpoint last) would register the last
+            # partition in a second round trip before the commit can flush.
             values: list[tuple[str, bytes]] = []
             for topic, body in items:
                 rec, value = heads[topic].append_encoded(self.writer, body, stamp)

@@ -53,13 +53,6 @@ def _extra(config: Config | None) -> dict[str, Any]:
     return dict(config.kafka.client) if config else {}
 
 
-NO_NAGLE: dict[str, Any] = {"socket.nagle.disable": True}
-"""TCP_NODELAY on every client socket (librdkafka leaves Nagle on by default; the broker
-sets it on its side).  Why: a transaction is a chain of small requests on one connection
-(AddPartitionsToTxn, Produce, EndTxn) and a notification waits on two such chains; Nagle
-may hold a small request back until the previous segment is acknowledged."""
-
-
 def producer(
     bootstrap: str,
     config: Config | None = None,
@@ -73,7 +66,6 @@ def producer(
         "acks": "all",
         "linger.ms": 2,
         "log_level": 3,
-        **NO_NAGLE,
     }
     if transactional_id:
         settings["transactional.id"] = transactional_id
@@ -96,7 +88,6 @@ def consumer(bootstrap: str, config: Config | None = None, **overrides: Any) -> 
         "auto.offset.reset": "earliest",
         "fetch.wait.max.ms": 10,
         "log_level": 3,
-        **NO_NAGLE,
     }
     settings.update(_extra(config))
     settings.update(overrides)
