@@ -41,7 +41,9 @@ step with the service; the ``(topic, value)`` pairs it returns are produced as p
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -81,6 +83,7 @@ from substreams.control.messages import (
     FrontierSnapshot,
     SourceEvicted,
     WriterHeartbeat,
+    completion,
 )
 from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
@@ -100,6 +103,34 @@ of a session substream with 100-byte keys and a few ranges each are ~100 KiB, an
 saving per record is already ~99 % at that size."""
 
 log = logging.getLogger(__name__)
+
+PHASES_ENV = "SUBSTREAMS_ACKER_PHASES"
+"""Set (to anything) to log, per step that wrote notifications, where its time went (the
+``substreams.acker.phases`` logger at DEBUG): issue #16's seal -> notification breakdown."""
+phase_log = logging.getLogger("substreams.acker.phases")
+if os.environ.get(PHASES_ENV):
+    phase_log.setLevel(logging.DEBUG)
+
+
+GC_GEN0_THRESHOLD = 50_000
+"""Allocations between two collections of the youngest generation (CPython: 700)."""
+
+
+def relax_gc() -> None:
+    """Run CPython's cycle collector's youngest generation every 50 000 container
+    allocations instead of every 700 (the older generations' ratios stay).
+
+    Why: a backlog opens hundreds of thousands of times at once (an ``OpenEntry``, its
+    ranges dict and hull list, then a ``Completion`` and ``OffsetRange`` each); with the
+    default threshold the collector ran so often over that growing heap that it was ~30 %
+    of the acker's CPU through Kafka (issue #16 session 9: 69.6k times per CPU second
+    with it, 103k with the collector off, 96k with this threshold).  The acker's own
+    structures hold no reference cycles (reference counting frees them), so a rarer
+    collection only delays freeing the few cyclic leftovers of libraries.  Process-wide:
+    called when an acker starts (it is a service process of its own when deployed)."""
+    gen0, gen1, gen2 = gc.get_threshold()
+    if 0 < gen0 < GC_GEN0_THRESHOLD:
+        gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 def fence(bootstrap: str, config: Config, writer: str) -> None:
@@ -242,6 +273,7 @@ class AckerService:
         """Take over the transactional id (fencing any zombie), recover and seek."""
         if self.started:
             return
+        relax_gc()
         began = time.monotonic()
         log.info("acker '%s' starting: taking over transactional id '%s'", self.name,
                  transactional_id(self.name))
@@ -539,19 +571,28 @@ class AckerService:
         how many ack messages were applied."""
         if not self.started:
             self.start()
+        assert self._reader is not None
+        t_poll = time.perf_counter()
+        msgs = self._reader.poll_batch(timeout, self.max_batch)
+        t_woke = time.perf_counter()
         now = _now_ms()
         applied = 0
-        assert self._reader is not None
-        for msg in self._reader.poll_batch(timeout, self.max_batch):
+        for msg in msgs:
             self.state.acks_offsets[msg.partition()] = msg.offset() + 1
             self._apply(msg, now)
             applied += 1
+        t_applied = time.perf_counter()
         self._excuse_own_stall(now)
         self._liveness(now)
+        notified = self.notifications
         items = self._evicted_items + self._terminations(now)
         self._evicted_items = []
+        t_decided = time.perf_counter()
+        committed = False
         if items or time.monotonic() - self._last_write >= self._heartbeat_s:
             self._commit(items, now)
+            committed = True
+        t_committed = time.perf_counter()
         if self.command_handler is not None:
             out = self.command_handler(self)
             assert self._out is not None
@@ -559,7 +600,32 @@ class AckerService:
                 self._out.produce(topic, value)
         if self._gauges_due.due():
             self._export_gauges()
+        if committed and self.notifications > notified and phase_log.isEnabledFor(logging.DEBUG):
+            self._log_phases(msgs, t_poll, t_woke, t_applied, t_decided, t_committed)
         return applied
+
+    def _log_phases(
+        self, msgs: list[Message], t_poll: float, t_woke: float, t_applied: float,
+        t_decided: float, t_committed: float,
+    ) -> None:
+        """One line per step that notified: wall clock at wake-up (to line up with the
+        publisher's and the subscriber's clocks), the first ack's CreateTime, and the
+        step's phases in ms (waited in poll, apply, decide, the transaction's begin /
+        encode+produce / commit, the command handler and gauges)."""
+        assert self._writer is not None
+        begin, produce_s, commit_s = self._writer.last_timing
+        woke_wall = time.time() - (time.perf_counter() - t_woke)
+        first_ts = msgs[0].timestamp()[1] if msgs else -1
+        lasts = ",".join(
+            f"{s}@{v[0]}" for s, v in self.state.last_notification.items() if v is not None
+        )
+        phase_log.debug(
+            "phases acks=%d first_ack_create_ms=%d woke_wall=%.4f waited=%.2f apply=%.2f "
+            "decide=%.2f begin=%.2f produce=%.2f commit=%.2f after=%.2f last=%s",
+            len(msgs), first_ts, woke_wall, (t_woke - t_poll) * 1e3,
+            (t_applied - t_woke) * 1e3, (t_decided - t_applied) * 1e3, begin * 1e3,
+            produce_s * 1e3, commit_s * 1e3, (time.perf_counter() - t_committed) * 1e3, lasts,
+        )
 
     def _export_gauges(self) -> None:
         """Refresh the open-times and acks-lag gauges (from the loop: the tables are not
@@ -890,7 +956,7 @@ def announce(
     # One Completion per time is the wire form; the int run's are built straight from the
     # table's entries (no Termination), and a chunk of them is retired as a run.
     done: list[tuple[Completion, tuple[Time, ...]]] = [
-        (Completion(t, e.offset_ranges(), e.records, e.sealed_at_ms or now), ())
+        (completion(t, e.offset_ranges(), e.records, e.sealed_at_ms or now), ())
         for t, e in zip(run, entries, strict=True)
     ]
     done.extend(

@@ -51,7 +51,7 @@ from functools import partial
 from typing import Any
 
 from substreams.config import Config
-from substreams.control.messages import OffsetRange
+from substreams.control.messages import OffsetRange, offset_range
 from substreams.frontier import (
     Keyed,
     Time,
@@ -151,8 +151,25 @@ class OpenEntry:
         here, once per time, since ranges arrive as columns (``AckBlock``), not objects."""
         if len(self.ranges) == 1:  # the common case: one data partition per time
             for (s, p), (lo, hi) in self.ranges.items():
-                return (OffsetRange(s, p, lo, hi),)
-        return tuple(OffsetRange(s, p, lo, hi) for (s, p), (lo, hi) in sorted(self.ranges.items()))
+                return (offset_range(s, p, lo, hi),)
+        return tuple(offset_range(s, p, lo, hi) for (s, p), (lo, hi) in sorted(self.ranges.items()))
+
+
+def new_entry(first_seen_ms: int) -> OpenEntry:
+    """``OpenEntry(first_seen_ms=...)`` at a quarter of the generated ``__init__``'s cost
+    (keyword call, defaults, the ``ranges`` factory): one per newly open time in the
+    acker's hot loop (issue #16 session 9, py-spy).  Keep in step with the fields."""
+    e = _new_object(OpenEntry)
+    e.xor = 0
+    e.records = 0
+    e.reports = 0
+    e.ranges = {}
+    e.first_seen_ms = first_seen_ms
+    e.sealed_at_ms = 0
+    return e
+
+
+_new_object = object.__new__
 
 
 @dataclass
@@ -315,7 +332,7 @@ class SegmentTable:
         entry = self.open.get(t)
         if entry is not None:
             return entry, False
-        entry = OpenEntry(first_seen_ms=now_ms)
+        entry = new_entry(now_ms)
         sealed = [
             s.covered_at(t) for s in self.sources.values() if s.role == SOURCE and s.covers(t)
         ]
@@ -426,7 +443,7 @@ class SegmentTable:
                 if sealed_hi is not None and t <= sealed_hi:
                     entry, _ = self._entry(t, now_ms)
                 else:
-                    entry = open_[t] = OpenEntry(first_seen_ms=now_ms)
+                    entry = open_[t] = new_entry(now_ms)
                     if not ints or t > ints[-1]:
                         ints.append(t)
                     else:

@@ -54,7 +54,7 @@ from substreams.acker.agent import (
     split_body,
 )
 from substreams.acker.handler import CommandHandler
-from substreams.acker.service import AckerService, announce, apply_block
+from substreams.acker.service import AckerService, announce, apply_block, relax_gc
 from substreams.acker.state import AckerState
 from substreams.app import Application
 from substreams.bench.harness import (
@@ -177,7 +177,10 @@ def step_alone(
     what one ``AckerService.step`` does after its poll: :func:`~substreams.acker.service.
     announce`, signing and encoding every control record, and the checkpoint
     (``AckerState.dumps``).  Not timed: Kafka (the produce/consume of the same bytes).
-    ``generic``: the reference path (one open time at a time), for before/after rows."""
+    ``generic``: the reference path (one open time at a time), for before/after rows.
+    The collector is tuned as a started acker tunes it (:func:`~substreams.acker.service.
+    relax_gc`), so that this row and the service do the same work."""
+    relax_gc()
     state = AckerState()
     state.ensure("s", 100)
     table, tracker = state.tables["s"], state.trackers["s"]

@@ -228,6 +228,10 @@ class ControlWriter:
         self.topics = list(topics)
         self.heads: dict[str, ChainHead] = {t: ChainHead() for t in self.topics}
         self.codec = protocol_codec("control")
+        self.last_timing: tuple[float, float, float] = (0.0, 0.0, 0.0)
+        """The last :meth:`write`'s phases, in seconds: begin_transaction, encoding and
+        producing its records, the commit (flush, EndTxn round trip); for the acker's phase
+        log (``SUBSTREAMS_ACKER_PHASES``)."""
         self._producer = client.producer(
             bootstrap,
             config,
@@ -282,19 +286,32 @@ class ControlWriter:
         heads = {t: h.copy() for t, h in self.heads.items()}
         stamp = now_ms()
         out: list[ControlRecord] = []
+        t0 = time.perf_counter()
         with self._fencing():
             self._producer.begin_transaction()
+        t1 = time.perf_counter()
         try:
+            # Encoded (and signed) before the first produce: librdkafka registers the
+            # transaction's partitions (AddPartitionsToTxn) from a timer started by the
+            # first produce, one request at a time; produces spread over a long encoding (a
+            # backlog's hundreds of records, the checkpoint last) would register the last
+            # partition in a second round trip before the commit can flush.
+            values: list[tuple[str, bytes]] = []
             for topic, body in items:
                 rec, value = heads[topic].append_encoded(self.writer, body, stamp)
                 out.append(rec)
-                produce(self._producer, topic, value, partition=0, headers=self.codec.headers())
+                values.append((topic, value))
+            headers = self.codec.headers()
+            for topic, value in values:
+                produce(self._producer, topic, value, partition=0, headers=headers)
+            t2 = time.perf_counter()
             with self._fencing():
                 client.commit_transaction(self._producer, f"control writer '{self.writer}'")
         except BaseException:
             with contextlib.suppress(KafkaException):
                 self._producer.abort_transaction(10)
             raise
+        self.last_timing = (t1 - t0, t2 - t1, time.perf_counter() - t2)
         self.heads = heads
         return out
 
