@@ -126,8 +126,9 @@ def relax_gc() -> None:
     of the acker's CPU through Kafka (issue #16 session 9: 69.6k times per CPU second
     with it, 103k with the collector off, 96k with this threshold).  The acker's own
     structures hold no reference cycles (reference counting frees them), so a rarer
-    collection only delays freeing the few cyclic leftovers of libraries.  Process-wide:
-    called when an acker starts (it is a service process of its own when deployed)."""
+    collection only delays freeing the few cyclic leftovers of libraries.  Process-wide, so
+    the service's entry point calls it (``substreams acker run``: a process of its own), not
+    :class:`AckerService`, which may share a process with a user's code."""
     gen0, gen1, gen2 = gc.get_threshold()
     if 0 < gen0 < GC_GEN0_THRESHOLD:
         gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
@@ -273,7 +274,6 @@ class AckerService:
         """Take over the transactional id (fencing any zombie), recover and seek."""
         if self.started:
             return
-        relax_gc()
         began = time.monotonic()
         log.info("acker '%s' starting: taking over transactional id '%s'", self.name,
                  transactional_id(self.name))

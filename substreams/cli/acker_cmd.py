@@ -125,9 +125,10 @@ def run(
     With several shards, run one process per shard (``--shard i``), each with its own
     ``--standby`` if wanted; shard 0 also serves the command protocol."""
     from substreams.acker.handler import CommandHandler
-    from substreams.acker.service import AckerService
+    from substreams.acker.service import AckerService, relax_gc
 
     config = load_config(config_path)
+    relax_gc()  # this process is the acker's own
     try:
         service = AckerService(
             config, bootstrap, name, standby=standby, shard=shard, shards=shards,
