@@ -29,6 +29,12 @@ ENV_BOOTSTRAP = "SUBSTREAMS_BOOTSTRAP"
 
 log = logging.getLogger(__name__)
 
+RDKAFKA_LOG = logging.getLogger("substreams.kafka.librdkafka")
+"""Where librdkafka's own log lines go (its errors: ``log_level`` 3).  Why not its default,
+stderr: a service's output must be its logs, formatted and filterable, not raw
+``%3|...|FAIL|rdkafka#producer-1|`` lines (a broker going away printed them in every
+process).  librdkafka queues them; they are emitted from the client's own poll/flush."""
+
 
 def resolve_bootstrap(config: Config | None = None, override: str | None = None) -> str:
     """The bootstrap servers to use: an explicit override, ``$SUBSTREAMS_BOOTSTRAP``, the
@@ -66,6 +72,7 @@ def producer(
         "acks": "all",
         "linger.ms": 2,
         "log_level": 3,
+        "logger": RDKAFKA_LOG,
     }
     if transactional_id:
         settings["transactional.id"] = transactional_id
@@ -88,6 +95,7 @@ def consumer(bootstrap: str, config: Config | None = None, **overrides: Any) -> 
         "auto.offset.reset": "earliest",
         "fetch.wait.max.ms": 10,
         "log_level": 3,
+        "logger": RDKAFKA_LOG,
     }
     settings.update(_extra(config))
     settings.update(overrides)
@@ -95,7 +103,9 @@ def consumer(bootstrap: str, config: Config | None = None, **overrides: Any) -> 
 
 
 def admin(bootstrap: str, config: Config | None = None) -> AdminClient:
-    settings: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 3}
+    settings: dict[str, Any] = {
+        "bootstrap.servers": bootstrap, "log_level": 3, "logger": RDKAFKA_LOG,
+    }
     settings.update(_extra(config))
     return AdminClient(settings)
 
