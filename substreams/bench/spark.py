@@ -10,8 +10,8 @@ with two tumbling substreams over the same records: 50 windows (``win50``) and 5
 ``local[2]`` JVM (so that each peak belongs to one query), over the same backlog with
 trigger availableNow:
 
-- ``substreams.spark.run`` with a windowed-counts :class:`EpochOperator` on ``win50`` and on
-  ``win500`` (``maxEpochsPerTrigger`` = :data:`EPOCHS_PER_BATCH`, so a batch holds a fixed
+- ``substreams.spark.run`` with a windowed-counts :class:`ArrowEpochOperator` on ``win50``
+  and on ``win500`` (``maxEpochsPerTrigger`` = :data:`EPOCHS_PER_BATCH`, so a batch holds a fixed
   number of epochs and grows with the epoch; results go to an output stream through
   ``run``'s exactly-once sink and are read back to check every count);
 - Spark's Kafka source on the same topic, the envelopes decoded, ``withWatermark(..., "0
@@ -71,7 +71,7 @@ from substreams.bench.harness import (
     titled,
 )
 from substreams.bench.workload import acker_process, close_all, open_publishers
-from substreams.spark.operator import EpochOperator
+from substreams.spark.operator import ArrowEpochOperator, EpochOperator
 
 
 def _no_results(epoch: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -440,7 +440,8 @@ CHILD_TIMEOUT_S = 3600.0
 class WindowCounts(EpochOperator):
     """Records per key in each window (what ``jobs/windowed_counts.py`` computes), its
     results shaped as the bench's record (``ts`` = window start, ``batch`` = count,
-    ``body`` = key) so that they go to an output stream of the bench's schema."""
+    ``body`` = key) so that they go to an output stream of the bench's schema.  A per-row
+    operator: :class:`ArrowWindowCounts` is the columnar one part (a) runs."""
 
     key_field = "body"
 
@@ -452,6 +453,31 @@ class WindowCounts(EpochOperator):
         return [
             {"ts": int(epoch) * self.size_ms, "batch": n, "body": k}
             for k, n in sorted(counts.items())
+        ]
+
+
+class ArrowWindowCounts(ArrowEpochOperator):
+    """:class:`WindowCounts` computed with pyarrow over the epoch's ``body`` column (the
+    same results: a test compares them), as the watermark query counts in the JVM."""
+
+    key_field = "body"
+
+    def __init__(self, size_ms: int) -> None:
+        self.size_ms = size_ms
+
+    def on_epoch_table(self, epoch: Any, table: Any) -> list[dict[str, Any]]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if table.num_rows == 0:
+            return []
+        keys = pc.utf8_slice_codeunits(pc.cast(table.column("body"), pa.string()), 0, 4)
+        counts = pa.table({"k": keys}).group_by("k").aggregate([([], "count_all")])
+        ts = int(epoch) * self.size_ms
+        return [
+            {"ts": ts, "batch": n, "body": k}
+            for k, n in sorted(zip(counts.column("k").to_pylist(),
+                                   counts.column("count_all").to_pylist(), strict=True))
         ]
 
 
@@ -699,7 +725,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
 
         t0 = time.perf_counter()
         query = run(
-            WindowCounts(spec["size_ms"]),
+            ArrowWindowCounts(spec["size_ms"]),
             config,
             spec["substream"],
             spec["output"],
