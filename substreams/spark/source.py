@@ -337,7 +337,8 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         raise SubstreamsError(f"substreams source: unknown partition {partition!r}")
 
     def _read_epochs(self, notes: Sequence[Notification]) -> Iterator[Any]:
-        """One ``RecordBatch`` per epoch (:func:`epoch_batch`), in notification order."""
+        """One ``RecordBatch`` per epoch (:func:`epoch_batch`), in notification order (row
+        tuples with ``arrow`` false)."""
         opts = self.opts
         schema = arrow_schema(self.layout)
         index: EpochIndex[int] = EpochIndex()
@@ -362,7 +363,12 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     f"EpochComplete at control offset {n.control_offset} announces "
                     f"{n.records} records but its ranges hold {len(entries)}"
                 )
-            if entries or opts.markers:
+            if not opts.arrow:
+                for e in entries:
+                    yield row(self.layout, e.payload, _record_meta(n.time, e, n))
+                if opts.markers:
+                    yield row(self.layout, None, _marker_meta(n))
+            elif entries or opts.markers:
                 yield epoch_batch(self.layout, schema, n, entries, opts.markers)
 
     def _read_data(self, part: DataPartition) -> Iterator[tuple[Any, ...]]:
