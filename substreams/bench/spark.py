@@ -140,6 +140,8 @@ def run(ctx: BenchContext) -> BenchResult:
         Column("granularity", "records/epoch"),
         Column("records_per_s", "records/s", "{:,.0f}"),
         Column("batches", "batches"),
+        Column("cpu_s", "CPU s", "{:,.0f}"),
+        Column("records_per_cpu_s", "rec/CPU s", "{:,.0f}"),
         Column("driver_peak_mb", "driver peak MB", "{:,.0f}"),
         Column("tree_peak_mb", "tree peak MB", "{:,.0f}"),
         Column("correct", "counts ok"),
@@ -166,7 +168,9 @@ def run(ctx: BenchContext) -> BenchResult:
             "driver peak MB = VmHWM of the driver's Python process + VmHWM of its JVM (local "
             "mode: the executors are JVM threads); tree peak MB = the sampled (200 ms) peak of "
             "the summed RSS of the driver, its JVM and the Python workers; 'counts ok' = every "
-            "window came out and the counts add up to the records."
+            "window came out and the counts add up to the records; CPU s = CPU time of the "
+            "query's process tree (driver, JVM, Python workers) from query start to end, "
+            "sampled every 200 ms (robust to the machine's other load, unlike records/s)."
         )
     if ctx.part in (None, "b"):
         result.notes.append(
@@ -540,6 +544,8 @@ def _query_row(
             seconds=round(seconds, 2),
             records_per_s=round(n / seconds, 1) if seconds > 0 else None,
             batches=out["batches"],
+            cpu_s=round(out.get("cpu_s", 0.0), 1) or None,
+            records_per_cpu_s=round(n / out["cpu_s"], 1) if out.get("cpu_s") else None,
             batch_rows=out["batch_rows"],
             batch_ms=out.get("batch_ms"),
             driver_peak_mb=round((out["python_hwm_kb"] + out["jvm_hwm_kb"]) / 1024, 1),
@@ -584,7 +590,7 @@ def _throughput(
         for w in windows
     ]
     # one output stream per firm query: each reads back only its own results
-    config = ctx.config([("s0", 2), ("counts0", 1), ("counts1", 1)], subs)
+    config = ctx.config([("s0", 2), ("counts0", 1), ("counts1", 1), ("counts2", 1)], subs)
     from substreams.spark.connector import kafka_connector_conf
 
     connector = kafka_connector_conf(progress=ctx.log)
@@ -611,7 +617,7 @@ def _throughput(
             "config": str(config.path),
             "bootstrap": ctx.bootstrap,
             "stream": config.streams[0].name,
-            "output": config.streams[1 + windows.index(count)].name,
+            "output": config.streams[3 if kind == "rows" else 1 + windows.index(count)].name,
             "substream": config.substreams[windows.index(count)].name,
             "size_ms": span // count,
             "span_ms": span,
@@ -677,20 +683,42 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of ``pid`` (its threads included), in clock ticks; 0 when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
 class _TreeSampler(threading.Thread):
     """The peak of the summed RSS of this process and its descendants, sampled every
-    200 ms (the Python workers of the JVM come and go; ``VmHWM`` does not add up)."""
+    200 ms (the Python workers of the JVM come and go; ``VmHWM`` does not add up), and
+    the CPU time they used (the last value seen of every process: on a shared machine the
+    wall clock measures the other load as much as the query)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True, name="rss-sampler")
         self.peak_kb = 0
+        self.ticks: dict[int, int] = {}
         self.stop = threading.Event()
 
-    def run(self) -> None:
+    def sample(self) -> None:
         me = os.getpid()
+        procs = [me, *_descendants(me)]
+        self.peak_kb = max(self.peak_kb, sum(_proc_kb(p, "VmRSS") for p in procs))
+        for p in procs:
+            self.ticks[p] = max(self.ticks.get(p, 0), _cpu_ticks(p))
+
+    def cpu_s(self) -> float:
+        """CPU seconds of the tree so far (sampled now)."""
+        self.sample()
+        return sum(self.ticks.values()) / os.sysconf("SC_CLK_TCK")
+
+    def run(self) -> None:
         while not self.stop.wait(0.2):
-            total = sum(_proc_kb(p, "VmRSS") for p in [me, *_descendants(me)])
-            self.peak_kb = max(self.peak_kb, total)
+            self.sample()
 
 
 def _jvm_pid() -> int:
@@ -727,6 +755,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         from substreams.spark import run
 
         rows = spec["kind"] == "rows"  # source tuples and a per-row operator
+        cpu0 = sampler.cpu_s()
         t0 = time.perf_counter()
         query = run(
             WindowCounts(spec["size_ms"]) if rows else ArrowWindowCounts(spec["size_ms"]),
@@ -741,6 +770,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
                      "arrow": "false" if rows else "true"},
         )
         out["seconds"] = time.perf_counter() - t0
+        out["cpu_s"] = sampler.cpu_s() - cpu0
         if query.exception() is not None:
             raise BenchError(f"firm query failed: {query.exception()}")
         out["windows_out"], out["counted"] = _read_counts(config, spec["output"])
@@ -773,6 +803,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
             .groupBy(F.window("event_time", "1 second"), "key")
             .count()
         )
+        cpu0 = sampler.cpu_s()
         t0 = time.perf_counter()
         query = (
             counts.writeStream.outputMode("append")
@@ -783,6 +814,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         )
         query.awaitTermination()
         out["seconds"] = time.perf_counter() - t0
+        out["cpu_s"] = sampler.cpu_s() - cpu0
         if query.exception() is not None:
             raise BenchError(f"watermark query failed: {query.exception()}")
         in_span = [(w, c) for w, c in results if w * 1000 < spec["span_ms"]]

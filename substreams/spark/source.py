@@ -52,6 +52,9 @@ from substreams.spark.schema import PayloadLayout, row
 from substreams.streams.records import Entry
 
 SOURCE_NAME = "substreams"
+ARROW_BATCH_ROWS = 10_000
+"""Rows per Arrow batch a firm read task yields (Spark's default
+``spark.sql.execution.arrow.maxRecordsPerBatch``)."""
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +372,10 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 if opts.markers:
                     yield row(self.layout, None, _marker_meta(n))
             elif entries or opts.markers:
-                yield epoch_batch(self.layout, schema, n, entries, opts.markers)
+                batch = epoch_batch(self.layout, schema, n, entries, opts.markers)
+                # Slices (no copy) of PySpark's own Arrow batch size: what the JVM got before.
+                for lo in range(0, batch.num_rows, ARROW_BATCH_ROWS):
+                    yield batch.slice(lo, ARROW_BATCH_ROWS)
 
     def _read_data(self, part: DataPartition) -> Iterator[tuple[Any, ...]]:
         opts = self.opts
