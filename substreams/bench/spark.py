@@ -546,6 +546,7 @@ def _query_row(
             batches=out["batches"],
             cpu_s=round(out.get("cpu_s", 0.0), 1) or None,
             records_per_cpu_s=round(n / out["cpu_s"], 1) if out.get("cpu_s") else None,
+            cpu_by_kind=out.get("cpu_by_kind"),
             batch_rows=out["batch_rows"],
             batch_ms=out.get("batch_ms"),
             driver_peak_mb=round((out["python_hwm_kb"] + out["jvm_hwm_kb"]) / 1024, 1),
@@ -716,6 +717,26 @@ class _TreeSampler(threading.Thread):
         self.sample()
         return sum(self.ticks.values()) / os.sysconf("SC_CLK_TCK")
 
+    def cpu_by_kind(self) -> dict[str, float]:
+        """CPU seconds so far per kind of process: the JVM, the Python workers the JVM
+        forks (read and operator tasks), the source's planner, this driver."""
+        self.sample()
+        out: dict[str, float] = {}
+        for pid, ticks in self.ticks.items():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                cmd = "gone"
+            kind = (
+                "driver" if pid == os.getpid()
+                else "jvm" if "java" in cmd.split(" ")[0]
+                else "planner" if "streaming_source_runner" in cmd
+                else "python workers" if "pyspark" in cmd
+                else "other"
+            )
+            out[kind] = out.get(kind, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
+        return {k: round(v, 1) for k, v in sorted(out.items())}
+
     def run(self) -> None:
         while not self.stop.wait(0.2):
             self.sample()
@@ -771,6 +792,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         )
         out["seconds"] = time.perf_counter() - t0
         out["cpu_s"] = sampler.cpu_s() - cpu0
+        out["cpu_by_kind"] = sampler.cpu_by_kind()
         if query.exception() is not None:
             raise BenchError(f"firm query failed: {query.exception()}")
         out["windows_out"], out["counted"] = _read_counts(config, spec["output"])
@@ -815,6 +837,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         query.awaitTermination()
         out["seconds"] = time.perf_counter() - t0
         out["cpu_s"] = sampler.cpu_s() - cpu0
+        out["cpu_by_kind"] = sampler.cpu_by_kind()
         if query.exception() is not None:
             raise BenchError(f"watermark query failed: {query.exception()}")
         in_span = [(w, c) for w, c in results if w * 1000 < spec["span_ms"]]
