@@ -10,8 +10,8 @@ with two tumbling substreams over the same records: 50 windows (``win50``) and 5
 ``local[2]`` JVM (so that each peak belongs to one query), over the same backlog with
 trigger availableNow:
 
-- ``substreams.spark.run`` with a windowed-counts :class:`EpochOperator` on ``win50`` and on
-  ``win500`` (``maxEpochsPerTrigger`` = :data:`EPOCHS_PER_BATCH`, so a batch holds a fixed
+- ``substreams.spark.run`` with a windowed-counts :class:`ArrowEpochOperator` on ``win50``
+  and on ``win500`` (``maxEpochsPerTrigger`` = :data:`EPOCHS_PER_BATCH`, so a batch holds a fixed
   number of epochs and grows with the epoch; results go to an output stream through
   ``run``'s exactly-once sink and are read back to check every count);
 - Spark's Kafka source on the same topic, the envelopes decoded, ``withWatermark(..., "0
@@ -71,7 +71,7 @@ from substreams.bench.harness import (
     titled,
 )
 from substreams.bench.workload import acker_process, close_all, open_publishers
-from substreams.spark.operator import EpochOperator
+from substreams.spark.operator import ArrowEpochOperator, EpochOperator
 
 
 def _no_results(epoch: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -140,6 +140,8 @@ def run(ctx: BenchContext) -> BenchResult:
         Column("granularity", "records/epoch"),
         Column("records_per_s", "records/s", "{:,.0f}"),
         Column("batches", "batches"),
+        Column("cpu_s", "CPU s", "{:,.0f}"),
+        Column("records_per_cpu_s", "rec/CPU s", "{:,.0f}"),
         Column("driver_peak_mb", "driver peak MB", "{:,.0f}"),
         Column("tree_peak_mb", "tree peak MB", "{:,.0f}"),
         Column("correct", "counts ok"),
@@ -166,7 +168,9 @@ def run(ctx: BenchContext) -> BenchResult:
             "driver peak MB = VmHWM of the driver's Python process + VmHWM of its JVM (local "
             "mode: the executors are JVM threads); tree peak MB = the sampled (200 ms) peak of "
             "the summed RSS of the driver, its JVM and the Python workers; 'counts ok' = every "
-            "window came out and the counts add up to the records."
+            "window came out and the counts add up to the records; CPU s = CPU time of the "
+            "query's process tree (driver, JVM, Python workers) from query start to end, "
+            "sampled every 200 ms (robust to the machine's other load, unlike records/s)."
         )
     if ctx.part in (None, "b"):
         result.notes.append(
@@ -440,7 +444,8 @@ CHILD_TIMEOUT_S = 3600.0
 class WindowCounts(EpochOperator):
     """Records per key in each window (what ``jobs/windowed_counts.py`` computes), its
     results shaped as the bench's record (``ts`` = window start, ``batch`` = count,
-    ``body`` = key) so that they go to an output stream of the bench's schema."""
+    ``body`` = key) so that they go to an output stream of the bench's schema.  A per-row
+    operator: :class:`ArrowWindowCounts` is the columnar one part (a) runs."""
 
     key_field = "body"
 
@@ -452,6 +457,31 @@ class WindowCounts(EpochOperator):
         return [
             {"ts": int(epoch) * self.size_ms, "batch": n, "body": k}
             for k, n in sorted(counts.items())
+        ]
+
+
+class ArrowWindowCounts(ArrowEpochOperator):
+    """:class:`WindowCounts` computed with pyarrow over the epoch's ``body`` column (the
+    same results: a test compares them), as the watermark query counts in the JVM."""
+
+    key_field = "body"
+
+    def __init__(self, size_ms: int) -> None:
+        self.size_ms = size_ms
+
+    def on_epoch_table(self, epoch: Any, table: Any) -> list[dict[str, Any]]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if table.num_rows == 0:
+            return []
+        keys = pc.utf8_slice_codeunits(pc.cast(table.column("body"), pa.string()), 0, 4)
+        counts = pa.table({"k": keys}).group_by("k").aggregate([([], "count_all")])
+        ts = int(epoch) * self.size_ms
+        return [
+            {"ts": ts, "batch": n, "body": k}
+            for k, n in sorted(zip(counts.column("k").to_pylist(),
+                                   counts.column("count_all").to_pylist(), strict=True))
         ]
 
 
@@ -514,6 +544,9 @@ def _query_row(
             seconds=round(seconds, 2),
             records_per_s=round(n / seconds, 1) if seconds > 0 else None,
             batches=out["batches"],
+            cpu_s=round(out.get("cpu_s", 0.0), 1) or None,
+            records_per_cpu_s=round(n / out["cpu_s"], 1) if out.get("cpu_s") else None,
+            cpu_by_kind=out.get("cpu_by_kind"),
             batch_rows=out["batch_rows"],
             batch_ms=out.get("batch_ms"),
             driver_peak_mb=round((out["python_hwm_kb"] + out["jvm_hwm_kb"]) / 1024, 1),
@@ -558,7 +591,7 @@ def _throughput(
         for w in windows
     ]
     # one output stream per firm query: each reads back only its own results
-    config = ctx.config([("s0", 2), ("counts0", 1), ("counts1", 1)], subs)
+    config = ctx.config([("s0", 2), ("counts0", 1), ("counts1", 1), ("counts2", 1)], subs)
     from substreams.spark.connector import kafka_connector_conf
 
     connector = kafka_connector_conf(progress=ctx.log)
@@ -572,6 +605,9 @@ def _throughput(
         ("substreams run (firm)", windows[0], "firm"),
         ("substreams run (firm)", windows[1], "firm"),
         ("withWatermark + window", windows[0], "watermark"),
+        # the path before the columnar one, in the same run (after the others: the
+        # targets take the first firm row of a size)
+        ("substreams run (firm, per-row path)", windows[0], "rows"),
     ]
     rows = []
     for query, count, kind in runs:
@@ -582,7 +618,7 @@ def _throughput(
             "config": str(config.path),
             "bootstrap": ctx.bootstrap,
             "stream": config.streams[0].name,
-            "output": config.streams[1 + windows.index(count)].name,
+            "output": config.streams[3 if kind == "rows" else 1 + windows.index(count)].name,
             "substream": config.substreams[windows.index(count)].name,
             "size_ms": span // count,
             "span_ms": span,
@@ -648,20 +684,62 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of ``pid`` (its threads included), in clock ticks; 0 when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
 class _TreeSampler(threading.Thread):
     """The peak of the summed RSS of this process and its descendants, sampled every
-    200 ms (the Python workers of the JVM come and go; ``VmHWM`` does not add up)."""
+    200 ms (the Python workers of the JVM come and go; ``VmHWM`` does not add up), and
+    the CPU time they used (the last value seen of every process: on a shared machine the
+    wall clock measures the other load as much as the query)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True, name="rss-sampler")
         self.peak_kb = 0
+        self.ticks: dict[int, int] = {}
         self.stop = threading.Event()
 
-    def run(self) -> None:
+    def sample(self) -> None:
         me = os.getpid()
+        procs = [me, *_descendants(me)]
+        self.peak_kb = max(self.peak_kb, sum(_proc_kb(p, "VmRSS") for p in procs))
+        for p in procs:
+            self.ticks[p] = max(self.ticks.get(p, 0), _cpu_ticks(p))
+
+    def cpu_s(self) -> float:
+        """CPU seconds of the tree so far (sampled now)."""
+        self.sample()
+        return sum(self.ticks.values()) / os.sysconf("SC_CLK_TCK")
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        """CPU seconds so far per kind of process: the JVM, the Python workers the JVM
+        forks (read and operator tasks), the source's planner, this driver."""
+        self.sample()
+        out: dict[str, float] = {}
+        for pid, ticks in self.ticks.items():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                cmd = "gone"
+            kind = (
+                "driver" if pid == os.getpid()
+                else "jvm" if "java" in cmd.split(" ")[0]
+                else "planner" if "streaming_source_runner" in cmd
+                else "python workers" if "pyspark" in cmd
+                else "other"
+            )
+            out[kind] = out.get(kind, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
+        return {k: round(v, 1) for k, v in sorted(out.items())}
+
+    def run(self) -> None:
         while not self.stop.wait(0.2):
-            total = sum(_proc_kb(p, "VmRSS") for p in [me, *_descendants(me)])
-            self.peak_kb = max(self.peak_kb, total)
+            self.sample()
 
 
 def _jvm_pid() -> int:
@@ -694,12 +772,14 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     )
     warm_up(spark)
     out: dict[str, Any] = {}
-    if spec["kind"] == "firm":
+    if spec["kind"] in ("firm", "rows"):
         from substreams.spark import run
 
+        rows = spec["kind"] == "rows"  # source tuples and a per-row operator
+        cpu0 = sampler.cpu_s()
         t0 = time.perf_counter()
         query = run(
-            WindowCounts(spec["size_ms"]),
+            WindowCounts(spec["size_ms"]) if rows else ArrowWindowCounts(spec["size_ms"]),
             config,
             spec["substream"],
             spec["output"],
@@ -707,9 +787,12 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
             bootstrap=spec["bootstrap"],
             once=True,
             checkpoint=spec["checkpoint"],
-            options={"maxEpochsPerTrigger": str(spec["max_epochs"])},
+            options={"maxEpochsPerTrigger": str(spec["max_epochs"]),
+                     "arrow": "false" if rows else "true"},
         )
         out["seconds"] = time.perf_counter() - t0
+        out["cpu_s"] = sampler.cpu_s() - cpu0
+        out["cpu_by_kind"] = sampler.cpu_by_kind()
         if query.exception() is not None:
             raise BenchError(f"firm query failed: {query.exception()}")
         out["windows_out"], out["counted"] = _read_counts(config, spec["output"])
@@ -742,6 +825,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
             .groupBy(F.window("event_time", "1 second"), "key")
             .count()
         )
+        cpu0 = sampler.cpu_s()
         t0 = time.perf_counter()
         query = (
             counts.writeStream.outputMode("append")
@@ -752,6 +836,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         )
         query.awaitTermination()
         out["seconds"] = time.perf_counter() - t0
+        out["cpu_s"] = sampler.cpu_s() - cpu0
+        out["cpu_by_kind"] = sampler.cpu_by_kind()
         if query.exception() is not None:
             raise BenchError(f"watermark query failed: {query.exception()}")
         in_span = [(w, c) for w, c in results if w * 1000 < spec["span_ms"]]

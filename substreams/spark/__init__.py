@@ -1,7 +1,8 @@
 """Spark integration: the ``substreams`` streaming source and sink, and the epoch operator API.
 
 ``run(operator, config, substream, output_stream)`` runs an :class:`EpochOperator` (or a
-plain function) over the completed epochs of a substream on the executors (firm bound,
+plain function; an :class:`ArrowEpochOperator` gets each epoch as a ``pyarrow.Table``) over
+the completed epochs of a substream on the executors (firm bound,
 consistent order, exactly-once output); ``on_notification`` reaches the driver once per
 epoch.  :func:`substreams.spark.testing.run_operator` runs an operator without Spark or
 Kafka.  PySpark is imported lazily so that ``import substreams.spark`` stays cheap.
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from substreams.spark.operator import (
+    ArrowEpochOperator,
     EpochInfo,
     EpochNote,
     EpochOperator,
@@ -24,7 +26,8 @@ if TYPE_CHECKING:
     from substreams.spark.session import session as session
 
 __all__ = [
-    "EpochInfo", "EpochNote", "EpochOperator", "FunctionOperator", "Row", "run", "session",
+    "ArrowEpochOperator", "EpochInfo", "EpochNote", "EpochOperator", "FunctionOperator",
+    "Row", "run", "session",
 ]
 
 

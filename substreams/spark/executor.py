@@ -40,7 +40,9 @@ from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka.read import Reader
 from substreams.spark.operator import (
+    ArrowEpochOperator,
     EpochOperator,
+    Group,
     GroupResult,
     Row,
     Summary,
@@ -238,11 +240,29 @@ class UnitPlan:
 def run_unit(plan: UnitPlan, unit: int, rows: Iterable[Row]) -> list[Summary]:
     """One task: its rows (sorted by :func:`~substreams.spark.operator.sort_columns`)
     -> the operator's results written exactly once -> one summary per notification."""
+    return run_groups(plan, unit, groups(rows, plan.operator.group_by))
+
+
+def columnar(op: EpochOperator) -> bool:
+    """Whether a direct unit hands ``op`` its epochs as Arrow tables
+    (:func:`~substreams.spark.columnar.arrow_groups`) rather than rows."""
+    return isinstance(op, ArrowEpochOperator) and op.group_by is None
+
+
+def run_unit_batches(plan: UnitPlan, unit: int, batches: Iterable[Any]) -> list[Summary]:
+    """:func:`run_unit` for a direct unit of an :class:`ArrowEpochOperator`: the source's
+    Arrow batches grouped columnar, no rows built."""
+    from substreams.spark.columnar import arrow_groups
+
+    return run_groups(plan, unit, arrow_groups(batches))
+
+
+def run_groups(plan: UnitPlan, unit: int, grouped: Iterator[Group]) -> list[Summary]:
+    """The unit's epochs (or keys of them) in order -> results written exactly once."""
     import time
 
     op = plan.operator
     t0 = time.perf_counter()
-    grouped = groups(rows, op.group_by)
     if plan.output_stream is None or plan.config is None:
         out = _consume(apply_operator(op, grouped), unit, written=False, plan=plan)
         log.debug("unit %d: batch %d: %d epochs, rows+operator %.0f ms (no output)",
@@ -290,6 +310,7 @@ def run_unit(plan: UnitPlan, unit: int, rows: Iterable[Row]) -> list[Summary]:
             for result in apply_operator(op, _chain(first, grouped)):
                 live.write(result.results, op.key_field)
                 result.group.info.rows = []  # the records are done with: free them
+                result.group.info.table = None
                 yield result
 
         t1 = time.perf_counter()

@@ -50,6 +50,10 @@ class EpochInfo:
     control_index: int = 0
     key: Any = None
     """The ``group_by`` value of this group (None for a per-epoch operator)."""
+    table: Any = None
+    """The records as a ``pyarrow.Table`` (payload columns and :data:`KEPT_META`) when
+    they came columnar (:func:`substreams.spark.columnar.arrow_groups`); ``rows`` is then
+    empty."""
 
     @property
     def ident(self) -> tuple[int, int]:
@@ -121,6 +125,30 @@ class EpochOperator:
 
     def on_notification(self, note: EpochNote) -> None:
         """Driver side: ``note``'s epoch is complete, its results durable and sealed."""
+
+
+class ArrowEpochOperator(EpochOperator):
+    """A columnar operator: override :meth:`on_epoch_table` instead of ``on_epoch``.
+
+    Why: a per-record Python loop (a dict per row, ``on_epoch`` over a list) costs more
+    than reading the record; an operator that computes with pyarrow (or pandas / numpy)
+    over a whole epoch's columns gets them without rows ever being built.  On the direct
+    path (no ``group_by``) ``run()`` hands each epoch's records over as the ``pyarrow.Table``
+    the source's Arrow batches form, in read order (payload columns plus ``order_key``,
+    ``partition``, ``offset``); ``on_record`` is not called there.  Everywhere else (a
+    ``group_by`` operator, the in-memory harness, :meth:`EpochBatchHandler.handle`) the
+    rows are made into a table with ``pyarrow.Table.from_pylist`` first -- the same
+    records, column types inferred, and an epoch without records may come as a table
+    without columns: check ``table.num_rows``."""
+
+    def on_epoch_table(self, epoch: Time, table: Any) -> Iterable[Row]:
+        """Every record of ``epoch`` (or of one key of it) as a ``pyarrow.Table``."""
+        raise NotImplementedError
+
+    def on_epoch(self, epoch: Time, rows: list[Row]) -> Iterable[Row]:
+        import pyarrow as pa
+
+        return self.on_epoch_table(epoch, pa.Table.from_pylist(rows))
 
 
 EpochFunction = Callable[[Time, list[Row]], Iterable[Row] | None]
@@ -290,6 +318,15 @@ def apply_operator(op: EpochOperator, grouped: Iterable[Group]) -> Iterator[Grou
         out: list[Row] = []
         for row in g.info.rows:
             out += list(op.on_record(row) or ())
+        table = g.info.table
+        if table is not None:
+            call = op.group_by is None or table.num_rows > 0
+            if call:
+                if not isinstance(op, ArrowEpochOperator):
+                    raise SubstreamsError("columnar groups need an ArrowEpochOperator")
+                out += list(op.on_epoch_table(g.info.time, table) or ())
+            yield GroupResult(g, out, call)
+            continue
         call = op.group_by is None or bool(g.info.rows)
         if call:
             out += list(op.on_epoch(g.info.time, g.info.rows) or ())

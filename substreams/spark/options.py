@@ -115,6 +115,10 @@ class SourceOptions:
     max_records: int | None = None
     """Firm mode: at most this many records per micro-batch (``maxRecordsPerTrigger``),
     except that a batch always takes at least one epoch (see :mod:`substreams.spark.limits`)."""
+    arrow: bool = True
+    """Firm mode: read tasks yield one Arrow batch per epoch (option ``arrow``, default
+    true); false yields a tuple per row, the path before the columnar one (same rows; kept
+    to compare the two in ``bench spark`` and as a fallback)."""
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SourceOptions:
@@ -162,4 +166,5 @@ class SourceOptions:
             verify=_flag(options, "verify", True),
             max_epochs=max_epochs,
             max_records=max_records,
+            arrow=_flag(options, "arrow", True),
         )

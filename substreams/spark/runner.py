@@ -32,7 +32,9 @@ from substreams.spark.executor import (
     SUMMARY_FIELDS,
     UnitPlan,
     check_output,
+    columnar,
     run_unit,
+    run_unit_batches,
 )
 from substreams.spark.offsets import worker_logging
 from substreams.spark.operator import (
@@ -67,8 +69,10 @@ def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
         worker_logging()
         ctx = TaskContext.get()
         unit = ctx.partitionId() if ctx is not None else 0
-        rows = (row for b in batches for row in b.to_pylist())
-        sums = run_unit(plan, unit, rows)
+        if plan.units == DIRECT_UNITS and columnar(plan.operator):
+            sums = run_unit_batches(plan, unit, batches)
+        else:
+            sums = run_unit(plan, unit, (row for b in batches for row in b.to_pylist()))
         arrow = {"long": pa.int64(), "int": pa.int32(), "string": pa.string(),
                  "boolean": pa.bool_()}
         schema = pa.schema([(name, arrow[kind]) for name, kind in SUMMARY_FIELDS])

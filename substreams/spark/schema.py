@@ -115,6 +115,17 @@ class PayloadLayout:
         payload = [StructField(n, t, True) for n, t in zip(self.names, self.types, strict=True)]
         return StructType(payload + [StructField(n, t, True) for n, t in META_FIELDS])
 
+    def columns(self, payloads: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+        """The payload columns of ``payloads`` (one list per field): :meth:`values` by
+        column, for the source's Arrow batches (one pass per field, no row tuples)."""
+        out: list[list[Any]] = []
+        for name, as_json in zip(self.names, self.as_json, strict=True):
+            col = [p.get(name) for p in payloads]
+            if as_json:
+                col = [None if v is None else json.dumps(v, default=str) for v in col]
+            out.append(col)
+        return out
+
     def values(self, payload: Mapping[str, Any] | None) -> list[Any]:
         if payload is None:
             return [None] * len(self.names)

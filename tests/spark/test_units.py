@@ -98,8 +98,10 @@ def test_options_carry_the_config_and_a_pickled_reader_never_reads_the_yaml(
     (config.path.parent / "click.avsc").unlink()
     task_reader, task_parts = cloudpickle.loads(blob)
     assert all(isinstance(p, EpochsPartition) for p in task_parts)
-    rows = [r for p in task_parts for r in task_reader.read(p)]
+    # a firm read task yields Arrow batches (one per epoch, sliced)
+    rows = [r for p in task_parts for b in task_reader.read(p) for r in b.to_pylist()]
     assert len(rows) == 3
+    assert sorted(r["ts"] for r in rows) == [5, 6, 7]
 
 
 def test_chunks_keep_notification_order_and_cover_everything() -> None:
