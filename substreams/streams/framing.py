@@ -223,13 +223,55 @@ def payload_writer(schema: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], b
         if field_writer is None:
             return None
         fields.append((field["name"], field_writer))
+    return _generated_writer(fields)
 
-    def write(p: Mapping[str, Any]) -> bytes:
-        try:
-            return b"".join([w(p[n]) for n, w in fields])
-        except Exception:  # a missing field, a surrogate...: fastavro gives its own answer
-            raise _NotFast from None
 
+_INLINE: dict[FieldWriter, str] = {
+    _long: "if type(v) is not int or not {lo} <= v <= {hi}: raise _NotFast\n"
+    "    b{i} = zz(v)\n",
+    _int: "if type(v) is not int or not {lo32} <= v <= {hi32}: raise _NotFast\n"
+    "    b{i} = zz(v)\n",
+    _string: "if type(v) is not str: raise _NotFast\n"
+    "    v = v.encode()\n"
+    "    b{i} = zz(len(v)) + v\n",
+    _bytes: "if type(v) is not bytes: raise _NotFast\n"
+    "    b{i} = zz(len(v)) + v\n",
+    _boolean: "if type(v) is not bool: raise _NotFast\n"
+    "    b{i} = b'\\x01' if v else b'\\x00'\n",
+}
+"""The field writers whose checks and framing are written out in a generated writer (the
+others -- double, float, null, unions -- are called)."""
+
+
+def _generated_writer(
+    fields: list[tuple[str, FieldWriter]],
+) -> Callable[[Mapping[str, Any]], bytes]:
+    """One function for the whole record, its fields' checks written out in line (what
+    ``dataclasses`` does for ``__init__``): a Python call and a list item per field fewer
+    than looping over the field writers: 1.7 -> 1.2 µs for the bench payload (#16, session 9).  The
+    same checks in the same order as the field writers, so the same records go to fastavro.
+    Field names enter the source only through ``repr`` (a literal)."""
+    env: dict[str, Any] = {"_NotFast": _NotFast, "zz": zigzag_long}
+    lines = ["def write(p):\n", "  try:\n"]
+    for i, (name, writer) in enumerate(fields):
+        lines.append(f"    v = p[{name!r}]\n    ")
+        inline = _INLINE.get(writer)
+        if inline is None:
+            env[f"w{i}"] = writer
+            lines.append(f"b{i} = w{i}(v)\n")
+        else:
+            lines.append(
+                inline.format(
+                    i=i, lo=_MIN_LONG, hi=_MAX_LONG, lo32=_MIN_INT, hi32=_MAX_INT
+                )
+            )
+    pieces = ", ".join(f"b{i}" for i in range(len(fields)))
+    lines.append(f"    return b''.join(({pieces}{',' if len(fields) == 1 else ''}))\n")
+    lines.append("  except _NotFast:\n    raise\n")
+    # a missing field, a surrogate...: fastavro gives its own answer
+    lines.append("  except Exception:\n    raise _NotFast from None\n")
+    exec("".join(lines), env)
+    write: Callable[[Mapping[str, Any]], bytes] = env["write"]
     return write
 
 
