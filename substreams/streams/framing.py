@@ -248,9 +248,9 @@ def _generated_writer(
 ) -> Callable[[Mapping[str, Any]], bytes]:
     """One function for the whole record, its fields' checks written out in line (what
     ``dataclasses`` does for ``__init__``): a Python call and a list item per field fewer
-    than looping over the field writers: 1.7 -> 1.2 µs for the bench payload (#16, session 9).  The
-    same checks in the same order as the field writers, so the same records go to fastavro.
-    Field names enter the source only through ``repr`` (a literal)."""
+    than looping over the field writers, 1.7 -> 1.2 µs for the bench payload (#16, session
+    9).  The same checks in the same order as the field writers, so the same records go to
+    fastavro.  Field names enter the source only through ``repr`` (a literal)."""
     env: dict[str, Any] = {"_NotFast": _NotFast, "zz": zigzag_long}
     lines = ["def write(p):\n", "  try:\n"]
     for i, (name, writer) in enumerate(fields):
