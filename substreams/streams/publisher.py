@@ -17,6 +17,7 @@ import struct
 import threading
 import uuid
 import zlib
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, cast
@@ -204,9 +205,10 @@ class Publisher:
         self._delivery_hooks: list[PublishHook] = []
         self._send_many: list[Callable[[Sequence[SentRecord]], None]] = []
         self._delivered_many: list[Callable[[Sequence[SentRecord], Sequence[int]], None]] = []
-        self._batches: list[tuple[list[SentRecord], list[int]]] = []
-        """``publish_many`` batches of the open transaction whose offsets the delivery
-        callbacks fill in (only with delivery hooks); handed to the hooks in ``flush``."""
+        self._batches: list[tuple[list[SentRecord], list[int], dict[int, list[int]]]] = []
+        """``publish_many`` batches of the open transaction (records, their partitions, and
+        per partition the offsets its delivery callback collects; only with delivery
+        hooks); handed to the hooks in ``flush``."""
         try:
             self._install_hooks(mechanisms or {})
             if self._hook_list:
@@ -408,17 +410,19 @@ class Publisher:
         for send_many in self._send_many:
             send_many(records)
         if self._delivery_hooks:
-            offsets = [-1] * n
-            self._batches.append((records, offsets))
+            # One callback for the batch, not one object per record: the records' offsets
+            # are collected per partition and matched to the records in ``_deliver_batches``
+            # (a per-record ``partial`` lived until the commit, and the garbage collector's
+            # passes over those objects cost more than making them).
+            got: dict[int, list[int]] = {p: [] for p in set(parts)}
+            self._batches.append((records, parts, got))
 
-            def delivered(i: int, err: KafkaError | None, msg: Message) -> None:
+            def delivered(err: KafkaError | None, msg: Message) -> None:
                 offset = msg.offset()
                 if err is None and offset is not None:
-                    offsets[i] = offset
+                    got[msg.partition()].append(offset)  # type: ignore[index]
 
-            # map, not a list comprehension: the loop runs in C (~2x cheaper per record)
-            callbacks = list(map(partial(partial, delivered), range(n)))
-            self._produce_batch(values, parts, keys, callbacks)
+            self._produce_batch(values, parts, keys, [delivered] * n)
         else:
             self._produce_batch(values, parts, keys, None)
         self._pending += n
@@ -562,10 +566,14 @@ class Publisher:
                     for hook in hooks:
                         hook.on_delivered(record, offset)
 
-        produce(
-            self._producer, self.stream, value,
-            key=key, partition=partition, headers=headers, on_delivery=on_delivery,
-        )
+        try:  # librdkafka directly (as _produce_batch): no kwargs dict, no second layer
+            self._producer.produce(self.stream, value, key, partition, on_delivery,
+                                   headers=headers)
+        except BufferError:  # a full queue: produce() waits it out, serving callbacks
+            produce(
+                self._producer, self.stream, value,
+                key=key, partition=partition, headers=headers, on_delivery=on_delivery,
+            )
 
     def produce_service(
         self, value: bytes, partition: int, headers: list[tuple[str, bytes]]
@@ -632,14 +640,24 @@ class Publisher:
 
     def _deliver_batches(self) -> None:
         """Hand every ``publish_many`` batch of the transaction to the delivery hooks, once
-        each, with the offsets its delivery callbacks filled in (a record whose delivery
-        failed, offset -1, is left out: its transaction cannot commit)."""
+        each, with its records' offsets.
+
+        Why the offsets collected per partition can be matched to the records: a
+        transactional producer is idempotent, so a partition appends this producer's records
+        in the order they were produced -- the batch's records of partition ``p``, in batch
+        order, hold ``p``'s offsets sorted (whatever order the callbacks came in, and
+        whoever else wrote between them).  A partition with a record whose delivery failed
+        (fewer offsets than records) is left out: its transaction cannot commit."""
         batches, self._batches = self._batches, []
-        for records, offsets in batches:
-            if -1 in offsets:
-                kept = [i for i, o in enumerate(offsets) if o >= 0]
+        for records, parts, got in batches:
+            its = {p: iter(sorted(offs)) for p, offs in got.items()}
+            if all(len(got[p]) == c for p, c in Counter(parts).items()):
+                offsets = list(map(next, map(its.__getitem__, parts)))
+            else:
+                full = {p for p, c in Counter(parts).items() if len(got[p]) == c}
+                kept = [i for i, p in enumerate(parts) if p in full]
                 records = [records[i] for i in kept]
-                offsets = [offsets[i] for i in kept]
+                offsets = [next(its[parts[i]]) for i in kept]
             for delivered_many in self._delivered_many:
                 delivered_many(records, offsets)
 
