@@ -62,21 +62,23 @@ def transactional_id(stream: str, source_id: str) -> str:
 class PublishHook(Protocol):
     """A substream mechanism riding along a publisher (punctuations or acker tracking).
 
-    ``on_delivered`` runs from the delivery callback before the commit (the record is not
-    visible yet); ``seal`` runs inside the open transaction, before the commit that makes the
-    seal effective (in-band punctuations are written there); ``before_commit`` runs last
-    inside every transaction, after every delivery callback of its records, and may write
-    into it (:meth:`Publisher.produce_aside`: the acker's reports travel with the records they
-    cover); ``on_commit`` runs after every commit (out-of-band mechanisms announce what just
-    became visible); ``abort`` runs when
-    the publisher drops its open transaction and is released: the hook forgets what that
-    transaction held and lets go of its resources, announcing nothing (a source that
-    aborted has not sealed; its open times stay open, as after a crash).
-    ``wants_delivery``: whether ``on_delivered`` does anything (a delivery callback per
-    record is only installed for hooks that need the offsets).
+    ``on_delivered`` runs in the commit, after every delivery callback of its records and
+    before ``before_commit`` (the record is not visible yet; ``publish`` and
+    ``publish_many`` alike collect the offsets with one callback per batch and hand them
+    over there); ``seal`` runs inside the open transaction, before the commit that makes
+    the seal effective (in-band punctuations are written there); ``before_commit`` runs
+    last inside every transaction, after every delivery callback of its records, and may
+    write into it (:meth:`Publisher.produce_aside`: the acker's reports travel with the
+    records they cover); ``on_commit`` runs after every commit (out-of-band mechanisms
+    announce what just became visible); ``abort`` runs when the publisher drops its open
+    transaction and is released: the hook forgets what that transaction held and lets go
+    of its resources, announcing nothing (a source that aborted has not sealed; its open
+    times stay open, as after a crash).  ``wants_delivery``: whether ``on_delivered`` does
+    anything (delivery callbacks are only installed for hooks that need the offsets).
 
     ``on_send_many`` / ``on_delivered_many`` are the batch forms
-    (:meth:`Publisher.publish_many`): one call per batch instead of one per record.
+    (:meth:`Publisher.publish_many`, and ``publish`` calls in a row for
+    ``on_delivered_many``): one call per batch instead of one per record.
     ``on_send_many`` runs before any record of the batch is produced; ``on_delivered_many``
     runs in the commit, after every delivery callback and before ``before_commit``, with
     the batch's delivered records and their offsets.  The defaults fall back to the
@@ -208,7 +210,12 @@ class Publisher:
         self._batches: list[tuple[list[SentRecord], list[int], dict[int, list[int]]]] = []
         """``publish_many`` batches of the open transaction (records, their partitions, and
         per partition the offsets its delivery callback collects; only with delivery
-        hooks); handed to the hooks in ``flush``."""
+        hooks); handed to the hooks in ``flush``.  Single ``publish`` calls in a row share
+        one such batch (:attr:`_singles`)."""
+        self._singles: tuple[Callable[[KafkaError | None, Message], None], list[SentRecord],
+                             list[int]] | None = None
+        """The batch that ``publish`` calls append to (its callback, records, partitions),
+        until a ``publish_many`` batch or the commit ends it."""
         try:
             self._install_hooks(mechanisms or {})
             if self._hook_list:
@@ -348,7 +355,19 @@ class Publisher:
         self._begin()
         for hook in self._hook_list:
             hook.on_send(record)
-        self._produce(value, partition, key, self._headers, record)
+        if self._delivery_hooks:
+            # Like a batch (see publish_many): one shared callback, the hooks see the
+            # record with its offset in the commit (no closure per record).
+            singles = self._singles
+            if singles is None:
+                singles = self._singles = self._open_batch([], [])
+            self._produce(value, partition, key, self._headers, singles[0])
+            # only once produced: a record produce() refused is no hook's (a caller that
+            # goes on may still commit the others, which must be reported)
+            singles[1].append(record)
+            singles[2].append(partition)
+        else:
+            self._produce(value, partition, key, self._headers)
         self._pending += 1
         if self._pending >= self.batch_size:
             self.flush()
@@ -414,15 +433,15 @@ class Publisher:
             # are collected per partition and matched to the records in ``_deliver_batches``
             # (a per-record ``partial`` lived until the commit, and the garbage collector's
             # passes over those objects cost more than making them).
-            got: dict[int, list[int]] = {p: [] for p in set(parts)}
-            self._batches.append((records, parts, got))
+            self._singles = None  # later publish() calls start a batch after this one
+            delivered, batch_records, batch_parts = self._open_batch(records, parts[:])
 
-            def delivered(err: KafkaError | None, msg: Message) -> None:
-                offset = msg.offset()
-                if err is None and offset is not None:
-                    got[msg.partition()].append(offset)  # type: ignore[index]
+            def refused(i: int) -> None:
+                # produce() refused record i (not a full queue) and raises: the records
+                # before it are written and may still commit; the rest are no hook's.
+                del batch_records[i:], batch_parts[i:]
 
-            self._produce_batch(values, parts, keys, [delivered] * n)
+            self._produce_batch(values, parts, keys, [delivered] * n, refused)
         else:
             self._produce_batch(values, parts, keys, None)
         self._pending += n
@@ -430,17 +449,40 @@ class Publisher:
             self.flush()
         return records
 
+    def _open_batch(
+        self, records: list[SentRecord], parts: list[int]
+    ) -> tuple[Callable[[KafkaError | None, Message], None], list[SentRecord], list[int]]:
+        """A batch of the open transaction for ``_deliver_batches`` and its one delivery
+        callback, which collects the delivered offsets per partition."""
+        got: dict[int, list[int]] = {}
+        self._batches.append((records, parts, got))
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            offset = msg.offset()
+            partition = msg.partition()
+            if err is None and offset is not None and partition is not None:
+                offsets = got.get(partition)
+                if offsets is None:
+                    got[partition] = [offset]
+                else:
+                    offsets.append(offset)
+
+        return delivered, records, parts
+
     def _produce_batch(
         self,
         values: Sequence[bytes],
         parts: Sequence[int],
         keys: Sequence[str | bytes | None] | None,
         callbacks: Sequence[Callable[[KafkaError | None, Message], None]] | None,
+        refused: Callable[[int], None] | None = None,
     ) -> None:
-        """``produce`` of every record, calling librdkafka directly (positional arguments, no
-        kwargs dict and no two Python layers per record, which were ~15 % of the batch's CPU
-        at granularity 1); a full queue is waited out as :func:`produce` does, resuming at
-        the record that did not fit."""
+        """``produce`` of every record, calling librdkafka directly (positional arguments,
+        no kwargs dict and no two Python layers per record: ``produce()`` went from ~30 % to
+        ~15 % of the batch's py-spy samples at granularity 1); a full queue is waited out
+        as :func:`produce` does, resuming at the record that did not fit.  Any other error
+        is raised after ``refused(i)`` (record ``i`` and those after it were not
+        produced)."""
         raw = self._producer.produce
         poll = self._producer.poll
         topic = self.stream
@@ -456,6 +498,10 @@ class Publisher:
                 return
             except BufferError:
                 poll(0.05)
+            except BaseException:
+                if refused is not None:
+                    refused(i)
+                raise
 
     def _order_keys(self, payloads: Sequence[Mapping[str, Any]]) -> list[int]:
         field = self.stream_config.order_key
@@ -552,20 +598,8 @@ class Publisher:
         partition: int,
         key: str | bytes | None,
         headers: list[tuple[str, bytes]],
-        record: SentRecord | None,
         on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
     ) -> None:
-        # A delivery callback costs a Python call per record: only hooks that need offsets
-        # (the acker's RCV of a terminal record) get one.
-        if on_delivery is None and record is not None and self._delivery_hooks:
-            hooks = self._delivery_hooks
-
-            def on_delivery(err: KafkaError | None, msg: Message) -> None:
-                if err is None:
-                    offset = msg.offset()
-                    for hook in hooks:
-                        hook.on_delivered(record, offset)
-
         try:  # librdkafka directly (as _produce_batch): no kwargs dict, no second layer
             self._producer.produce(self.stream, value, key, partition, on_delivery,
                                    headers=headers)
@@ -580,7 +614,7 @@ class Publisher:
     ) -> None:
         """Write a service record (a punctuation) into the open transaction."""
         self._begin()
-        self._produce(value, partition, None, headers, None)
+        self._produce(value, partition, None, headers)
         self._pending += 1
 
     def produce_aside(
@@ -649,12 +683,14 @@ class Publisher:
         whoever else wrote between them).  A partition with a record whose delivery failed
         (fewer offsets than records) is left out: its transaction cannot commit."""
         batches, self._batches = self._batches, []
+        self._singles = None
         for records, parts, got in batches:
             its = {p: iter(sorted(offs)) for p, offs in got.items()}
-            if all(len(got[p]) == c for p, c in Counter(parts).items()):
+            counts = Counter(parts).items()
+            if all(len(got.get(p, ())) == c for p, c in counts):
                 offsets = list(map(next, map(its.__getitem__, parts)))
             else:
-                full = {p for p, c in Counter(parts).items() if len(got[p]) == c}
+                full = {p for p, c in counts if len(got.get(p, ())) == c}
                 kept = [i for i, p in enumerate(parts) if p in full]
                 records = [records[i] for i in kept]
                 offsets = [next(its[parts[i]]) for i in kept]
@@ -750,6 +786,7 @@ class Publisher:
             self._in_txn = False
             self._closed = True
             self._batches = []
+            self._singles = None
             for hook in self._hook_list:
                 with contextlib.suppress(SubstreamsError, KafkaException):
                     hook.abort(self)

@@ -105,3 +105,30 @@ def test_offsets_matched_per_partition_equal_per_record_callbacks(
     keep = [i for i, p in enumerate(parts) if not any(parts[j] == p for j in lost)]
     assert seen == [([records[i] for i in keep], [truth[i] for i in keep])]
     assert pub._batches == []
+
+
+@given(n=st.integers(1, 20), data=st.data())
+def test_a_refused_record_stops_the_batch_and_says_where(n: int, data: st.DataObject) -> None:
+    """An error other than a full queue (a record too large...) is raised after
+    ``refused(i)``: records before ``i`` were produced, ``i`` and later were not."""
+    bad = data.draw(st.integers(0, n - 1))
+    full = data.draw(st.sets(st.integers(1, bad + 1), max_size=3))
+
+    class Refusing(FullQueueProducer):
+        def produce(self, topic: str, value: bytes, key: Any, partition: int, cb: Any,
+                    headers: Any = None) -> None:
+            if value == f"v{bad}".encode() and self.calls + 1 not in self.refuse:
+                raise ValueError("Message size too large")
+            super().produce(topic, value, key, partition, cb, headers)
+
+    producer = Refusing(full)
+    seen: list[int] = []
+    values = [f"v{i}".encode() for i in range(n)]
+    try:
+        _publisher(producer)._produce_batch(values, [0] * n, None, None, seen.append)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("the refusal was swallowed")
+    assert seen == [bad]
+    assert [p[1] for p in producer.produced] == values[:bad]
