@@ -458,9 +458,16 @@ class Publisher:
         self._batches.append((records, parts, got))
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                # A failed record (its transaction cannot commit).  Nothing of ``msg`` is
+                # read, as the per-record callbacks never did: for a fenced producer's
+                # record ``msg.offset()`` raised SystemError ("returned a result with an
+                # exception set") in test_source_liveness, where the commit must raise
+                # PublisherFencedError.
+                return
             offset = msg.offset()
             partition = msg.partition()
-            if err is None and offset is not None and partition is not None:
+            if offset is not None and partition is not None:
                 offsets = got.get(partition)
                 if offsets is None:
                     got[partition] = [offset]
