@@ -253,3 +253,57 @@ def test_the_compiled_payload_writer_equals_fastavro_or_fails_as_it_does(
 def test_schemas_the_compiled_writer_leaves_to_fastavro(field_type: Any) -> None:
     schema = {"type": "record", "name": "R", "fields": [{"name": "v", "type": field_type}]}
     assert payload_writer(schema) is None
+
+
+# -- the publisher at granularity 1 (session 9): one int-time substream as a column ------------
+
+
+@given(
+    batch=st.lists(
+        st.tuples(longs, longs, st.one_of(longs, st.integers(-3, 3)), payloads), max_size=30
+    ),
+    name=st.text(max_size=8),
+    source=st.text(max_size=10),
+    time_is_key=st.booleans(),
+)
+def test_encode_many_int_times_equals_the_generic_path_and_fastavro(
+    batch: list[tuple[int, int, int, dict[str, Any]]], name: str, source: str, time_is_key: bool
+) -> None:
+    """Byte for byte what ``encode_many`` of ``{name: t}`` dicts gives, and what fastavro gives
+    for the whole envelope: times equal to the order key (the reuse of its bytes), runs of
+    equal small times and random longs."""
+    keys = [r[0] for r in batch]
+    ids = [r[1] for r in batch]
+    column = keys if time_is_key else [r[2] for r in batch]
+    bodies = [r[3] for r in batch]
+    got = EnvelopeEncoder(PAYLOAD, source).encode_many_int_times(keys, ids, name, column, bodies)
+    generic = EnvelopeEncoder(PAYLOAD, source).encode_many(
+        keys, ids, [{name: t} for t in column], bodies
+    )
+    assert got == generic
+    assert got == [
+        ENVELOPE.encode(
+            {
+                "order_key": k,
+                "tracking_id": i,
+                "source": source,
+                "times": times_to_wire({name: t}),
+                "payload": p,
+            }
+        )
+        for k, i, t, p in zip(keys, ids, column, bodies, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("bad", [2**63, -(2**63) - 1, 2**70])
+def test_an_int_time_outside_long_is_refused_not_truncated(bad: int) -> None:
+    """zigzag_long masks to 64 bits: without the range check such a time was written as
+    another one (fastavro raises OverflowError for it)."""
+    encoder = EnvelopeEncoder(PAYLOAD, "s")
+    payload = {"ts": 1, "batch": 0, "body": "", "score": None}
+    with pytest.raises(ValueError, match=r"time .* does not fit an Avro long"):
+        encoder.encode_many_int_times([0, 1], [0, 0], "ep", [0, bad], [payload, payload])
+    with pytest.raises(OverflowError):
+        encoder.encode(1, 0, {"ep": bad}, payload)
+    with pytest.raises(OverflowError):
+        encoder.encode(1, 0, {"ep": 0, "other": bad}, payload)
