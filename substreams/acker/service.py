@@ -250,9 +250,9 @@ class AckerService:
         self.evictions = 0
         self.recoveries = 0
         self._evicting: dict[SessionKey, tuple[int, str]] = {}
+        """Sessions being evicted: (source, acks partition) -> (offset to read up to, reason)."""
         self._kept_warned: set[SessionKey] = set()
         """Silent sources that asked never to be evicted for silence, already warned of."""
-        """Sessions being evicted: (source, acks partition) -> (offset to read up to, reason)."""
         self._evicted_items: list[tuple[str, ControlBody]] = []
         self._source_timeout_ms = config.acker.source_timeout_ms
         self._last_liveness = 0.0
