@@ -2,7 +2,8 @@
 
 * **Backpressure.** ``Producer.produce`` raises ``BufferError`` when librdkafka's queue is
   full (``queue.buffering.max.messages``); the only right answer is to serve delivery
-  callbacks and try again, never to drop the record.  :func:`produce` does that.
+  callbacks and try again, never to drop the record.  :func:`produce` does that for one
+  record, :func:`produce_batch` for many.
 * **Fencing.** A transactional producer whose id was taken by a newer instance gets
   ``PRODUCER_FENCED`` / ``_FENCED`` / ``INVALID_PRODUCER_EPOCH`` from its next transactional
   call; that is fatal for it and must surface as the caller's own fenced error (a publisher's
@@ -12,13 +13,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-__all__ = ["FENCED_CODES", "fenced_as", "is_fenced", "produce"]
+__all__ = ["FENCED_CODES", "fenced_as", "is_fenced", "produce", "produce_batch"]
 
 FENCED_CODES = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
@@ -48,6 +49,39 @@ def produce(
         except BufferError:
             producer.poll(0.05)
 
+
+
+def produce_batch(
+    producer: Producer,
+    topic: str,
+    values: Sequence[bytes],
+    parts: Sequence[int],
+    keys: Sequence[str | bytes | None] | None,
+    callbacks: Sequence[Callable[[KafkaError | None, Any], None]] | None,
+    headers: list[tuple[str, bytes]] | None,
+    refused: Callable[[int], None] | None = None,
+) -> None:
+    """:func:`produce` of every record, calling librdkafka directly (positional arguments,
+    no kwargs dict and no Python layer per record: ``produce()`` went from ~30 % to ~15 % of
+    a ``publish_many`` batch's py-spy samples at granularity 1); a full queue is waited out,
+    resuming at the record that did not fit.  Any other error is raised after
+    ``refused(i)`` (record ``i`` and those after it were not produced)."""
+    raw = producer.produce
+    n = len(values)
+    keys_ = [None] * n if keys is None else keys
+    cbs = [None] * n if callbacks is None else callbacks
+    i = 0
+    while i < n:
+        try:
+            for i in range(i, n):  # noqa: B020 -- resumes where a BufferError stopped it
+                raw(topic, values[i], keys_[i], parts[i], cbs[i], headers=headers)
+            return
+        except BufferError:
+            producer.poll(0.05)
+        except BaseException:
+            if refused is not None:
+                refused(i)
+            raise
 
 def is_fenced(exc: BaseException) -> bool:
     """Whether ``exc`` says this transactional producer was replaced by a newer one."""

@@ -33,7 +33,7 @@ from substreams.errors import (
 )
 from substreams.frontier import Time
 from substreams.kafka import client
-from substreams.kafka.write import fenced_as, produce
+from substreams.kafka.write import fenced_as, produce, produce_batch
 from substreams.streams.evolution import register_stream
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.records import SentRecord
@@ -484,31 +484,10 @@ class Publisher:
         callbacks: Sequence[Callable[[KafkaError | None, Message], None]] | None,
         refused: Callable[[int], None] | None = None,
     ) -> None:
-        """``produce`` of every record, calling librdkafka directly (positional arguments,
-        no kwargs dict and no two Python layers per record: ``produce()`` went from ~30 % to
-        ~15 % of the batch's py-spy samples at granularity 1); a full queue is waited out
-        as :func:`produce` does, resuming at the record that did not fit.  Any other error
-        is raised after ``refused(i)`` (record ``i`` and those after it were not
-        produced)."""
-        raw = self._producer.produce
-        poll = self._producer.poll
-        topic = self.stream
-        headers = self._headers
-        n = len(values)
-        keys_ = [None] * n if keys is None else keys
-        cbs = [None] * n if callbacks is None else callbacks
-        i = 0
-        while i < n:
-            try:
-                for i in range(i, n):  # noqa: B020 -- resumes where a BufferError stopped it
-                    raw(topic, values[i], keys_[i], parts[i], cbs[i], headers=headers)
-                return
-            except BufferError:
-                poll(0.05)
-            except BaseException:
-                if refused is not None:
-                    refused(i)
-                raise
+        """The batch's records into the open transaction (:func:`produce_batch`)."""
+        produce_batch(
+            self._producer, self.stream, values, parts, keys, callbacks, self._headers, refused
+        )
 
     def _order_keys(self, payloads: Sequence[Mapping[str, Any]]) -> list[int]:
         field = self.stream_config.order_key
@@ -607,7 +586,7 @@ class Publisher:
         headers: list[tuple[str, bytes]],
         on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
     ) -> None:
-        try:  # librdkafka directly (as _produce_batch): no kwargs dict, no second layer
+        try:  # librdkafka directly (as produce_batch): no kwargs dict, no second layer
             self._producer.produce(self.stream, value, key, partition, on_delivery,
                                    headers=headers)
         except BufferError:  # a full queue: produce() waits it out, serving callbacks
