@@ -525,7 +525,10 @@ class SegmentTable:
         for entry in self._newly_covered(state, t):
             entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
         state.seals.insert(t)
-        state.seal_ms = {s: ms for s, ms in state.seal_ms.items() if s in state.seals}
+        # a set, not ``in state.seals`` (a list scan): with per-key seals the antichain holds
+        # one element per key, and the scan made every seal quadratic in the keys
+        live = set(state.seals)
+        state.seal_ms = {s: ms for s, ms in state.seal_ms.items() if s in live}
         state.seal_ms[t] = sealed_at_ms
         self.dirty = True
         if (

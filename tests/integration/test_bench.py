@@ -223,8 +223,8 @@ def test_bench_framing_quick_checks_hand_framing_against_the_converter(tmp_path:
 @pytest.mark.spark
 @pytest.mark.timeout(1800)
 def test_bench_spark_quick_writes_both_parts_and_targets(bootstrap: str, tmp_path: Path) -> None:
-    """Five Spark sessions (four part-(a) queries in their own JVMs, then part (b)): ~5 min
-    on a quiet machine, over 15 min on the loaded 2-core one, hence its own timeout."""
+    """Four Spark sessions (three part-(a) queries in their own JVMs, then part (b)): ~3 min
+    on a quiet machine, over 10 min on the loaded 2-core one, hence its own timeout."""
     out = tmp_path / "results"
     done = subprocess.run(
         [sys.executable, "-m", "substreams", "bench", "spark", "--quick", "--out", str(out),
@@ -238,11 +238,13 @@ def test_bench_spark_quick_writes_both_parts_and_targets(bootstrap: str, tmp_pat
     assert data["name"] == "spark" and data["quick"] is True
     a = [r for r in data["rows"] if r["part"] == "a"]
     b = [r for r in data["rows"] if r["part"] == "b"]
-    # columnar firm at 10 and 100 windows, the watermark query, the per-row firm path
+    # columnar firm at 10 and 100 windows, the watermark query (the per-row firm path runs
+    # in full runs only)
     assert [(r["query"].split()[0], r["windows"]) for r in a] == [
-        ("substreams", 10), ("substreams", 100), ("withWatermark", 10), ("substreams", 10)
+        ("substreams", 10), ("substreams", 100), ("withWatermark", 10)
     ]
-    assert "per-row" in a[3]["query"], a[3]
+    assert not any("per-row" in r["query"] for r in a), a
+    assert any("per-row firm path runs in full runs only" in n for n in data["notes"])
     for row in a:
         assert row["error"] is None, row
         assert row["records"] == 20_000 and row["records_per_s"] > 0, row
@@ -250,7 +252,7 @@ def test_bench_spark_quick_writes_both_parts_and_targets(bootstrap: str, tmp_pat
         assert row["cpu_s"] > 0 and row["records_per_cpu_s"] > 0, row
         assert row["correct"] is True, row
     # the firm queries drained the backlog in batches of whole epochs (maxEpochsPerTrigger)
-    assert a[0]["batches"] == 1 and a[1]["batches"] == 10 and a[3]["batches"] == 1, a
+    assert a[0]["batches"] == 1 and a[1]["batches"] == 10, a
     assert len(b) == 2 and all(r["samples"] > 0 for r in b), b
     assert [t["name"][:3] for t in data["targets"]] == ["(a)", "(a)", "(b)", "(b)", "(b)"]
     assert all(t["met"] is not None for t in data["targets"]), data["targets"]
