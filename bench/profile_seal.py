@@ -1,6 +1,6 @@
 """Where seal -> EpochComplete time goes, phase by phase (issue #16, session 9).
 
-    python bench/profile_seal.py [--samples 100] [--records 10] [--acker-client K=V ...]
+    python bench/profile_seal.py [--samples 100] [--records 10] [--eos-debug] [--seal-in-txn]
 
 Starts an embedded Apache Kafka and ``substreams acker run`` as its own process with
 ``SUBSTREAMS_ACKER_PHASES=1`` (the acker logs each notifying step's phases), then, like
@@ -21,6 +21,10 @@ Prints p50 / p99 / mean of each phase and of the total.  ``--eos-debug``: librdk
 ``debug=eos`` on the publisher and the acker, to count the AddPartitionsToTxn requests the
 coordinator refused with CONCURRENT_TRANSACTIONS (the previous transaction of the same
 transactional id still writing its markers; librdkafka retries after a fixed 20 ms).
+``--seal-in-txn``: no commit between an epoch's records and its seal, so ``seal()`` commits
+both in one transaction -- no transaction of the publisher begins right after another ended
+(what a user who publishes an epoch and seals it gets), at the price of waiting for the
+records' delivery reports inside ``seal()`` (the acks carry their offsets).
 """
 
 from __future__ import annotations
@@ -90,6 +94,11 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=10)
     ap.add_argument("--eos-debug", action="store_true")
     ap.add_argument("--keep-log", type=Path, help="copy the acker's log here")
+    ap.add_argument(
+        "--seal-in-txn", action="store_true",
+        help="no commit between the epoch's records and its seal: seal() commits both in one "
+        "transaction (no back-to-back transactions of the publisher)",
+    )
     args = ap.parse_args()
     refusals = Refusals()
     overrides: dict[str, Any] = {}
@@ -127,7 +136,8 @@ def main() -> None:
                     for _ in range(args.records):
                         pub.publish({"ts": ts, "batch": i, "body": "x" * 100})
                         ts += 1
-                    pub.flush()
+                    if not args.seal_in_txn:
+                        pub.flush()
                     timed.calls.clear()
                     t0 = time.time()
                     pub.seal(sub, i)
