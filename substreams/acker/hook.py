@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from substreams.acker.agent import TrackingAgent, encode_ack
@@ -127,6 +127,23 @@ class AckerHook(PublishHook):
         """A batch's terminal SND+RCVs (counts and offset hulls), per run of equal times."""
         for s in self.terminal:
             self.agent.sent_and_delivered_many(s, records, offsets)
+
+    def on_delivered_columns(
+        self,
+        records: Sequence[SentRecord],
+        partitions: Sequence[int],
+        offsets: Sequence[int],
+        times: Mapping[str, Sequence[Time]],
+    ) -> None:
+        """The same SND+RCVs handed to the agent as columns (its block is packed from
+        them at one record per time: no object per time).  A substream without a time
+        column from the publisher (``publish``, or several substreams) gets one here."""
+        stream = self.stream
+        for s in self.terminal:
+            column = times.get(s)
+            if column is None:
+                column = [r.times[s] for r in records]
+            self.agent.sent_and_delivered_columns(s, stream, column, partitions, offsets)
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
         self.agent.seal(substream, time)
