@@ -97,13 +97,17 @@ def test_offsets_matched_per_partition_equal_per_record_callbacks(
     for i in order:
         if i not in lost:
             got[parts[i]].append(truth[i])
-    seen: list[tuple[list[Any], list[int]]] = []
+    seen: list[tuple[list[Any], list[int], list[int], dict[str, list[Any]]]] = []
     pub = Publisher.__new__(Publisher)
-    pub._batches = [(records, parts, got)]  # type: ignore[list-item]
-    pub._delivered_many = [lambda r, o: seen.append((list(r), list(o)))]
+    column = [10 * i for i in range(len(parts))]  # a time column rides along
+    pub._batches = [(records, parts, got, {"ep": column})]  # type: ignore[list-item]
+    pub._delivered_columns = [
+        lambda r, q, o, t: seen.append((list(r), list(q), list(o), dict(t)))
+    ]
     pub._deliver_batches()
     keep = [i for i, p in enumerate(parts) if not any(parts[j] == p for j in lost)]
-    assert seen == [([records[i] for i in keep], [truth[i] for i in keep])]
+    assert seen == [([records[i] for i in keep], [parts[i] for i in keep],
+                     [truth[i] for i in keep], {"ep": [column[i] for i in keep]})]
     assert pub._batches == []
 
 
