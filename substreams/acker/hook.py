@@ -99,6 +99,9 @@ class AckerHook(PublishHook):
         # the other substreams' SNDs are reported when it is sent.
         self.sent = [s for s in self.substreams if s not in self.terminal]
         self.wants_delivery = bool(self.terminal)
+        # All terminal (the common publisher): nothing to report when a record is sent,
+        # so the publisher need not call on_send per record.
+        self.wants_send = bool(self.sent)
         self.agent = TrackingAgent(publisher.config, publisher.source_id, publisher.incarnation)
         # Written by the publisher's first commit (at the end of its constructor).
         self.agent.register(

@@ -74,7 +74,10 @@ class PublishHook(Protocol):
     transaction and is released: the hook forgets what that transaction held and lets go
     of its resources, announcing nothing (a source that aborted has not sealed; its open
     times stay open, as after a crash).  ``wants_delivery``: whether ``on_delivered`` does
-    anything (delivery callbacks are only installed for hooks that need the offsets).
+    anything (delivery callbacks are only installed for hooks that need the offsets);
+    ``wants_send`` (optional, default true): whether ``on_send``/``on_send_many`` do
+    anything (false: the publisher skips the call per record, e.g. an acker hook whose
+    substreams are all terminal and reported on delivery).
 
     ``on_send_many`` / ``on_delivered_many`` are the batch forms
     (:meth:`Publisher.publish_many`, and ``publish`` calls in a row for
@@ -236,6 +239,8 @@ class Publisher:
         self._hooks: dict[str, PublishHook] = {}
         self._hook_list: list[PublishHook] = []
         self._delivery_hooks: list[PublishHook] = []
+        self._send_one: list[Callable[[SentRecord], None]] = []
+        """The ``on_send`` of the hooks that want it (``wants_send``)."""
         self._send_many: list[Callable[[Sequence[SentRecord]], None]] = []
         self._delivered_columns: list[DeliveredColumns] = []
         self._batches: list[
@@ -295,8 +300,10 @@ class Publisher:
 
     def _attach(self, hook: PublishHook) -> None:
         self._hook_list.append(hook)
-        send_many = getattr(hook, "on_send_many", None)
-        self._send_many.append(send_many or partial(_send_each, hook))
+        if getattr(hook, "wants_send", True):
+            self._send_one.append(hook.on_send)
+            send_many = getattr(hook, "on_send_many", None)
+            self._send_many.append(send_many or partial(_send_each, hook))
         if hook.wants_delivery:
             self._delivery_hooks.append(hook)
             columns = getattr(hook, "on_delivered_columns", None)
@@ -390,8 +397,8 @@ class Publisher:
             self._last_order_key = order_key
         record = SentRecord(self.stream, partition, order_key, tracking_id, assigned)
         self._begin()
-        for hook in self._hook_list:
-            hook.on_send(record)
+        for on_send in self._send_one:
+            on_send(record)
         if self._delivery_hooks:
             # Like a batch (see publish_many): one shared callback, the hooks see the
             # record with its offset in the commit (no closure per record).

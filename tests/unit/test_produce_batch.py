@@ -136,3 +136,30 @@ def test_a_refused_record_stops_the_batch_and_says_where(n: int, data: st.DataOb
         raise AssertionError("the refusal was swallowed")
     assert seen == [bad]
     assert [p[1] for p in producer.produced] == values[:bad]
+
+
+def test_hooks_that_want_no_send_are_not_called_per_record() -> None:
+    """``wants_send = False`` (an acker hook whose substreams are all terminal): the
+    publisher keeps neither its ``on_send`` nor its ``on_send_many``; a hook without the
+    attribute is called as before."""
+
+    class Hook:
+        wants_delivery = False
+
+        def __init__(self, wants_send: bool | None) -> None:
+            if wants_send is not None:
+                self.wants_send = wants_send
+
+        def on_send(self, record: Any) -> None: ...
+
+        def on_send_many(self, records: Any) -> None: ...
+
+    pub = Publisher.__new__(Publisher)
+    pub._hook_list, pub._send_one, pub._send_many = [], [], []
+    pub._delivery_hooks, pub._delivered_columns = [], []
+    quiet, plain, loud = Hook(False), Hook(None), Hook(True)
+    for hook in (quiet, plain, loud):
+        pub._attach(hook)  # type: ignore[arg-type]
+    assert pub._send_one == [plain.on_send, loud.on_send]
+    assert pub._send_many == [plain.on_send_many, loud.on_send_many]
+    assert pub._hook_list == [quiet, plain, loud]
