@@ -8,13 +8,15 @@ on a 4-partition stream, writes ``--records`` records sealing every ``--granular
 throughput benchmark's tracked line, without the acker process and the readers, so that the
 samples are the publisher's own), and prints the publish rate and the CPU time of the
 publishing thread per record (``time.thread_time``: librdkafka's own threads and the broker
-excluded, and much steadier than the rate on a shared machine).  ``--api many`` hands the
+excluded, and much steadier than the rate on a shared machine) with the load average at the
+end (on the shared machine, what else was running).  ``--api many`` hands the
 records to ``publish_many`` in slices of ``--slice`` records.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from substreams.app import UNTRACKED
@@ -53,7 +55,8 @@ def main() -> None:
             f"{args.api} g={args.granularity} {'untracked' if args.untracked else 'acker'}: "
             f"{args.records} records in {dt:.2f} s = {args.records / dt:,.0f} records/s "
             f"({dt / args.records * 1e6:.1f} us/record); publishing thread CPU "
-            f"{cpu / args.records * 1e6:.1f} us/record"
+            f"{cpu / args.records * 1e6:.1f} us/record; load average "
+            + ", ".join(f"{x:.2f}" for x in os.getloadavg())
         )
 
 

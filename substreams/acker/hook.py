@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from substreams.acker.agent import TrackingAgent, encode_ack
@@ -99,6 +99,9 @@ class AckerHook(PublishHook):
         # the other substreams' SNDs are reported when it is sent.
         self.sent = [s for s in self.substreams if s not in self.terminal]
         self.wants_delivery = bool(self.terminal)
+        # All terminal (the common publisher): nothing to report when a record is sent,
+        # so the publisher need not call on_send per record.
+        self.wants_send = bool(self.sent)
         self.agent = TrackingAgent(publisher.config, publisher.source_id, publisher.incarnation)
         # Written by the publisher's first commit (at the end of its constructor).
         self.agent.register(
@@ -127,6 +130,23 @@ class AckerHook(PublishHook):
         """A batch's terminal SND+RCVs (counts and offset hulls), per run of equal times."""
         for s in self.terminal:
             self.agent.sent_and_delivered_many(s, records, offsets)
+
+    def on_delivered_columns(
+        self,
+        records: Sequence[SentRecord],
+        partitions: Sequence[int],
+        offsets: Sequence[int],
+        times: Mapping[str, Sequence[Time]],
+    ) -> None:
+        """The same SND+RCVs handed to the agent as columns (its block is packed from
+        them at one record per time: no object per time).  A substream without a time
+        column from the publisher (``publish``, or several substreams) gets one here."""
+        stream = self.stream
+        for s in self.terminal:
+            column = times.get(s)
+            if column is None:
+                column = [r.times[s] for r in records]
+            self.agent.sent_and_delivered_columns(s, stream, column, partitions, offsets)
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
         self.agent.seal(substream, time)

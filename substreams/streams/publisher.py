@@ -74,16 +74,21 @@ class PublishHook(Protocol):
     transaction and is released: the hook forgets what that transaction held and lets go
     of its resources, announcing nothing (a source that aborted has not sealed; its open
     times stay open, as after a crash).  ``wants_delivery``: whether ``on_delivered`` does
-    anything (delivery callbacks are only installed for hooks that need the offsets).
+    anything (delivery callbacks are only installed for hooks that need the offsets);
+    ``wants_send`` (optional, default true): whether ``on_send``/``on_send_many`` do
+    anything (false: the publisher skips the call per record, e.g. an acker hook whose
+    substreams are all terminal and reported on delivery).
 
     ``on_send_many`` / ``on_delivered_many`` are the batch forms
     (:meth:`Publisher.publish_many`, and ``publish`` calls in a row for
     ``on_delivered_many``): one call per batch instead of one per record.
     ``on_send_many`` runs before any record of the batch is produced; ``on_delivered_many``
     runs in the commit, after every delivery callback and before ``before_commit``, with
-    the batch's delivered records and their offsets.  The defaults fall back to the
-    per-record methods, so a hook that only has those keeps working (the publisher also
-    falls back for a hook object that does not inherit them).
+    the batch's delivered records and their offsets.  The publisher calls it through
+    ``on_delivered_columns``, which adds the columns it holds (partitions, a time column)
+    so that a hook tracking per time needs no Python object per record (#16).  The
+    defaults fall back to the per-record methods, so a hook that only has those keeps
+    working (the publisher also falls back for a hook object that does not inherit them).
     """
 
     wants_delivery: bool
@@ -99,6 +104,19 @@ class PublishHook(Protocol):
     def on_delivered_many(self, records: Sequence[SentRecord], offsets: Sequence[int]) -> None:
         for record, offset in zip(records, offsets, strict=True):
             self.on_delivered(record, offset)
+
+    def on_delivered_columns(
+        self,
+        records: Sequence[SentRecord],
+        partitions: Sequence[int],
+        offsets: Sequence[int],
+        times: Mapping[str, Sequence[Time]],
+    ) -> None:
+        """``on_delivered_many`` with the columns the publisher holds anyway: each record's
+        partition and, for the substreams in ``times``, each record's time (a hook that
+        tracks per time can then skip the records).  The sequences are the hook's to keep,
+        not to change."""
+        self.on_delivered_many(records, offsets)
 
     def seal(self, publisher: Publisher, substream: str, time: Time) -> None: ...
 
@@ -125,6 +143,22 @@ def _deliver_each(
     """``on_delivered_many`` of a hook object that does not inherit the protocol's default."""
     for record, offset in zip(records, offsets, strict=True):
         hook.on_delivered(record, offset)
+
+
+def _deliver_columns(
+    many: Callable[[Sequence[SentRecord], Sequence[int]], None],
+    records: Sequence[SentRecord],
+    partitions: Sequence[int],
+    offsets: Sequence[int],
+    times: Mapping[str, Sequence[Time]],
+) -> None:
+    """``on_delivered_columns`` of a hook object without it: its ``on_delivered_many``."""
+    many(records, offsets)
+
+
+DeliveredColumns = Callable[
+    [Sequence[SentRecord], Sequence[int], Sequence[int], Mapping[str, Sequence[Time]]], None
+]
 
 
 HookFactory = Callable[["Publisher", list[str]], PublishHook]
@@ -205,13 +239,18 @@ class Publisher:
         self._hooks: dict[str, PublishHook] = {}
         self._hook_list: list[PublishHook] = []
         self._delivery_hooks: list[PublishHook] = []
+        self._send_one: list[Callable[[SentRecord], None]] = []
+        """The ``on_send`` of the hooks that want it (``wants_send``)."""
         self._send_many: list[Callable[[Sequence[SentRecord]], None]] = []
-        self._delivered_many: list[Callable[[Sequence[SentRecord], Sequence[int]], None]] = []
-        self._batches: list[tuple[list[SentRecord], list[int], dict[int, list[int]]]] = []
-        """``publish_many`` batches of the open transaction (records, their partitions, and
-        per partition the offsets its delivery callback collects; only with delivery
-        hooks); handed to the hooks in ``flush``.  Single ``publish`` calls in a row share
-        one such batch (:attr:`_singles`)."""
+        self._delivered_columns: list[DeliveredColumns] = []
+        self._batches: list[
+            tuple[list[SentRecord], list[int], dict[int, list[int]], dict[str, list[Time]]]
+        ] = []
+        """``publish_many`` batches of the open transaction (records, their partitions, per
+        partition the offsets its delivery callback collects, and the time columns at hand
+        -- one int-time substream's, see ``_times_of``; only with delivery hooks); handed to
+        the hooks in ``flush``.  Single ``publish`` calls in a row share one such batch
+        (:attr:`_singles`)."""
         self._singles: tuple[Callable[[KafkaError | None, Message], None], list[SentRecord],
                              list[int]] | None = None
         """The batch that ``publish`` calls append to (its callback, records, partitions),
@@ -261,12 +300,17 @@ class Publisher:
 
     def _attach(self, hook: PublishHook) -> None:
         self._hook_list.append(hook)
-        send_many = getattr(hook, "on_send_many", None)
-        self._send_many.append(send_many or partial(_send_each, hook))
+        if getattr(hook, "wants_send", True):
+            self._send_one.append(hook.on_send)
+            send_many = getattr(hook, "on_send_many", None)
+            self._send_many.append(send_many or partial(_send_each, hook))
         if hook.wants_delivery:
             self._delivery_hooks.append(hook)
-            delivered_many = getattr(hook, "on_delivered_many", None)
-            self._delivered_many.append(delivered_many or partial(_deliver_each, hook))
+            columns = getattr(hook, "on_delivered_columns", None)
+            if columns is None:
+                many = getattr(hook, "on_delivered_many", None) or partial(_deliver_each, hook)
+                columns = partial(_deliver_columns, many)
+            self._delivered_columns.append(columns)
 
     def _release(self) -> None:
         with _ACQUIRED_LOCK:
@@ -353,8 +397,8 @@ class Publisher:
             self._last_order_key = order_key
         record = SentRecord(self.stream, partition, order_key, tracking_id, assigned)
         self._begin()
-        for hook in self._hook_list:
-            hook.on_send(record)
+        for on_send in self._send_one:
+            on_send(record)
         if self._delivery_hooks:
             # Like a batch (see publish_many): one shared callback, the hooks see the
             # record with its offset in the commit (no closure per record).
@@ -434,12 +478,17 @@ class Publisher:
             # (a per-record ``partial`` lived until the commit, and the garbage collector's
             # passes over those objects cost more than making them).
             self._singles = None  # later publish() calls start a batch after this one
-            delivered, batch_records, batch_parts = self._open_batch(records, parts[:])
+            columns: dict[str, list[Time]] = {}
+            if int_times is not None:
+                columns[int_times[0]] = list(int_times[1])
+            delivered, batch_records, batch_parts = self._open_batch(records, parts[:], columns)
 
             def refused(i: int) -> None:
                 # produce() refused record i (not a full queue) and raises: the records
                 # before it are written and may still commit; the rest are no hook's.
                 del batch_records[i:], batch_parts[i:]
+                for column in columns.values():
+                    del column[i:]
 
             self._produce_batch(values, parts, keys, [delivered] * n, refused)
         else:
@@ -450,12 +499,15 @@ class Publisher:
         return records
 
     def _open_batch(
-        self, records: list[SentRecord], parts: list[int]
+        self,
+        records: list[SentRecord],
+        parts: list[int],
+        columns: dict[str, list[Time]] | None = None,
     ) -> tuple[Callable[[KafkaError | None, Message], None], list[SentRecord], list[int]]:
         """A batch of the open transaction for ``_deliver_batches`` and its one delivery
         callback, which collects the delivered offsets per partition."""
         got: dict[int, list[int]] = {}
-        self._batches.append((records, parts, got))
+        self._batches.append((records, parts, got, {} if columns is None else columns))
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
@@ -670,7 +722,7 @@ class Publisher:
         (fewer offsets than records) is left out: its transaction cannot commit."""
         batches, self._batches = self._batches, []
         self._singles = None
-        for records, parts, got in batches:
+        for records, parts, got, columns in batches:
             its = {p: iter(sorted(offs)) for p, offs in got.items()}
             counts = Counter(parts).items()
             if all(len(got.get(p, ())) == c for p, c in counts):
@@ -680,8 +732,10 @@ class Publisher:
                 kept = [i for i, p in enumerate(parts) if p in full]
                 records = [records[i] for i in kept]
                 offsets = [next(its[parts[i]]) for i in kept]
-            for delivered_many in self._delivered_many:
-                delivered_many(records, offsets)
+                parts = [parts[i] for i in kept]
+                columns = {name: [col[i] for i in kept] for name, col in columns.items()}
+            for delivered_columns in self._delivered_columns:
+                delivered_columns(records, parts, offsets, columns)
 
     def commit(self, patience: float = client.COMMIT_PATIENCE_S) -> None:
         """Commit now, even with no record pending: the hooks' messages (registrations,

@@ -97,13 +97,17 @@ def test_offsets_matched_per_partition_equal_per_record_callbacks(
     for i in order:
         if i not in lost:
             got[parts[i]].append(truth[i])
-    seen: list[tuple[list[Any], list[int]]] = []
+    seen: list[tuple[list[Any], list[int], list[int], dict[str, list[Any]]]] = []
     pub = Publisher.__new__(Publisher)
-    pub._batches = [(records, parts, got)]  # type: ignore[list-item]
-    pub._delivered_many = [lambda r, o: seen.append((list(r), list(o)))]
+    column = [10 * i for i in range(len(parts))]  # a time column rides along
+    pub._batches = [(records, parts, got, {"ep": column})]  # type: ignore[list-item]
+    pub._delivered_columns = [
+        lambda r, q, o, t: seen.append((list(r), list(q), list(o), dict(t)))
+    ]
     pub._deliver_batches()
     keep = [i for i, p in enumerate(parts) if not any(parts[j] == p for j in lost)]
-    assert seen == [([records[i] for i in keep], [truth[i] for i in keep])]
+    assert seen == [([records[i] for i in keep], [parts[i] for i in keep],
+                     [truth[i] for i in keep], {"ep": [column[i] for i in keep]})]
     assert pub._batches == []
 
 
@@ -132,3 +136,30 @@ def test_a_refused_record_stops_the_batch_and_says_where(n: int, data: st.DataOb
         raise AssertionError("the refusal was swallowed")
     assert seen == [bad]
     assert [p[1] for p in producer.produced] == values[:bad]
+
+
+def test_hooks_that_want_no_send_are_not_called_per_record() -> None:
+    """``wants_send = False`` (an acker hook whose substreams are all terminal): the
+    publisher keeps neither its ``on_send`` nor its ``on_send_many``; a hook without the
+    attribute is called as before."""
+
+    class Hook:
+        wants_delivery = False
+
+        def __init__(self, wants_send: bool | None) -> None:
+            if wants_send is not None:
+                self.wants_send = wants_send
+
+        def on_send(self, record: Any) -> None: ...
+
+        def on_send_many(self, records: Any) -> None: ...
+
+    pub = Publisher.__new__(Publisher)
+    pub._hook_list, pub._send_one, pub._send_many = [], [], []
+    pub._delivery_hooks, pub._delivered_columns = [], []
+    quiet, plain, loud = Hook(False), Hook(None), Hook(True)
+    for hook in (quiet, plain, loud):
+        pub._attach(hook)  # type: ignore[arg-type]
+    assert pub._send_one == [plain.on_send, loud.on_send]
+    assert pub._send_many == [plain.on_send_many, loud.on_send_many]
+    assert pub._hook_list == [quiet, plain, loud]
