@@ -41,6 +41,7 @@ from substreams.bench.harness import BenchContext, bench_context
 from substreams.bench.observe import AckerObserver, Observer, RecordCounter
 from substreams.bench.workload import acker_process, close_all, open_publishers
 from substreams.kafka import client
+from substreams.streams.schemas import Codec, envelope_schema
 
 TICK = os.sysconf("SC_CLK_TCK")
 BROKER_GROUPS = (
@@ -273,8 +274,10 @@ def _report(
     return Run(line, end - t0, timeline, cpu)
 
 
-def run_raw(ctx: BenchContext, n: int, value: bytes) -> Run:
-    """``throughput.run_raw`` with marks."""
+def run_raw(
+    ctx: BenchContext, n: int, value: bytes, headers: list[tuple[str, bytes]] | None = None
+) -> Run:
+    """``throughput.run_raw`` with marks (``headers``: the publisher's, on every record)."""
     topic = f"b.raw-throughput.{uuid.uuid4().hex[:8]}"
     ctx.topics([(topic, tp.PARTITIONS)])
     producer = client.producer(ctx.bootstrap, None)
@@ -290,7 +293,9 @@ def run_raw(ctx: BenchContext, n: int, value: bytes) -> Run:
         for i in range(n):
             while True:
                 try:
-                    producer.produce(topic, value=value, partition=i % tp.PARTITIONS)
+                    producer.produce(
+                        topic, value=value, partition=i % tp.PARTITIONS, headers=headers
+                    )
                     break
                 except BufferError:
                     producer.poll(0.01)
@@ -302,7 +307,7 @@ def run_raw(ctx: BenchContext, n: int, value: bytes) -> Run:
         # the counter counts the warm-up record too: shift so that seen[k] = k-th timed one
         counter.seen = {k - base: t for k, t in counter.seen.items() if k > base}
         cpu = cpu_split(a, b, threading.get_native_id(), _readers(counter))
-        run = _report("raw", tl, end, counter, None, cpu)
+        run = _report("raw" if headers is None else "raw+headers", tl, end, counter, None, cpu)
     del producer
     return run
 
@@ -382,7 +387,7 @@ def _print(run: Run, n: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--line", choices=("raw", "untracked", "acker"), action="append")
+    ap.add_argument("--line", choices=("raw", "raw+headers", "untracked", "acker"), action="append")
     ap.add_argument("--granularity", type=int, default=1)
     ap.add_argument("--api", choices=("publish", "many"), default="publish")
     ap.add_argument("--records", type=int, default=10000)
@@ -392,6 +397,11 @@ def main() -> None:
     ap.add_argument("--consumer", nargs="*", default=[])
     ap.add_argument("--json", type=Path)
     ap.add_argument("--same-broker", action="store_true", help="no fresh broker per run")
+    ap.add_argument(
+        "--warm", type=int, default=0,
+        help="records of an untimed untracked run (own topic) on each fresh broker first: "
+        "the broker's JIT compiles its produce, transaction and read_committed paths",
+    )
     args = ap.parse_args()
     tp.BATCH = args.batch
     runs: list[Run] = []
@@ -400,15 +410,21 @@ def main() -> None:
         bench_context(quick=True) as ctx,
         client_overrides(_settings(args.producer), _settings(args.consumer)),
     ):
-        value = tp._value_bytes(tp._config(ctx, None))
+        probe = tp._config(ctx, None)
+        value = tp._value_bytes(probe)
+        headers = Codec(envelope_schema(probe.streams[0].schema), label="bench").headers()
         first = True
         for _ in range(args.repeats):
             for line in lines:
                 if not first and not args.same_broker:
                     ctx.reset()
                 first = False
+                if args.warm:
+                    tp.run_untracked(ctx, args.warm)
                 if line == "raw":
                     run = run_raw(ctx, args.records, value)
+                elif line == "raw+headers":
+                    run = run_raw(ctx, args.records, value, headers)
                 else:
                     mech = "acker" if line == "acker" else None
                     run = run_line(ctx, mech, args.records, args.granularity, args.api == "many")
@@ -417,6 +433,8 @@ def main() -> None:
     print(f"\nload average {os.getloadavg()}")
     for line in lines:
         secs = [r.seconds for r in runs if r.line.split()[0] == line]
+        if not secs:
+            continue
         print(f"{line}: median {args.records / statistics.median(secs):,.0f} records/s "
               f"over {len(secs)} runs: {[round(args.records / s) for s in secs]}")
     if args.json:
