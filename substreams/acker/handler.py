@@ -254,11 +254,11 @@ class CommandHandler:
         finally:
             responses.close()
         self._control = Reader(self.bootstrap, self.config, name="command handler: control")
-        self._control.assign(
-            [TopicPartition(t, 0, self._recent(self._control, t)) for t in self._topic_sub]
-        )
+        starts = {t: self._recent(self._control, t) for t in self._topic_sub}
+        self._control.assign([TopicPartition(t, 0, at) for t, at in starts.items()])
         self._fed = {t for t in self._topic_sub if t in (own or ())}
-        self._backfill = {t: int(self._control.watermarks(t, 0)[1]) for t in self._fed}
+        ends = {t: int(self._control.watermarks(t, 0)[1]) for t in self._fed}
+        self._backfill = {t: end for t, end in ends.items() if end > starts[t]}
         self._pending = {t: [] for t in self._fed}
         self._end_backfills()
         self._commands = self._tail(acker.command_topic, position)
@@ -536,6 +536,11 @@ class CommandHandler:
         """The fed topics read up to their start-up end: stop fetching them and keep what the
         service committed meanwhile, in order."""
         assert self._control is not None
+        for topic in self._fed - set(self._backfill):  # nothing to read: never fetched
+            if topic in self._pending:
+                self._control.consumer.pause([TopicPartition(topic, 0)])
+                for sub, body in self._pending.pop(topic):
+                    self._keep(sub, _notes(body))
         parts = [TopicPartition(t, 0) for t in self._backfill]
         done = [
             tp.topic for tp in self._control.consumer.position(parts)

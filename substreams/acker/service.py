@@ -854,10 +854,16 @@ class AckerService:
         problems: list[tuple[str, str]],
     ) -> None:
         trackers = self.state.trackers
+        # A message's entries share a few substreams: each one's table is looked up and
+        # checked once (a refusal is not kept, so every refused entry still says why).
+        tables: dict[str, SegmentTable] = {}
         for e in body.entries:
-            table = self._table_for(source, e.substream, partition, problems)
+            table = tables.get(e.substream)
             if table is None:
-                continue
+                table = self._table_for(source, e.substream, partition, problems)
+                if table is None:
+                    continue
+                tables[e.substream] = table
             try:
                 if table.report(e.time, e.xor, e.records, e.reports, e.ranges, now):
                     trackers[e.substream].activate(e.time)
@@ -874,9 +880,11 @@ class AckerService:
             refused = apply_block(table, trackers[block.substream], columns, now)
             problems.extend((REASON_TERMINATED, v.reason) for v in refused)
         for s in body.seals:
-            table = self._table_for(source, s.substream, partition, problems)
+            table = tables.get(s.substream)
             if table is None:
-                continue
+                table = self._table_for(source, s.substream, partition, problems)
+                if table is None:
+                    continue
             try:
                 if s.all_keys:
                     if type(s.time) is not int:
