@@ -555,7 +555,7 @@ def _g1_worker(
     """One acker process set up as ``substreams acker run`` sets it up (the collector
     relaxed, the command handler attached, the default ``max_batch``): start, say ready,
     wait for the release, then step until ``expected`` times are notified; put (applied,
-    notifications, t0, t1, CPU seconds) on ``out``."""
+    notifications, t0, t1, CPU seconds, steps, transactions) on ``out``."""
     relax_gc()
     service = AckerService(config, bootstrap)
     handler = CommandHandler(config, service.bootstrap, service.name)
@@ -565,15 +565,18 @@ def _g1_worker(
     ready.set()
     go.wait()
     t0, c0 = time.time(), time.process_time()
-    applied = 0
+    applied = steps = 0
+    checkpoints = service.state.checkpoints
     deadline = t0 + 300
     while service.notifications < expected and time.time() < deadline:
         applied += service.step(0.05)
+        steps += 1
     t1, c1 = time.time(), time.process_time()
     notifications = service.notifications
+    transactions = service.state.checkpoints - checkpoints
     service.close()
     handler.close()
-    out.put((applied, notifications, t0, t1, c1 - c0))
+    out.put((applied, notifications, t0, t1, c1 - c0, steps, transactions))
 
 
 def publisher_g1(
@@ -621,7 +624,7 @@ def publisher_g1(
         if on_ready is not None and proc.pid is not None:
             on_ready(proc.pid)
         go.set()
-        applied, notes, t0, t1, cpu = out.get(timeout=330)
+        applied, notes, t0, t1, cpu, steps, transactions = out.get(timeout=330)
     finally:
         proc.join(30)
         if proc.is_alive():
@@ -639,6 +642,8 @@ def publisher_g1(
         "notifications": notes,
         "expected_notifications": times,
         "ack_messages": applied,
+        "steps": steps,
+        "transactions": transactions,
         "sources": sources,
         "publish_s": round(publish_s, 3),
         "publish_cpu_s": round(publish_cpu, 3),
