@@ -95,6 +95,11 @@ class Completed:
     ranges: tuple[OffsetRange, ...]
 
 
+Done = Completed | Completion | EpochComplete
+"""A kept completed time: the notification itself (its ``records``, ``sealed_at_ms`` and
+``ranges`` are what a peek shows), not a copy of its fields per time."""
+
+
 def tracked_substreams(config: Config) -> list[str]:
     """The substreams an acker of this config tracks (mechanism ``acker``)."""
     return [s.name for s in config.substreams if s.mechanism == "acker"]
@@ -123,7 +128,7 @@ class CommandHandler:
         self.frontier_interval = frontier_interval_ms / 1000.0
         self.reduce_every = reduce_every
         self.keep_completed = keep_completed
-        self.completed: dict[str, dict[Time, Completed]] = {s: {} for s in self.substreams}
+        self.completed: dict[str, dict[Time, Done]] = {s: {} for s in self.substreams}
         self.commands_seen = 0
         self.dead_letters = 0
         self.capture_interval = capture_interval_ms / 1000.0
@@ -582,7 +587,7 @@ class CommandHandler:
                 if len(picked) >= keep:
                     break
         for note in reversed(picked):
-            kept[note.time] = Completed(note.records, note.sealed_at_ms, note.ranges)
+            kept[note.time] = note  # immutable, and has the fields a peek reads
         excess = len(kept) - keep
         if excess > 0:
             for t in list(islice(kept, excess)):
