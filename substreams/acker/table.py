@@ -650,6 +650,11 @@ class SegmentTable:
         del ints[:k]
         pop = self.open.pop
         entries = [pop(t) for t in run]
+        if k >= 1024 and k > len(self.open):
+            # A dict never shrinks on pop: every later walk of the open times (snapshots'
+            # starts, gauges, checkpoints) would step over the k emptied slots (at g=1 a
+            # backlog of 200 000 times made each snapshot's walk ~0.4 ms).  A copy is compact.
+            self.open = dict(self.open)
         self.terminated.insert(run[-1])  # = inserting each: an int covers the ints below it
         return run, entries
 

@@ -74,8 +74,8 @@ def test_bench_acker_quick_writes_json_and_png(bootstrap: str, tmp_path: Path) -
 
     data = json.loads((out / "acker.json").read_text())
     assert data["name"] == "acker" and data["quick"] is True
-    (generic, per_run, kafka_generic, kafka_run, *decode, throughput, one_shard, two_shards,
-     seal, raw) = data["rows"]
+    (generic, per_run, kafka_generic, kafka_run, *decode, g1_one, g1_two, throughput, one_shard,
+     two_shards, seal, raw) = data["rows"]
     for row in (generic, per_run, kafka_generic, kafka_run):
         assert row["notifications"] == row["expected_notifications"] > 0, row
         assert isinstance(row["per_cpu_s"], float) and row["per_cpu_s"] > 0, row
@@ -88,6 +88,12 @@ def test_bench_acker_quick_writes_json_and_png(bootstrap: str, tmp_path: Path) -
         assert row["samples"] > 0 and row["per_cpu_s"] > 0 and row["bytes_per_block"] > 0
     assert "generic" in generic["measurement"] and "per run" in per_run["measurement"]
     assert "with Kafka" in kafka_generic["measurement"] and "per run" in kafka_run["measurement"]
+    # the target's input: real publishers at g=1, then one acker process
+    for row, sources in ((g1_one, 1), (g1_two, 2)):
+        assert row["measurement"].startswith("one acker process, publish_many g=1"), row
+        assert row["sources"] == sources and row["steps"] > 0 and row["ack_messages"] > 0
+        assert row["notifications"] == row["expected_notifications"] > 0, row
+        assert row["completed_per_s"] > 0 and row["per_cpu_s"] > 0, row
     for row in (throughput, one_shard, two_shards):
         for field in ("rate", "entries_per_s"):
             assert isinstance(row[field], float) and row[field] > 0, (field, row)
@@ -102,7 +108,8 @@ def test_bench_acker_quick_writes_json_and_png(bootstrap: str, tmp_path: Path) -
     assert [t["name"] for t in data["targets"]] == [
         "p99 seal -> notification",
         "acker step alone completes times (per run, no Kafka I/O)",
-        "one acker process completes times",
+        "one acker process completes times (publish_many g=1 input)",
+        "one acker process, shard-row input (~1 time per message)",
         "two shards against one (acks/s)",
     ]
 
