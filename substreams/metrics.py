@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from bisect import bisect_left
+from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -153,17 +155,33 @@ def observe_notification(writer: str, substream: str, sealed_at_ms: int, now_ms:
 def observe_notifications(
     writer: str, substream: str, sealed_at_ms: Iterable[int], now_ms: int
 ) -> None:
-    """:func:`observe_notification` for several notifications of one substream (the metric
-    children are looked up once: per notification, that lookup cost the acker 10 % of its
-    CPU at one record per time)."""
-    count = NOTIFICATIONS.labels(writer, substream)
+    """:func:`observe_notification` for several notifications of one substream: the metric
+    children are looked up once (per notification, that lookup cost the acker 10 % of its
+    CPU at one record per time), and the histogram is updated once per distinct seal stamp
+    (a seal covers every time below it, so the times a step completes share a few stamps;
+    ``observe`` per time was ~13 % of the acker's CPU at granularity 1, session 10)."""
     latency = NOTIFICATION_LATENCY.labels(writer, substream)
     n = 0
-    for sealed in sealed_at_ms:
-        n += 1
-        if sealed > 0:
-            latency.observe(max(0.0, (now_ms - sealed) / 1000.0))
-    count.inc(n)
+    for sealed, count in Tally(sealed_at_ms).items():
+        n += count
+        if sealed > 0:  # a seal time of 0 or less is unknown: counted, not timed
+            _observe_n(latency, max(0.0, (now_ms - sealed) / 1000.0), count)
+    NOTIFICATIONS.labels(writer, substream).inc(n)
+
+
+def _observe_n(child: Any, amount: float, n: int) -> None:
+    """``child.observe(amount)`` ``n`` times, in one update when the histogram child has the
+    fields prometheus_client's ``Histogram.observe`` itself updates (it has no weighted
+    observe); else one by one.  ``tests/unit/test_acker_metrics.py`` holds the two equal."""
+    buckets = getattr(child, "_buckets", None)
+    bounds = getattr(child, "_upper_bounds", None)
+    total = getattr(child, "_sum", None)
+    if buckets is None or bounds is None or total is None:
+        for _ in range(n):
+            child.observe(amount)
+        return
+    total.inc(amount * n)
+    buckets[bisect_left(bounds, amount)].inc(n)
 
 
 def record_lag(component: str, name: str, lags: Mapping[tuple[str, int], int]) -> None:

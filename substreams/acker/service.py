@@ -46,8 +46,6 @@ import logging
 import os
 import threading
 import time
-from bisect import bisect_left
-from collections import Counter
 from collections.abc import Callable
 
 from confluent_kafka import OFFSET_END, KafkaException, Message, TopicPartition
@@ -912,7 +910,7 @@ class AckerService:
                 continue
             topic = self.control_topics[sub]
             items.extend((topic, body) for body in bodies)
-            observe_notifications(self.name, sub, sealed_at, now)
+            metrics.observe_notifications(self.name, sub, sealed_at, now)
             self.state.last_notification[sub] = (last, now)
             self.notifications += len(sealed_at)
             tracker.prune_keyed(table.keyed_floor())
@@ -995,34 +993,6 @@ def announce(
     sealed_at = [e.sealed_at_ms for e in entries]
     sealed_at.extend(term.sealed_at_ms for term in terms)
     return out, sealed_at, (terms[-1].time if terms else run[-1])
-
-
-def observe_notifications(
-    writer: str, substream: str, sealed_at_ms: list[int], now_ms: int
-) -> None:
-    """:func:`substreams.metrics.observe_notifications`, one histogram update per distinct
-    ``sealed_at_ms`` instead of one per time.  Why: a seal covers every time below it, so
-    the times a step completes share a few seal stamps (one per ``publish_many`` call at
-    granularity 1), and ``Histogram.observe`` per time (two locked increments and a bucket
-    search) was ~13 % of the acker's CPU there (issue #16, session 10).  prometheus_client
-    has no weighted observe; its child's ``_sum``/``_buckets``/``_upper_bounds`` are used
-    when present (else per time, as before); the counts equal ``observe`` per time
-    (``tests/unit/test_acker_metrics.py``), the sum up to float rounding."""
-    child = metrics.NOTIFICATION_LATENCY.labels(writer, substream)
-    metrics.NOTIFICATIONS.labels(writer, substream).inc(len(sealed_at_ms))
-    buckets = getattr(child, "_buckets", None)
-    bounds = getattr(child, "_upper_bounds", None)
-    total = getattr(child, "_sum", None)
-    for sealed, n in Counter(sealed_at_ms).items():
-        if sealed <= 0:
-            continue  # seal time unknown: counted, not timed
-        amount = max(0.0, (now_ms - sealed) / 1000.0)
-        if buckets is None or bounds is None or total is None:
-            for _ in range(n):
-                child.observe(amount)
-            continue
-        total.inc(amount * n)
-        buckets[bisect_left(bounds, amount)].inc(n)
 
 
 def _open_starts(table: SegmentTable) -> dict[tuple[str, int], int]:
