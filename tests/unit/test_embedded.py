@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -82,3 +87,30 @@ def test_a_cluster_folder_keeps_its_size(tmp_path: Path) -> None:
         KafkaCluster(tmp_path, 3)._load_or_plan()
     with pytest.raises(BrokerError, match="must be 1 or 3"):
         KafkaCluster(tmp_path, 2)
+
+
+def test_stop_does_not_wait_out_a_node_left_without_its_quorum(tmp_path: Path) -> None:
+    """Two nodes exit on SIGTERM, the third (like a KRaft node whose controlled shutdown
+    lost its quorum) does not: ``stop`` SIGKILLs it once the majority is gone, within the
+    grace, not after the whole timeout."""
+    cluster = KafkaCluster(tmp_path, 3)
+    cluster._load_or_plan()
+    stuck = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    procs = []
+    for i, node in enumerate(cluster.nodes):
+        code = stuck if i == 0 else "import time; time.sleep(120)"
+        proc = subprocess.Popen([sys.executable, "-c", code])
+        procs.append(proc)
+        cluster.node_dir(node.node_id).mkdir(parents=True, exist_ok=True)
+        (cluster.node_dir(node.node_id) / "pid").write_text(str(proc.pid))
+    time.sleep(0.5)  # the stuck one has set its SIGTERM handler
+    reapers = [threading.Thread(target=p.wait, daemon=True) for p in procs]
+    for r in reapers:
+        r.start()
+    began = time.monotonic()
+    cluster.stop(timeout=60.0, quorum_lost_grace=1.0)
+    took = time.monotonic() - began
+    assert took < 30.0, took  # not the 60 s timeout
+    for r in reapers:
+        r.join(10)
+    assert [p.returncode for p in procs] == [-signal.SIGKILL, -signal.SIGTERM, -signal.SIGTERM]
