@@ -34,7 +34,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
-from itertools import islice, repeat
+from itertools import groupby, islice, repeat
 from operator import add, le, lt
 from typing import NamedTuple, cast
 
@@ -716,32 +716,20 @@ class TrackingAgent:
     def sent_and_delivered_many(
         self, substream: str, records: Sequence[SentRecord], offsets: Sequence[int]
     ) -> None:
-        """``sent_and_delivered`` of every record of a batch, with the same run-wise lookups
-        as :meth:`report_sent`; the table ends up exactly as after the per-record calls."""
-        table = self._table
-        agg: _Agg | None = None
-        ranges: dict[tuple[str, int], list[int]] = {}
-        prev: object = _NO_TIME
-        for record, offset in zip(records, offsets, strict=True):
-            t = record.times[substream]
-            if agg is None or t != prev:
-                key = (substream, t)
-                agg = table.get(key)
-                if agg is None:
-                    agg = table[key] = _Agg()
-                ranges = agg.ranges
-                prev = t
-            agg.reports += 2
-            agg.records += 1
-            where = (record.stream, record.partition)
-            hull = ranges.get(where)
-            if hull is None:  # _Agg.add_offsets, inlined: this loop runs per record
-                ranges[where] = [offset, offset + 1]
-            else:
-                if offset < hull[0]:
-                    hull[0] = offset
-                if offset >= hull[1]:
-                    hull[1] = offset + 1
+        """``sent_and_delivered`` of every record of a batch: its columns (one per run of
+        records of one stream) through :meth:`_fold`, the per-time aggregation the columns
+        path falls back to; the table ends up exactly as after the per-record calls."""
+        rows = list(zip(records, offsets, strict=True))
+        batches = []
+        for stream, run in groupby(rows, key=lambda row: row[0].stream):
+            got = list(run)
+            batches.append(_Columns(
+                stream,
+                [r.times[substream] for r, _ in got],
+                [r.partition for r, _ in got],
+                [o for _, o in got],
+            ))
+        self._fold(substream, batches)
 
     def sent_and_delivered_columns(
         self,
@@ -766,7 +754,9 @@ class TrackingAgent:
                 pending.append(batch)
 
     def _fold(self, substream: str, batches: list[_Columns]) -> None:
-        """Delivered batches into the per-time table, as the per-record calls would."""
+        """Delivered batches into the per-time table, as the per-record calls would: one
+        table lookup per run of records with equal times (a batch of an epoch is one run),
+        :meth:`_Agg.add_offsets` inlined (this loop runs per record)."""
         table = self._table
         for stream, times, partitions, offsets in batches:
             agg: _Agg | None = None
