@@ -22,7 +22,6 @@ import base64
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -65,8 +64,6 @@ from substreams.control.messages import (
     ControlBody,
     EpochComplete,
     EpochsComplete,
-    OffsetRange,
-    completions,
 )
 from substreams.errors import BrokerError, ProtocolError, SubstreamsError
 from substreams.frontier import Time, sort_key
@@ -86,16 +83,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass(frozen=True, slots=True)
-class Completed:
-    """What the acker keeps about a completed time, for peeks."""
-
-    records: int
-    sealed_at_ms: int
-    ranges: tuple[OffsetRange, ...]
-
-
-Done = Completed | Completion | EpochComplete
+Done = Completion | EpochComplete
 """A kept completed time: the notification itself (its ``records``, ``sealed_at_ms`` and
 ``ranges`` are what a peek shows), not a copy of its fields per time."""
 
@@ -534,7 +522,7 @@ class CommandHandler:
                 continue
             sub = self._topic_sub.get(topic)
             if sub is not None:
-                self._keep(sub, completions(rec.body))
+                self._keep(sub, _notes(rec.body))
         if self._backfill:
             self._end_backfills()
 
@@ -542,20 +530,14 @@ class CommandHandler:
         """The fed topics read up to their start-up end: stop fetching them and keep what the
         service committed meanwhile, in order."""
         assert self._control is not None
-        for topic in self._fed - set(self._backfill):  # nothing to read: never fetched
-            if topic in self._pending:
-                self._control.consumer.pause([TopicPartition(topic, 0)])
-                for sub, body in self._pending.pop(topic):
-                    self._keep(sub, _notes(body))
         parts = [TopicPartition(t, 0) for t in self._backfill]
-        done = [
-            tp.topic for tp in self._control.consumer.position(parts)
-            if tp.offset >= self._backfill[tp.topic]
-        ]
-        for topic in done:
-            del self._backfill[topic]
+        for tp in self._control.consumer.position(parts):
+            if tp.offset >= self._backfill[tp.topic]:
+                del self._backfill[tp.topic]
+        # backfilled now, or nothing to read from the start: stop fetching, keep in order
+        for topic in [t for t in self._pending if t not in self._backfill]:
             self._control.consumer.pause([TopicPartition(topic, 0)])
-            for sub, body in self._pending.pop(topic, []):
+            for sub, body in self._pending.pop(topic):
                 self._keep(sub, _notes(body))
 
     def _take_committed(self, service: AckerService) -> None:
@@ -600,8 +582,9 @@ class CommandHandler:
 
 
 def _notes(body: ControlBody) -> Sequence[EpochComplete | Completion]:
-    """The completions of one body the service wrote (what :func:`completions` yields,
-    without an ``EpochComplete`` per epoch: only the per-time fields are kept)."""
+    """The completions one control body carries (what
+    :func:`~substreams.control.messages.completions` yields, without
+    an ``EpochComplete`` built per epoch: a peek reads only the per-time fields)."""
     if isinstance(body, EpochsComplete):
         return body.epochs
     if isinstance(body, EpochComplete):
