@@ -194,7 +194,7 @@ def client_overrides(producer: dict[str, Any], consumer: dict[str, Any]) -> Iter
 def _publish(
     tl: Timeline, pub: Any, substream: str | None, n: int, g: int, many: bool
 ) -> None:
-    """``throughput._publish``/``_publish_many`` with the produced count kept in ``tl``."""
+    """``throughput._publish``/``sliced_publish_many`` with the produced count kept in ``tl``."""
     if many:
         sealed = -1
         for lo in range(0, n, tp.SLICE):

@@ -21,7 +21,7 @@ import time
 
 from substreams.app import UNTRACKED
 from substreams.bench.harness import bench_context
-from substreams.bench.throughput import BATCH, PARTITIONS, _config, _publish, _publish_many
+from substreams.bench.throughput import BATCH, PARTITIONS, _config, _publish, sliced_publish_many
 from substreams.bench.workload import close_all, open_publishers
 
 
@@ -44,7 +44,7 @@ def main() -> None:
         t0 = time.perf_counter()
         c0 = time.thread_time()
         if args.api == "many":
-            _publish_many(pub, substream, args.records, args.granularity)
+            sliced_publish_many(pub, substream, args.records, args.granularity)
         else:
             _publish(pub, substream, args.records, args.granularity)
         pub.flush()

@@ -69,7 +69,8 @@ from substreams.bench.harness import (
     save_figure,
     titled,
 )
-from substreams.bench.workload import close_all, open_publishers, record
+from substreams.bench.throughput import BATCH, sliced_publish_many
+from substreams.bench.workload import close_all, open_publishers
 from substreams.config import Config
 from substreams.control.chain import ChainHead
 from substreams.control.io import ControlTail
@@ -533,22 +534,6 @@ def shard_throughput(
 
 # -- (a''') one acker process on what publishers write at granularity 1 ---------------------
 
-G1_SLICE = 1000
-"""Records per ``publish_many`` call in :func:`publisher_g1` (``bench throughput``'s SLICE)."""
-G1_BATCH = 5000
-"""The publishers' ``batch_size`` there (``bench throughput``'s BATCH)."""
-
-
-def _publish_g1(pub: Any, substream: str, times: int) -> None:
-    """One record per epoch through ``publish_many``, ``G1_SLICE`` records a call, then one
-    seal of the highest epoch the call completed (as ``bench throughput``'s
-    ``_publish_many`` does at g=1; a seal is downward closed)."""
-    for lo in range(0, times, G1_SLICE):
-        hi = min(times, lo + G1_SLICE)
-        pub.publish_many([record(i, i) for i in range(lo, hi)])
-        pub.seal(substream, hi - 1, commit=hi == times)
-
-
 def _g1_worker(
     config: Config, bootstrap: str, expected: int, ready: _Flag, go: _Flag, out: Any
 ) -> None:
@@ -604,11 +589,12 @@ def publisher_g1(
     stream, sub = config.streams[0].name, config.substreams[0].name
     p0, c0 = time.perf_counter(), time.process_time()
     pubs = open_publishers(
-        config, stream, [f"src{i}" for i in range(sources)], ctx.bootstrap, batch_size=G1_BATCH
+        config, stream, [f"src{i}" for i in range(sources)], ctx.bootstrap, batch_size=BATCH
     )
     try:
         for pub in pubs:
-            _publish_g1(pub, sub, times)
+            # bench throughput's g=1 publish_many line: SLICE records a call, a seal each
+            sliced_publish_many(pub, sub, times, 1)
     finally:
         close_all(pubs)
     publish_s, publish_cpu = time.perf_counter() - p0, time.process_time() - c0

@@ -161,7 +161,7 @@ def run_untracked(ctx: BenchContext, n: int, many: bool = False) -> float:
     try:
         with RecordCounter(ctx.bootstrap, config, stream, PARTITIONS) as counter:
             t0 = time.time()
-            (_publish_many if many else _publish)(pub, None, n, n)
+            (sliced_publish_many if many else _publish)(pub, None, n, n)
             pub.flush()
             end = counter.wait_for(n, WAIT_S)
     finally:
@@ -186,12 +186,12 @@ def run_tracked(
             notes = stack.enter_context(AckerObserver(ctx.bootstrap, config, substream))
             data = stack.enter_context(RecordCounter(ctx.bootstrap, config, stream, PARTITIONS))
             t0 = time.time()
-            (_publish_many if many else _publish)(pub, substream, n, granularity)
+            (sliced_publish_many if many else _publish)(pub, substream, n, granularity)
             end = max(notes.wait_for(last_epoch, WAIT_S), data.wait_for(n, WAIT_S))
         else:
             aligned = stack.enter_context(PunctuationObserver(ctx.bootstrap, config, substream))
             t0 = time.time()
-            (_publish_many if many else _publish)(pub, substream, n, granularity)
+            (sliced_publish_many if many else _publish)(pub, substream, n, granularity)
             end = aligned.wait_for(last_epoch, WAIT_S)
         del pub
     return end - t0
@@ -208,7 +208,7 @@ def _publish(pub: Any, substream: str | None, n: int, granularity: int) -> None:
             pub.seal(substream, epoch, commit=i == n - 1)
 
 
-def _publish_many(pub: Any, substream: str | None, n: int, granularity: int) -> None:
+def sliced_publish_many(pub: Any, substream: str | None, n: int, granularity: int) -> None:
     """The same records through ``publish_many``, ``SLICE`` records a call; after each call
     one seal of the highest epoch it completed (a seal is downward closed: it ends every
     earlier epoch of this source too, and the acker still notifies each epoch)."""
@@ -350,11 +350,12 @@ def _pct(x: float | None) -> str:
 
 def _rate(rows: Sequence[dict[str, Any]], line: str, g: int | None) -> float | None:
     """The rate of ``line`` at ``g`` (an untracked line: over the most records)."""
-    row = next((r for r in rows if r["line"] == line and r["granularity"] == g), None)
+    row = _row_of(rows, line, g)
     return None if row is None else row["records_per_s"]
 
 
-def _row_of(rows: Sequence[dict[str, Any]], line: str, g: int) -> dict[str, Any] | None:
+def _row_of(rows: Sequence[dict[str, Any]], line: str, g: int | None) -> dict[str, Any] | None:
+    """The first row of ``line`` at ``g`` (an untracked line's first: the most records)."""
     return next((r for r in rows if r["line"] == line and r["granularity"] == g), None)
 
 
@@ -390,7 +391,7 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
                 )
             )
     for g, limit in ((100, 0.8), (1, 0.5)):
-        row = next((r for r in rows if r["line"] == "acker" and r["granularity"] == g), None)
+        row = _row_of(rows, "acker", g)
         out.append(
             Target(
                 f"acker throughput at granularity {g} vs raw",
