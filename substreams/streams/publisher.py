@@ -355,8 +355,9 @@ class Publisher:
         times: Mapping[str, Time] | None = None,
         check_order: bool = True,
     ) -> SentRecord:
-        """Append one entry.  Raises before writing anything on an order-key regression or a
-        payload that does not fit the stream's schema.
+        """Append one entry.  Raises before writing anything on an order-key regression, a
+        time this source sealed (:class:`SealedTimeError`) or a payload that does not fit
+        the stream's schema.
 
         ``times`` overrides the record's time in the named substreams (a stage's output keeps
         the times of its input); ``check_order=False`` is for such derived records, whose order
@@ -386,6 +387,8 @@ class Publisher:
             for name, assigner in self._assigner_items:
                 if name not in assigned:
                     assigned[name] = assigner.time_of(payload)
+                else:
+                    assigner.check(assigned[name])
         else:
             assigned = {name: a.time_of(payload) for name, a in self._assigner_items}
         tracking_id = self._rand.getrandbits(64) - (1 << 63)
@@ -430,7 +433,7 @@ class Publisher:
         per-record costs paid once per batch (#16).
 
         All or nothing: every check -- order keys (non-decreasing, and not below the last
-        one written), partitions, keyed seals (:class:`SealedTimeError`), the payloads'
+        one written), partitions, this source's seals (:class:`SealedTimeError`), the payloads'
         schema -- runs on the whole batch before any of it is written, so a batch that
         raises wrote nothing and left the publisher as it was.  A batch never spans two
         transactions (the commit every ``batch_size`` records comes after it).  ``keys``,
@@ -627,6 +630,9 @@ class Publisher:
         if overrides is not None:
             for i, extra in enumerate(overrides):
                 if extra:
+                    for name, t in extra.items():
+                        if name in self.assigners:
+                            self.assigners[name].check(t)
                     out[i] = {**out[i], **extra}
         return out, column
 
@@ -754,7 +760,8 @@ class Publisher:
 
     def seal(self, substream: str, time: Time, *, commit: bool = True) -> None:
         """Promise that this source writes no more records at times <= ``time`` of
-        ``substream``; the substream's mechanism makes that known downstream.
+        ``substream``; the substream's mechanism makes that known downstream.  From the
+        call on, a record at a time ``<= time`` raises :class:`SealedTimeError`.
 
         The seal takes effect with the commit of the records written before it: at once
         (``commit=True``), or with the next commit (batch boundary, ``flush()``, ``close()``)
@@ -762,6 +769,7 @@ class Publisher:
         hook = self._hook_for(substream)
         self._begin()
         hook.seal(self, substream, time)
+        self.assigners[substream].seal(time)  # from now on a record at or below it is refused
         if commit:
             self.flush()
 
@@ -777,10 +785,12 @@ class Publisher:
         no-op; a later record at a sealed time raises :class:`SealedTimeError`.  Takes
         effect with a commit, as :meth:`seal`."""
         hook = self._hook_for(substream)
-        if not self.assigners[substream].seal_keys(upto):
+        assigner = self.assigners[substream]
+        if not assigner.seals_keys_anew(upto):
             return
         self._begin()
         hook.seal_keys(self, substream, upto)
+        assigner.seal_keys(upto)  # only a seal the mechanism took is a promise
         if commit:
             self.flush()
 
