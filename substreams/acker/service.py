@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable
 
 from confluent_kafka import OFFSET_END, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from substreams import metrics
 from substreams.acker.agent import (
@@ -71,7 +72,14 @@ from substreams.acker.deadletter import (
     DeadLetter,
     DeadLetterWriter,
 )
-from substreams.acker.state import AckerState, AckerView, SessionKey, SourceSession
+from substreams.acker.liveness import (
+    Liveness,
+    Silent,
+    SilentBlocker,
+    excuse_stall,
+    probe_interval_ms,
+)
+from substreams.acker.state import AckerState, AckerView, Blocker, SessionKey, SourceSession
 from substreams.acker.table import Segment, SegmentTable, Violation, acker_segments
 from substreams.config import Config
 from substreams.control.io import ControlTail, ControlWriter, Corrupt, find_last, read_control
@@ -90,7 +98,7 @@ from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
-from substreams.kafka.read import Reader
+from substreams.kafka.read import Reader, record_at
 from substreams.kafka.topics import ensure_topics
 from substreams.kafka.write import fenced_as
 
@@ -255,6 +263,10 @@ class AckerService:
         """Silent sources that asked never to be evicted for silence, already warned of."""
         self._evicted_items: list[tuple[str, ControlBody]] = []
         self._source_timeout_ms = config.acker.source_timeout_ms
+        self._live = Liveness(self._source_timeout_ms)
+        self._probe_s = probe_interval_ms(self._source_timeout_ms) / 1000.0
+        self._last_probe = float("-inf")
+        self._admin: AdminClient | None = None
         self._last_liveness = 0.0
         self._last_step_ms = 0
         self.notifications = 0
@@ -280,10 +292,8 @@ class AckerService:
         began = time.monotonic()
         log.info("acker '%s' starting: taking over transactional id '%s'", self.name,
                  transactional_id(self.name))
-        ensure_topics(
-            client.admin(self.bootstrap, self.config),
-            [self.config.topic_spec(self.checkpoint_topic)],
-        )
+        self._admin = client.admin(self.bootstrap, self.config)
+        ensure_topics(self._admin, [self.config.topic_spec(self.checkpoint_topic)])
         topics = [*self.control_topics.values(), self.checkpoint_topic]
         try:
             self._writer = ControlWriter(
@@ -748,44 +758,123 @@ class AckerService:
 
     # -- liveness ------------------------------------------------------------------------
 
+    def _position(self, partition: int) -> int:
+        """How far the acks partition has been read: the consumer's fetch position (past
+        transaction markers) or ours (past the last message, or its end of partition)."""
+        assert self._reader is not None
+        tp = TopicPartition(self.acks_topic, partition)
+        [fetched] = self._reader.consumer.position([tp])
+        ours: int = self._reader.positions.get((self.acks_topic, partition), 0)
+        return max(int(fetched.offset), ours)
+
     def _liveness(self, now: int) -> None:
-        """Evict the sources silent for ``source_timeout_ms`` (but those whose Register said
-        ``evict_when_silent=False``: warned of once per silence); finish evictions whose
-        acks were read up to the fence (checked at most every 100 ms)."""
+        """Judge silence on what could be read (:mod:`substreams.acker.liveness`): follow
+        the read horizons, probe the partitions' ends every ``probe_interval_ms``, name and
+        act on blockers, evict the silent (or warn, for sources never evicted for silence),
+        and finish the evictions whose partition was read up to past their fence."""
+        positions = {p: self._position(p) for p in self.partitions}
+        for p, at in positions.items():
+            self._live.advance(p, at)
+        if time.monotonic() - self._last_probe >= self._probe_s:
+            self._last_probe = time.monotonic()
+            self._probe(now, positions)
         if time.monotonic() - self._last_liveness >= 0.1:
             self._last_liveness = time.monotonic()
-            for key, session in list(self.state.sessions.items()):
-                silent = now - session.last_seen_ms
-                if silent <= self._source_timeout_ms:
-                    self._kept_warned.discard(key)  # heard again: warn at the next silence
-                elif session.evict_when_silent:
-                    if key not in self._evicting:
-                        self._evict(key, f"silent for {silent} ms")
-                elif key not in self._kept_warned and not session.evicted:
-                    self._kept_warned.add(key)
-                    log.warning(
-                        "source '%s' (acks partition %d) silent for %d ms; not evicted: it "
-                        "registered as never evicted for silence (a Spark query's driver), "
-                        "so its substreams wait for it; if it is gone for good: substreams "
-                        "acker evict-source %s", key[0], key[1], silent, key[0],
-                    )
+            silent: set[SessionKey] = set()
+            for decision in self._live.decide(self.state.sessions, now, set(self._evicting)):
+                if isinstance(decision, Silent):
+                    silent.add(decision.key)
+                    self._silent(decision)
+                else:
+                    self._silent_blocker(decision)
+            self._kept_warned &= silent  # heard again: warn at the next silence
         for key, (upto, reason) in list(self._evicting.items()):
-            assert self._reader is not None
-            [pos] = self._reader.consumer.position([TopicPartition(self.acks_topic, key[1])])
-            if pos.offset >= upto:
+            if positions[key[1]] >= upto:
                 del self._evicting[key]
                 self._finish_eviction(key, reason)
 
+    def _probe(self, now: int, positions: dict[int, int]) -> None:
+        """Rules 2 and 4: the partitions' last stable offsets and high watermarks; a
+        blocker held for a while is named from its first message.  A broker that cannot
+        answer moves no horizon (nobody is judged on a guess)."""
+        assert self._admin is not None
+        parts = list(self.partitions)
+        try:
+            stable = client.end_offsets(self._admin, self.acks_topic, parts, committed=True)
+            high = client.end_offsets(self._admin, self.acks_topic, parts, committed=False)
+        except KafkaException as exc:
+            log.info("acker '%s': acks partitions' ends not available (%s); liveness waits",
+                     self.name, exc)
+            return
+        for p in parts:
+            self._live.probed(p, now, positions[p], stable[p], high[p])
+        for blocker in self._live.to_name(now):
+            named = self._name(blocker)
+            log.warning(
+                "acker '%s': %s, open for at least %d ms: %s", self.name,
+                named.describe(), now - named.since_ms,
+                "the sources behind it are not judged silent until it ends"
+                if named.source is not None else
+                "not a source of ours: reported and waited out (its coordinator aborts it "
+                "after its transaction.timeout.ms); our sources behind it are not evicted",
+            )
+        self.state.blockers = list(self._live.blockers.values())
+
+    def _name(self, blocker: Blocker) -> Blocker:
+        """Read the blocker's first message (``read_uncommitted``) and say whose it is."""
+        msg = record_at(self.bootstrap, self.config, self.acks_topic, blocker.partition,
+                        blocker.offset)
+        source = incarnation = writer = None
+        if msg is not None:
+            try:
+                ack = decode_ack(msg.value() or b"", msg.headers())
+            except ProtocolError:
+                pass
+            else:
+                source, incarnation = ack.source, ack.incarnation
+                if isinstance(ack.body, Register):
+                    writer = ack.body.writer or None
+                else:
+                    session = self.state.sessions.get((ack.source, blocker.partition))
+                    if session is not None and session.incarnation == ack.incarnation:
+                        writer = session.writer or None
+        return self._live.named(blocker, source, incarnation, writer)
+
+    def _silent(self, decision: Silent) -> None:
+        key = decision.key
+        if decision.evict:
+            self._evict(key, f"silent for {decision.silence_ms} ms")
+        elif key not in self._kept_warned:
+            self._kept_warned.add(key)
+            log.warning(
+                "source '%s' (acks partition %d) silent for %d ms; not evicted: it "
+                "registered as never evicted for silence (a Spark query's driver), "
+                "so its substreams wait for it; if it is gone for good: substreams "
+                "acker evict-source %s", key[0], key[1], decision.silence_ms, key[0],
+            )
+
+    def _silent_blocker(self, decision: SilentBlocker) -> None:
+        """Rule 5: the transaction held the partition's LSO for the whole timeout."""
+        blocker = decision.blocker
+        held = f"{blocker.describe()} for over {self._source_timeout_ms} ms"
+        if decision.key is not None:
+            self._evict(decision.key, f"its open transaction held {held}")
+        elif decision.writer is not None:
+            log.warning("acker '%s': %s; fencing its writer '%s' (no session of it to evict)",
+                        self.name, held, decision.writer)
+            fence(self.bootstrap, self.config, decision.writer)
+        else:
+            log.warning(
+                "acker '%s': %s; not ours to fence (or never evicted for silence): waited "
+                "out, no source is evicted for the silence it causes", self.name, held,
+            )
+        self.state.blockers = list(self._live.blockers.values())
+
     def _excuse_own_stall(self, now: int) -> None:
-        """Time the acker itself could not hear anyone (a broker outage blocks its commits
-        and fetches; a long GC pause) does not count as a source's silence: every source's
-        liveness is moved on by the stall, or an outage of the cluster would evict every
-        source the moment it ends."""
+        """Rule 7 of :mod:`substreams.acker.liveness`: a broker outage blocks the acker's
+        commits and fetches, and time it could not hear anyone is nobody's silence."""
         last, self._last_step_ms = self._last_step_ms, now
-        stall = now - last - 2 * self.config.acker.heartbeat_ms
-        if last and stall > 0:
-            for session in self.state.sessions.values():
-                session.last_seen_ms += stall
+        excuse_stall(self.state.sessions, last, now, self.config.acker.heartbeat_ms)
 
     def _tables_of(self, partition: int) -> list[tuple[str, SegmentTable]]:
         return [(s, t) for s, t in self.state.tables.items() if self.home.get(s) == partition]
@@ -805,11 +894,13 @@ class AckerService:
             return False
         if session.writer:
             fence(self.bootstrap, self.config, session.writer)
-        assert self._reader is not None
-        _, high = self._reader.watermarks(self.acks_topic, partition)
+        # Rule 6: the high watermark (read_uncommitted: the LSO would stop short of what it
+        # committed behind another open transaction), asked after the fence.
+        assert self._admin is not None
+        high = client.end_offsets(self._admin, self.acks_topic, [partition], committed=False)
         log.warning("evicting source '%s' (%s): fenced, reading acks partition %d up to %d",
-                    source, reason, partition, high)
-        self._evicting[key] = (int(high), reason)
+                    source, reason, partition, high[partition])
+        self._evicting[key] = (high[partition], reason)
         return True
 
     def _finish_eviction(self, key: SessionKey, reason: str) -> None:

@@ -95,6 +95,39 @@ class SourceSession:
                    bool(v[5]) if len(v) > 5 else True)
 
 
+@dataclass(frozen=True)
+class Blocker:
+    """An open transaction that holds the LSO of an acks partition (rule 4)."""
+
+    partition: int
+    offset: int
+    """The LSO it holds: the offset of its first message on the partition."""
+    since_ms: int
+    """When the acker first found it holding that offset."""
+    source: str | None = None
+    incarnation: str | None = None
+    writer: str | None = None
+    looked: bool = False
+    """Its first message was read (``source`` None after that: not one of ours)."""
+    verdict: str = "waiting"
+    """What the acker does about it: waiting | evicted | fenced | reported (rule 5)."""
+
+    def describe(self) -> str:
+        who = (
+            f"source '{self.source}' (incarnation {self.incarnation})"
+            if self.source is not None else "an unknown writer (not a source of ours)"
+        )
+        return f"acks partition {self.partition} held at offset {self.offset} by {who}"
+
+    def to_state(self) -> list[Any]:
+        return [self.partition, self.offset, self.since_ms, self.source, self.incarnation,
+                self.writer, self.looked, self.verdict]
+
+    @classmethod
+    def from_state(cls, v: list[Any]) -> Blocker:
+        return cls(int(v[0]), int(v[1]), int(v[2]), v[3], v[4], v[5], bool(v[6]), str(v[7]))
+
+
 @dataclass
 class AckerState:
     """Tables, frontier trackers, de-duplication counters and acks offsets."""
@@ -110,6 +143,10 @@ class AckerState:
     topics (a JSON document the handler writes and reads, :mod:`substreams.acker.handler`);
     None when no handler ran.  In the checkpoint so that a restarted acker's handler replays
     a few commands, not the command topic from offset 0."""
+    blockers: list[Blocker] = field(default_factory=list)
+    """Open transactions holding an acks partition's last stable offset, as the service
+    found them (:mod:`substreams.acker.liveness`); in the checkpoint for ``acker sources``
+    and the dashboard, never read back by the acker (a restarted one probes afresh)."""
     retired: dict[str, Any] | None = None
     """Set in the last checkpoint of an acker whose partitions were handed over to another
     shard layout (``{"to_shards": N, "by": name}``): the state is still what its successors
@@ -155,6 +192,8 @@ class AckerState:
             doc["commands"] = self.commands
         if self.retired is not None:
             doc["retired"] = self.retired
+        if self.blockers:
+            doc["blockers"] = [b.to_state() for b in self.blockers]
         return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
 
     @classmethod
@@ -210,6 +249,7 @@ class AckerState:
         if retired is not None and not isinstance(retired, dict):
             raise ProtocolError("acker checkpoint: 'retired' is not a JSON object")
         state.retired = retired
+        state.blockers = [Blocker.from_state(v) for v in doc.get("blockers", ())]
         return state
 
     def part(

@@ -18,8 +18,15 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from substreams.config import Config
 from substreams.errors import BrokerError
@@ -76,9 +83,7 @@ def producer(
     }
     if transactional_id:
         settings["transactional.id"] = transactional_id
-        # Longer than COMMIT_PATIENCE_S: a transaction open when the brokers went away is
-        # not aborted by its coordinator while its writer still waits the outage out.
-        settings["transaction.timeout.ms"] = 180000
+        settings["transaction.timeout.ms"] = TRANSACTION_TIMEOUT_MS
     settings.update(_extra(config))
     settings.update(overrides)
     return Producer(settings)
@@ -110,10 +115,21 @@ def admin(bootstrap: str, config: Config | None = None) -> AdminClient:
     return AdminClient(settings)
 
 
-COMMIT_PATIENCE_S = 120.0
-"""How long a transactional writer waits out a broker outage before giving up on a commit
-(longer than a whole-cluster restart; the coordinator aborts a transaction that outlives
-``transaction.timeout.ms`` anyway, and the retried commit then fails as abortable)."""
+TRANSACTION_TIMEOUT_MS = 90_000
+"""``transaction.timeout.ms`` of every transactional writer: how long a writer that died
+inside a transaction can hold the last stable offset of every partition it wrote (every
+``read_committed`` reader stops there) when nobody fences it.  The acker fences a silent
+source's open transaction after ``acker.source_timeout_ms`` (docs/design.md, "Silence and
+open transactions"), so this is the worst case only for writers the acker does not fence:
+untracked publishers, another program's producer, a never-evicted Spark driver.  Why not
+shorter: it must outlast :data:`COMMIT_PATIENCE_S`, or the coordinator aborts a transaction
+whose writer is still waiting a broker outage out to commit it."""
+
+COMMIT_PATIENCE_S = 75.0
+"""How long a transactional writer waits out a broker outage before giving up on a commit:
+a whole-cluster restart (~20-50 s here), and below :data:`TRANSACTION_TIMEOUT_MS` so that
+its coordinator does not abort the transaction under it (a retried commit would then fail
+as abortable)."""
 
 
 def commit_transaction(
@@ -193,6 +209,24 @@ def watermarks(
                     f"no offsets for {topic}[{partition}] within {timeout:.0f} s: {err}"
                 ) from exc
             time.sleep(0.1)
+
+
+def end_offsets(
+    admin: AdminClient, topic: str, partitions: list[int], *, committed: bool,
+    timeout: float = 10.0,
+) -> dict[int, int]:
+    """Each partition's end as a reader of that isolation sees it: ``committed`` gives the
+    last stable offset (the first offset of the oldest open transaction; what a
+    ``read_committed`` reader can reach), otherwise the high watermark (every write,
+    committed, aborted or still open).  One request for all partitions.  Raises
+    ``KafkaException`` (e.g. during a broker outage): a caller that cannot tell must not
+    guess."""
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    futures = admin.list_offsets(
+        {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+        isolation_level=level, request_timeout=timeout,
+    )
+    return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
 
 
 def headers_dict(headers: list[tuple[str, bytes]] | None) -> Mapping[str, bytes]:

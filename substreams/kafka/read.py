@@ -31,7 +31,7 @@ from substreams.config import Config
 from substreams.errors import BrokerError
 from substreams.kafka import client
 
-__all__ = ["Reader", "drain"]
+__all__ = ["Reader", "drain", "record_at"]
 
 Partition = tuple[str, int]
 
@@ -265,3 +265,26 @@ def drain(
     of its own (closed afterwards)."""
     with Reader(bootstrap, config, [TopicPartition(topic, partition, start)], name=topic) as r:
         yield from r.iter_to_end(timeout)
+
+
+def record_at(
+    bootstrap: str, config: Config | None, topic: str, partition: int, offset: int,
+    timeout: float = 5.0,
+) -> Message | None:
+    """The message at ``offset``, read ``read_uncommitted``: also one of a transaction that
+    is still open (what holds a partition's last stable offset).  None if none came within
+    ``timeout``, or the offset holds no message (a transaction marker, a compacted one)."""
+    reader = Reader(
+        bootstrap, config, [TopicPartition(topic, partition, offset)],
+        name=f"{topic}[{partition}]@{offset}", **{"isolation.level": "read_uncommitted"},
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for msg in reader.poll(0.2, 1):
+                return msg if msg.offset() == offset else None
+            if (topic, partition) in reader.at_end:
+                return None
+        return None
+    finally:
+        reader.close()

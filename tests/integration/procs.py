@@ -20,19 +20,24 @@ Nothing else is recovered: a publisher keeps no session state (the acker cuts se
 suffixed ``#a`` and ``#b``) until killed.
 
 ``serve CONFIG STREAM SOURCE``: a publisher driven by JSON lines on stdin
-(``["publish", url, ts]``, ``["flush"]``, ``["seal", substream, t]``, ``["close"]``), one answer
-line per command: ``ok`` or ``error <ExceptionClass>: <message>``.
+(``["publish", url, ts]``, ``["flush"]``, ``["seal", substream, t]``, ``["close"]``,
+``["seal_and_die_in_commit", [substream, ...], t]``), one answer line per command: ``ok`` or
+``error <ExceptionClass>: <message>`` (none for the last: it dies in its commit).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import sys
 import time
+from typing import Any
 
 from substreams.app import Application
 from substreams.config import load_config
+from substreams.kafka import client
 from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
 
@@ -119,6 +124,18 @@ def stage(path: str, name: str) -> None:
         st.run(threading.Event())
 
 
+def die_in_commit() -> None:
+    """From now on a commit delivers the transaction's messages (the records, the acker's
+    reports and seals) and then SIGKILLs this process: it dies inside an open transaction,
+    which holds the last stable offset of every partition it wrote until it is aborted."""
+
+    def commit(producer: Any, what: str, patience: float = 0.0) -> None:
+        producer.flush(30)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    client.commit_transaction = commit  # type: ignore[assignment]
+
+
 def serve(path: str, stream: str, source: str) -> None:
     config = load_config(path)
     pub = Application(config).publisher(stream, source)
@@ -134,6 +151,11 @@ def serve(path: str, stream: str, source: str) -> None:
                 pub.seal(cmd[1], int(cmd[2]))
             elif cmd[0] == "close":
                 pub.close()
+            elif cmd[0] == "seal_and_die_in_commit":
+                die_in_commit()
+                for sub in cmd[1]:
+                    pub.seal(sub, int(cmd[2]), commit=False)
+                pub.flush()  # writes the reports, "commits": never returns
             print("ok", flush=True)
         except Exception as exc:
             print(f"error {type(exc).__name__}: {exc}", flush=True)

@@ -1,0 +1,197 @@
+"""Which sources are silent, judged only on what the acker could read.  Pure: the acker's
+clock and the broker's answers are passed in, decisions come out; the service does the I/O.
+
+Why this is subtle: a ``read_committed`` reader of an acks partition reads up to its *last
+stable offset* (LSO), the first offset of the oldest transaction still open there.  A writer
+that dies inside a transaction holds the LSO until its transaction is aborted -- by a fence (a
+producer with its transactional id) or by its coordinator after ``transaction.timeout.ms``.
+Everything the other sources commit behind it is invisible until then: judged on the clock
+alone they look silent, and are not.
+
+Rules:
+
+1. *Heard.*  A source is heard when the acker applies a message of its current incarnation
+   (a report, a registration, a seal, a heartbeat); ``last_seen_ms`` is the acker's clock then.
+2. *Read horizon.*  Each acks partition is probed every :func:`probe_interval_ms`: its high
+   watermark as a ``read_uncommitted`` reader sees it (every write, committed or not).  The
+   partition's *read horizon* is the time of the latest probe whose high watermark the acker's
+   position has reached: whatever a source committed before it has been read.  A source's
+   *proven silence* is ``horizon - last_seen_ms`` (no horizon yet: nothing is proven).
+3. *Silent.*  A source whose proven silence exceeds ``source_timeout_ms`` is silent: evicted
+   (its writer fenced first), or, if its Register asked never to be (a Spark query's driver),
+   warned of.  While an open transaction holds the LSO the horizon stands still, so no source
+   whose messages wait behind it is ever judged silent.
+4. *Blocked.*  A partition whose LSO is below its high watermark while the acker has read up
+   to the LSO is *blocked* by the transaction that begins at the LSO.  Its first message, read
+   ``read_uncommitted``, names its source and incarnation (a Register also its writer).
+5. *A silent blocker.*  A transaction that holds the same LSO for ``source_timeout_ms`` has a
+   silent writer (a live publisher commits every batch and every seal).  If it is the current
+   incarnation of a source of that partition, evictable for silence, it is evicted: the fence
+   aborts its transaction and frees the LSO.  A writer the acker can name but holds no session
+   of (it died inside its first transaction, its Register unread) is fenced.  A blocker the
+   acker cannot name (another program's transaction, an undecodable message) or may not evict
+   (a never-evicted source) is reported, in the log and in the checkpoint that ``acker
+   sources`` and the dashboard show, and waited out (its coordinator aborts it after
+   ``transaction.timeout.ms``): never a reason to evict anyone else.
+6. *No committed report dropped.*  An eviction takes effect only once the acker has read the
+   partition up to the high watermark (``read_uncommitted``) taken *after* the fence: every
+   message the incarnation committed before it was fenced is applied first, none is refused
+   as stale.
+7. *The acker's own stall* (no step for over two heartbeats: a broker outage, a long pause)
+   is nobody's silence: every ``last_seen_ms`` moves on by it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from substreams.acker.state import Blocker, SessionKey, SourceSession
+
+MAX_PROBES = 4096
+"""Probes kept per partition while its horizon stands still (blocked for a long time): past
+it the newest is overwritten, which only moves the horizon later (conservative)."""
+
+
+def probe_interval_ms(source_timeout_ms: int) -> int:
+    """A tenth of the timeout (silence is then judged at most ~10 % late), 100 ms to 1 s."""
+    return max(100, min(1000, source_timeout_ms // 10))
+
+
+@dataclass(frozen=True)
+class Silent:
+    """Rule 3: ``key``'s proven silence exceeded the timeout."""
+
+    key: SessionKey
+    silence_ms: int
+    evict: bool
+    """False: it registered as never evicted for silence (warn only)."""
+
+
+@dataclass(frozen=True)
+class SilentBlocker:
+    """Rule 5: what to do about ``blocker``: evict the session ``key`` (its current
+    incarnation), fence ``writer`` (no session), or nothing but report it."""
+
+    blocker: Blocker
+    key: SessionKey | None = None
+    writer: str | None = None
+
+
+Decision = Silent | SilentBlocker
+
+
+class Liveness:
+    """Read horizons and blockers of the acks partitions one acker reads (rules 2-5).
+
+    Invariants: ``_probes[p]`` holds (probe time, high watermark) pairs in time order whose
+    high watermark the position of ``p`` had not reached at the last :meth:`advance`, high
+    watermarks non-decreasing; ``horizon[p]`` is the time of the latest probe it had reached;
+    ``blockers[p]`` is the transaction found holding ``p``'s LSO at the last probe."""
+
+    def __init__(self, source_timeout_ms: int) -> None:
+        self.timeout_ms = source_timeout_ms
+        self._probes: dict[int, deque[tuple[int, int]]] = {}
+        self.horizon: dict[int, int] = {}
+        self.blockers: dict[int, Blocker] = {}
+
+    def advance(self, partition: int, position: int) -> None:
+        """The acker has read ``partition`` up to ``position``: the horizon follows."""
+        probes = self._probes.get(partition)
+        while probes and probes[0][1] <= position:
+            self.horizon[partition] = probes.popleft()[0]
+
+    def probed(self, partition: int, now: int, position: int, lso: int, high: int) -> None:
+        """One probe's answer: the partition's LSO and high watermark, the acker's position."""
+        probes = self._probes.setdefault(partition, deque())
+        if probes and (probes[-1][1] == high or len(probes) >= MAX_PROBES):
+            probes[-1] = (now, max(high, probes[-1][1]))
+        else:
+            probes.append((now, high))
+        self.advance(partition, position)
+        if not (position >= lso and lso < high):
+            self.blockers.pop(partition, None)
+            return
+        held = self.blockers.get(partition)
+        if held is None or held.offset != lso:
+            self.blockers[partition] = Blocker(partition, lso, now)
+
+    def to_name(self, now: int) -> list[Blocker]:
+        """Blockers held for a third of the timeout whose first message was not read yet.
+        Why not at once: on a busy partition the LSO rests on a live writer's open
+        transaction at most probes, and each look is a read; only one that stays is worth it
+        (and must be named before rule 5 can judge it)."""
+        return [
+            b for b in self.blockers.values()
+            if not b.looked and now - b.since_ms >= self.timeout_ms // 3
+        ]
+
+    def named(self, blocker: Blocker, source: str | None, incarnation: str | None,
+              writer: str | None) -> Blocker:
+        """What the message at the blocker's offset said of its writer (all None: nothing
+        of ours could be read there)."""
+        named = replace(blocker, source=source, incarnation=incarnation, writer=writer,
+                        looked=True)
+        if self.blockers.get(blocker.partition) == blocker:
+            self.blockers[blocker.partition] = named
+        return named
+
+    def silence(self, partition: int, last_seen_ms: int) -> int | None:
+        """Rule 2: the proven silence of a source last heard at ``last_seen_ms``."""
+        horizon = self.horizon.get(partition)
+        return None if horizon is None else horizon - last_seen_ms
+
+    def decide(
+        self, sessions: Mapping[SessionKey, SourceSession], now: int,
+        evicting: frozenset[SessionKey] | set[SessionKey] = frozenset(),
+    ) -> list[Decision]:
+        """Rules 3 and 5, for every session not evicted or being evicted, and every blocker
+        held for longer than the timeout that nothing was decided about yet."""
+        out: list[Decision] = []
+        for key, session in sessions.items():
+            if session.evicted or key in evicting:
+                continue
+            silence = self.silence(key[1], session.last_seen_ms)
+            if silence is not None and silence > self.timeout_ms:
+                out.append(Silent(key, silence, session.evict_when_silent))
+        for p, blocker in list(self.blockers.items()):
+            if (
+                blocker.verdict != "waiting" or not blocker.looked
+                or now - blocker.since_ms <= self.timeout_ms
+            ):
+                continue
+            held: SessionKey | None = None if blocker.source is None else (blocker.source, p)
+            current = None if held is None else sessions.get(held)
+            out_decision: SilentBlocker | None
+            if held is not None and current is not None and (
+                current.incarnation == blocker.incarnation
+            ):
+                if current.evicted or held in evicting:
+                    verdict = "evicted"  # fenced already: its abort is on its way
+                    out_decision = None
+                elif current.evict_when_silent:
+                    verdict, out_decision = "evicted", SilentBlocker(blocker, key=held)
+                else:
+                    verdict, out_decision = "reported", SilentBlocker(blocker)
+            elif blocker.writer:
+                verdict, out_decision = "fenced", SilentBlocker(blocker, writer=blocker.writer)
+            else:
+                verdict, out_decision = "reported", SilentBlocker(blocker)
+            decided = replace(blocker, verdict=verdict)
+            self.blockers[p] = decided
+            if out_decision is not None:
+                out.append(replace(out_decision, blocker=decided))
+        return out
+
+
+def excuse_stall(
+    sessions: Mapping[SessionKey, SourceSession], last_step_ms: int, now: int,
+    heartbeat_ms: int,
+) -> None:
+    """Rule 7: a gap between two steps longer than two heartbeats moves every source's
+    ``last_seen_ms`` on by the excess."""
+    stall = now - last_step_ms - 2 * heartbeat_ms
+    if last_step_ms and stall > 0:
+        for session in sessions.values():
+            session.last_seen_ms += stall
