@@ -112,12 +112,13 @@ class Blocker:
     verdict: str = "waiting"
     """What the acker does about it: waiting | evicted | fenced | reported (rule 5)."""
 
+    def holder(self) -> str:
+        if self.source is None:
+            return "an unknown writer (not a source of ours)"
+        return f"source '{self.source}' (incarnation {self.incarnation})"
+
     def describe(self) -> str:
-        who = (
-            f"source '{self.source}' (incarnation {self.incarnation})"
-            if self.source is not None else "an unknown writer (not a source of ours)"
-        )
-        return f"acks partition {self.partition} held at offset {self.offset} by {who}"
+        return f"acks partition {self.partition} held at offset {self.offset} by {self.holder()}"
 
     def to_state(self) -> list[Any]:
         return [self.partition, self.offset, self.since_ms, self.source, self.incarnation,

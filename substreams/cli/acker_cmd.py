@@ -372,6 +372,10 @@ def sources(config_path: str, bootstrap: str | None, name: str | None, shards: i
         table.add_column(col)
     timeout = config.acker.source_timeout_ms
     written: list[str] = []
+    held = Table(title="open transactions holding acks partitions (sources behind them are "
+                 "not judged silent)")
+    for col in ("acks partition", "held at offset", "open transaction of", "since", "verdict"):
+        held.add_column(col)
     for shard in range(n):
         shard_name = config.acker.shard_name(shard, n, base)
         found = latest_state(config, bootstrap, shard_name)
@@ -391,7 +395,12 @@ def sources(config_path: str, bootstrap: str | None, name: str | None, shards: i
                 _age(row.last_seen_ms),
                 row.status,
             )
+        for b in state.blockers:
+            held.add_row(str(b.partition), str(b.offset), b.holder(),
+                         _age(b.since_ms), b.verdict)
     Console().print(table)
+    if held.row_count:
+        Console().print(held)
     click.echo(
         f"checkpoint written: {'; '.join(written)}; evicted after {timeout} ms of silence, "
         "but 'kept' sources (a Spark query's driver), which only evict-source evicts"

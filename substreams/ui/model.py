@@ -274,6 +274,18 @@ class DashboardModel:
             for shard in self.shards.values() if shard.state is not None
             for s in source_liveness(shard.state, shard.checkpoint_ms, acker.source_timeout_ms)
         ]
+        blockers = [
+            {
+                "shard": shard.name,
+                "partition": b.partition,
+                "offset": b.offset,
+                "since_ms": b.since_ms,
+                "holder": b.holder(),
+                "verdict": b.verdict,
+            }
+            for shard in self.shards.values() if shard.state is not None
+            for b in shard.state.blockers
+        ]
         views = list(self.shards.values())
         alive = [bool(v.seen_ms) and now - v.seen_ms < acker.standby_timeout_ms for v in views]
         shards = [
@@ -294,6 +306,7 @@ class DashboardModel:
             },
             "substreams": out_subs,
             "sources": sources,
+            "blockers": blockers,
             "error": self.error,
         }
 

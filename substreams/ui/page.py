@@ -43,7 +43,8 @@ PAGE = """<!doctype html>
 </header>
 <main>
   <div id="substreams" style="display: contents"></div>
-  <section id="sources-card"><h2>Sources</h2><div id="sources"></div></section>
+  <section id="sources-card"><h2>Sources</h2><div id="sources"></div>
+    <div id="blockers"></div></section>
 </main>
 <script>
 "use strict";
@@ -129,6 +130,13 @@ function render(snap) {
     ? table([...(sharded ? ["shard"] : []),
              "source", "incarnation", "role", "substreams", "last heard", "state"], rows)
     : el("div", {"class": "muted"}, "no registered source"));
+  // Open transactions holding an acks partition's last stable offset (a dead publisher's):
+  // the sources behind one are not judged silent until it ends.
+  const held = (snap.blockers || []).map(b => el("tr", {"class": "blocker"},
+    el("td", {}, "acks[" + b.partition + "]@" + b.offset), el("td", {}, b.holder),
+    el("td", {}, ago(b.since_ms)), el("td", {}, b.verdict)));
+  document.getElementById("blockers").replaceChildren(held.length
+    ? table(["held partition", "open transaction of", "since", "verdict"], held) : "");
 }
 const events = new EventSource("events");
 events.onmessage = (m) => render(JSON.parse(m.data));

@@ -111,7 +111,6 @@ def sessions(path: str, stream: str, source: str, partition: int, n: int, seed: 
 def stage(path: str, name: str) -> None:
     import threading
     from collections.abc import Iterable, Mapping
-    from typing import Any
 
     from substreams.acker.stage import Stage
 

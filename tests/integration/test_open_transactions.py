@@ -158,3 +158,58 @@ def test_a_transaction_over_two_acks_partitions_is_fenced_by_both_shards(
         out = scenario(config, subs, seed=2)
         check(config, subs, out, [s0, s1])
     assert s0.error is None and s1.error is None
+
+
+def test_a_foreign_open_transaction_is_reported_and_evicts_no_one(
+    make_config: ConfigFactory,
+) -> None:
+    """Another program's transaction on the acks partition: not ours to fence.  It is shown
+    in `acker sources` and the dashboard's model, the live source behind it is never evicted,
+    and once it ends every epoch is notified with exactly its records."""
+    from confluent_kafka import Producer
+
+    from substreams.ui.model import DashboardModel
+    from tests.integration.test_source_liveness import cli
+
+    config = make_config(
+        [{"name": "clicks", "partitions": 2}],
+        [{"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}],
+        acker=LIVENESS,
+    )
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    foreign = Producer({"bootstrap.servers": config.kafka.bootstrap,
+                        "transactional.id": f"not-substreams-{sub}"})
+    foreign.init_transactions(30)
+    sent: dict[Time, list[tuple[str, str]]] = defaultdict(list)
+    with AckerThread(config) as a, Application(config).publisher(stream, "live") as pub:
+        foreign.begin_transaction()
+        foreign.produce(config.acker.acks_topic, b"not an ack", partition=0)
+        foreign.flush(10)
+        began = time.monotonic()
+        e = 0
+        while time.monotonic() - began < 2.5 * TIMEOUT_MS / 1000:
+            pub.publish({"user": "live", "url": f"/{e}", "ts": e})
+            sent[e].append(("live", f"/{e}"))
+            pub.seal(sub, e)
+            e += 1
+            time.sleep(0.2)
+        shown = cli("acker", "sources", "-c", str(config.path))
+        model = DashboardModel(config)
+        model.start()
+        try:
+            deadline = time.monotonic() + 20
+            while not model.snapshot().get("blockers") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            [blocker] = model.snapshot()["blockers"]
+        finally:
+            model.close()
+        foreign.abort_transaction(30)
+        check_exactly_once(config, sub, sent, set(range(e)))
+        assert a.service.evictions == 0
+    assert a.error is None
+    assert shown.returncode == 0, shown.stderr
+    assert "open transactions holding acks partitions" in shown.stdout
+    assert "unknown" in shown.stdout and "reported" in shown.stdout
+    assert blocker["partition"] == 0 and blocker["verdict"] == "reported"
+    assert list(read_dead_letters(config)) == []
+    del foreign  # its client would go on calling the broker the session stops
