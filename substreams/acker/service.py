@@ -53,62 +53,35 @@ from confluent_kafka.admin import AdminClient
 
 from substreams import metrics
 from substreams.acker.agent import (
-    AckReport,
-    Columns,
-    Evict,
     Register,
-    SourceHeartbeat,
-    Unregister,
     decode_ack,
     segment_partition,
     shard_partitions,
 )
+from substreams.acker.core import AckerCore, Effects
 from substreams.acker.deadletter import (
-    REASON_MALFORMED,
-    REASON_STALE,
-    REASON_TERMINATED,
-    REASON_UNKNOWN_SUBSTREAM,
-    REASON_UNREGISTERED,
     DeadLetter,
     DeadLetterWriter,
 )
-from substreams.acker.liveness import (
-    Liveness,
-    Silent,
-    SilentBlocker,
-    excuse_stall,
-    probe_interval_ms,
-)
-from substreams.acker.state import AckerState, AckerView, Blocker, SessionKey, SourceSession
-from substreams.acker.table import Segment, SegmentTable, Violation, acker_segments
+from substreams.acker.liveness import probe_interval_ms
+from substreams.acker.state import AckerState, AckerView, Blocker
+from substreams.acker.table import Segment, acker_segments
 from substreams.config import Config
 from substreams.control.io import ControlTail, ControlWriter, Corrupt, find_last, read_control
 from substreams.control.messages import (
     Checkpoint,
-    Completion,
     ControlBody,
     ControlRecord,
-    FrontierSnapshot,
-    SourceEvicted,
     WriterHeartbeat,
-    completion,
 )
-from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
-from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.read import Reader, record_at
 from substreams.kafka.topics import ensure_topics
 from substreams.kafka.write import fenced_as
 
 CommandHandler = Callable[["AckerService"], list[tuple[str, bytes]]]
-
-MAX_COMPLETIONS_PER_RECORD = 500
-"""Times one ``EpochsComplete`` may announce.  Why bounded: a control record must stay well
-under the broker's ``message.max.bytes`` (1 MiB) whatever the keys and ranges; 500 epochs
-of a session substream with 100-byte keys and a few ranges each are ~100 KiB, and the
-saving per record is already ~99 % at that size."""
 
 log = logging.getLogger(__name__)
 
@@ -250,26 +223,14 @@ class AckerService:
         self.control_topics = {s: config.acker.control_topic(s) for s in self.segments}
         self.checkpoint_topic = checkpoint_topic(config, self.name)
         self.acks_topic = config.acker.acks_topic
-        self.state = AckerState()
+        self.core = self._new_core(AckerState())
         self.command_handler: CommandHandler | None = None
         self.dead_letters = 0
-        self.duplicates = 0
-        self.stale = 0
-        self.evictions = 0
         self.recoveries = 0
-        self._evicting: dict[SessionKey, tuple[int, str]] = {}
-        """Sessions being evicted: (source, acks partition) -> (offset to read up to, reason)."""
-        self._kept_warned: set[SessionKey] = set()
-        """Silent sources that asked never to be evicted for silence, already warned of."""
-        self._evicted_items: list[tuple[str, ControlBody]] = []
         self._source_timeout_ms = config.acker.source_timeout_ms
-        self._live = Liveness(self._source_timeout_ms)
         self._probe_s = probe_interval_ms(self._source_timeout_ms) / 1000.0
         self._last_probe = float("-inf")
         self._admin: AdminClient | None = None
-        self._last_liveness = 0.0
-        self._last_step_ms = 0
-        self.notifications = 0
         self.committed_notes: list[tuple[str, str, ControlBody]] = []
         """(control topic, substream, body) of what this step committed: the command handler
         keeps completed times for peeks from here instead of reading them back."""
@@ -282,6 +243,45 @@ class AckerService:
         self._heartbeat_s = config.acker.heartbeat_ms / 1000.0
         self._open_gauges = metrics.OpenTimes(self.name)
         self._gauges_due = metrics.Periodic(1.0)
+
+    def _new_core(self, state: AckerState, old: AckerCore | None = None) -> AckerCore:
+        core = AckerCore(
+            self.name, self.partitions, self.home, self.control_topics,
+            acks_partitions=self.config.acker.acks_partitions,
+            source_timeout_ms=self.config.acker.source_timeout_ms,
+            heartbeat_ms=self.config.acker.heartbeat_ms, state=state,
+        )
+        if old is not None:  # the counters are the process's, not the state's
+            core.duplicates, core.stale = old.duplicates, old.stale
+            core.evictions, core.notifications = old.evictions, old.notifications
+        return core
+
+    @property
+    def state(self) -> AckerState:
+        """The core's state (what the checkpoint holds)."""
+        return self.core.state
+
+    @state.setter
+    def state(self, state: AckerState) -> None:
+        """A loaded or recovered state: a new core (liveness and evictions in progress
+        start afresh; a restarted acker re-reads what it had not checkpointed)."""
+        self.core = self._new_core(state, self.core)
+
+    @property
+    def duplicates(self) -> int:
+        return self.core.duplicates
+
+    @property
+    def stale(self) -> int:
+        return self.core.stale
+
+    @property
+    def evictions(self) -> int:
+        return self.core.evictions
+
+    @property
+    def notifications(self) -> int:
+        return self.core.notifications
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -349,9 +349,7 @@ class AckerService:
             )
         for sub in self.segments:
             self.state.ensure(sub, every, self.config.substream(sub).gap_ms)
-        start_ms = self._last_step_ms = _now_ms()
-        for session in self.state.sessions.values():
-            session.last_seen_ms = start_ms  # the acker's own downtime evicts no one
+        self.core.started(_now_ms())  # the acker's own downtime evicts no one
         self._out = DeadLetterWriter(self.config, self.bootstrap)
         self._reader = Reader(
             self.bootstrap, self.config, name=f"acker '{self.name}': acks topic"
@@ -531,8 +529,6 @@ class AckerService:
                     except PublisherFencedError as fence:
                         raise self._fenced() from fence
                     self.state = AckerState()
-                    self._evicting.clear()
-                    self._evicted_items = []
                     self.start()
                     log.warning("acker '%s': rewound to its latest checkpoint; acks after it "
                                 "are applied again", self.name)
@@ -591,16 +587,15 @@ class AckerService:
         now = _now_ms()
         applied = 0
         self.committed_notes = []
+        core = self.core
         for msg in msgs:
-            self.state.acks_offsets[msg.partition()] = msg.offset() + 1
-            self._apply(msg, now)
+            for refusal in core.apply(msg.partition(), msg.offset(), msg.value() or b"",
+                                      msg.headers(), now):
+                self._dead(msg, refusal.source, refusal.reason, refusal.detail)
             applied += 1
         t_applied = time.perf_counter()
-        self._excuse_own_stall(now)
-        self._liveness(now)
         notified = self.notifications
-        items = self._evicted_items + self._terminations(now)
-        self._evicted_items = []
+        items = self._carry_out(core.tick(now, self._liveness(now)), now)
         t_decided = time.perf_counter()
         committed = False
         if items or time.monotonic() - self._last_write >= self._heartbeat_s:
@@ -650,114 +645,6 @@ class AckerService:
         if self._reader is not None:
             metrics.record_lag("acker", self.name, self._reader.lag())
 
-    def _apply(self, msg: Message, now: int) -> None:
-        raw: bytes = msg.value() or b""
-        try:
-            ack = decode_ack(raw, msg.headers())
-        except ProtocolError as exc:
-            self._dead(msg, None, REASON_MALFORMED, str(exc))
-            return
-        body = ack.body
-        partition: int = msg.partition()
-        problems: list[tuple[str, str]] = []
-        if isinstance(body, Evict):  # an operator's order, not a source's message
-            key = (body.source, partition)
-            if self._evict(key, f"evicted by hand: {body.reason}"):
-                return
-            if key in self._evicting or (
-                key in self.state.sessions and self.state.sessions[key].evicted
-            ):
-                return  # already on its way out here
-            if self.config.acker.acks_partitions == 1:
-                self._dead(msg, ack.source, REASON_UNREGISTERED,
-                           f"cannot evict '{body.source}': not a live registered source")
-            else:  # the order goes to every partition; this one's segments lack the source
-                log.info("acker '%s': nothing to evict for '%s' on acks partition %d",
-                         self.name, body.source, partition)
-            return
-        skey = (ack.source, partition)
-        session = self.state.sessions.get(skey)
-        if isinstance(body, SourceHeartbeat):  # sent outside transactions: no sequence
-            if session is not None and session.incarnation == ack.incarnation:
-                session.last_seen_ms = now
-            else:
-                self.stale += 1
-            return
-        if isinstance(body, Register) and (
-            session is None or session.incarnation != ack.incarnation
-        ):
-            # A new incarnation: everything the old one committed precedes this message in
-            # the partition (its transactions were fenced by ours), the rest never will.
-            self.state.sessions[skey] = SourceSession(
-                ack.incarnation, ack.seq, now, body.writer,
-                evict_when_silent=body.evict_when_silent,
-            )
-            self._evicting.pop(skey, None)  # a new incarnation: nothing to evict
-            self._membership(ack.source, body, partition, problems)
-        elif session is None:
-            problems.append((REASON_UNREGISTERED, f"source '{ack.source}' is not registered"))
-        elif session.incarnation != ack.incarnation or session.evicted:
-            self.stale += 1
-            problems.append(
-                (
-                    REASON_STALE,
-                    f"message of incarnation {ack.incarnation!r} of source '{ack.source}', "
-                    f"whose current incarnation is {session.incarnation!r}"
-                    + (" (evicted)" if session.evicted else ""),
-                )
-            )
-        elif ack.seq <= session.seq:
-            self.duplicates += 1
-            return
-        else:
-            session.seq = ack.seq
-            session.last_seen_ms = now
-            if isinstance(body, Register | Unregister):  # joins more substreams / leaves
-                self._membership(ack.source, body, partition, problems)
-            elif isinstance(body, AckReport):
-                self._apply_report(ack.source, body, partition, now, problems)
-        if problems:
-            detail = "; ".join(p[1] for p in problems)
-            self._dead(msg, ack.source, problems[0][0], detail)
-
-    def _segment(
-        self, sub: str, partition: int, problems: list[tuple[str, str]]
-    ) -> SegmentTable | None:
-        """The table of segment ``sub`` if its messages belong on acks ``partition``."""
-        table = self.state.tables.get(sub)
-        if table is None:
-            problems.append((REASON_UNKNOWN_SUBSTREAM, f"unknown substream '{sub}'"))
-            return None
-        if self.home[sub] != partition:
-            # Written for another partition layout (acks_partitions differs between the
-            # writer's config and ours): applying it could reorder it against the
-            # segment's own partition.
-            problems.append((
-                REASON_UNKNOWN_SUBSTREAM,
-                f"substream '{sub}' belongs to acks partition {self.home[sub]}, not "
-                f"{partition} (is acker.acks_partitions the same everywhere?)",
-            ))
-            return None
-        return table
-
-    def _membership(
-        self,
-        source: str,
-        body: Register | Unregister,
-        partition: int,
-        problems: list[tuple[str, str]],
-    ) -> None:
-        for sub in body.substreams:
-            table = self._segment(sub, partition, problems)
-            if table is None:
-                pass
-            elif isinstance(body, Register):
-                table.register(source, body.role)
-            else:
-                table.unregister(source)
-
-    # -- liveness ------------------------------------------------------------------------
-
     def _position(self, partition: int) -> int:
         """How far the acks partition has been read: the consumer's fetch position (past
         transaction markers) or ours (past the last message, or its end of partition)."""
@@ -767,36 +654,15 @@ class AckerService:
         ours: int = self._reader.positions.get((self.acks_topic, partition), 0)
         return max(int(fetched.offset), ours)
 
-    def _liveness(self, now: int) -> None:
-        """Judge silence on what could be read (:mod:`substreams.acker.liveness`): follow
-        the read horizons, probe the partitions' ends every ``probe_interval_ms``, name and
-        act on blockers, evict the silent (or warn, for sources never evicted for silence),
-        and finish the evictions whose partition was read up to past their fence."""
+    def _liveness(self, now: int) -> dict[int, int]:
+        """How far each acks partition was read; every ``probe_interval_ms`` its ends are
+        asked of the broker for the core (liveness rules 2 and 4), and the blockers it wants
+        named are read.  A broker that cannot answer moves no horizon (nobody is judged on
+        a guess)."""
         positions = {p: self._position(p) for p in self.partitions}
-        for p, at in positions.items():
-            self._live.advance(p, at)
-        if time.monotonic() - self._last_probe >= self._probe_s:
-            self._last_probe = time.monotonic()
-            self._probe(now, positions)
-        if time.monotonic() - self._last_liveness >= 0.1:
-            self._last_liveness = time.monotonic()
-            silent: set[SessionKey] = set()
-            for decision in self._live.decide(self.state.sessions, now, set(self._evicting)):
-                if isinstance(decision, Silent):
-                    silent.add(decision.key)
-                    self._silent(decision)
-                else:
-                    self._silent_blocker(decision)
-            self._kept_warned &= silent  # heard again: warn at the next silence
-        for key, (upto, reason) in list(self._evicting.items()):
-            if positions[key[1]] >= upto:
-                del self._evicting[key]
-                self._finish_eviction(key, reason)
-
-    def _probe(self, now: int, positions: dict[int, int]) -> None:
-        """Rules 2 and 4: the partitions' last stable offsets and high watermarks; a
-        blocker held for a while is named from its first message.  A broker that cannot
-        answer moves no horizon (nobody is judged on a guess)."""
+        if time.monotonic() - self._last_probe < self._probe_s:
+            return positions
+        self._last_probe = time.monotonic()
         assert self._admin is not None
         parts = list(self.partitions)
         try:
@@ -805,10 +671,10 @@ class AckerService:
         except KafkaException as exc:
             log.info("acker '%s': acks partitions' ends not available (%s); liveness waits",
                      self.name, exc)
-            return
+            return positions
         for p in parts:
-            self._live.probed(p, now, positions[p], stable[p], high[p])
-        for blocker in self._live.to_name(now):
+            self.core.probed(p, now, positions[p], stable[p], high[p])
+        for blocker in self.core.to_name(now):
             named = self._name(blocker)
             log.warning(
                 "acker '%s': %s, open for at least %d ms: %s", self.name,
@@ -818,7 +684,7 @@ class AckerService:
                 "not a source of ours: reported and waited out (its coordinator aborts it "
                 "after its transaction.timeout.ms); our sources behind it are not evicted",
             )
-        self.state.blockers = list(self._live.blockers.values())
+        return positions
 
     def _name(self, blocker: Blocker) -> Blocker:
         """Read the blocker's first message (``read_uncommitted``) and say whose it is."""
@@ -834,155 +700,33 @@ class AckerService:
                 source, incarnation = ack.source, ack.incarnation
                 if isinstance(ack.body, Register):
                     writer = ack.body.writer or None
-                else:
-                    session = self.state.sessions.get((ack.source, blocker.partition))
-                    if session is not None and session.incarnation == ack.incarnation:
-                        writer = session.writer or None
-        return self._live.named(blocker, source, incarnation, writer)
+        return self.core.named(blocker, source, incarnation, writer)
 
-    def _silent(self, decision: Silent) -> None:
-        key = decision.key
-        if decision.evict:
-            self._evict(key, f"silent for {decision.silence_ms} ms")
-        elif key not in self._kept_warned:
-            self._kept_warned.add(key)
-            log.warning(
-                "source '%s' (acks partition %d) silent for %d ms; not evicted: it "
-                "registered as never evicted for silence (a Spark query's driver), "
-                "so its substreams wait for it; if it is gone for good: substreams "
-                "acker evict-source %s", key[0], key[1], decision.silence_ms, key[0],
-            )
-
-    def _silent_blocker(self, decision: SilentBlocker) -> None:
-        """Rule 5: the transaction held the partition's LSO for the whole timeout."""
-        blocker = decision.blocker
-        held = f"{blocker.describe()} for over {self._source_timeout_ms} ms"
-        if decision.key is not None:
-            self._evict(decision.key, f"its open transaction held {held}")
-        elif decision.writer is not None:
-            log.warning("acker '%s': %s; fencing its writer '%s' (no session of it to evict)",
-                        self.name, held, decision.writer)
-            fence(self.bootstrap, self.config, decision.writer)
-        else:
-            log.warning(
-                "acker '%s': %s; not ours to fence (or never evicted for silence): waited "
-                "out, no source is evicted for the silence it causes", self.name, held,
-            )
-        self.state.blockers = list(self._live.blockers.values())
-
-    def _excuse_own_stall(self, now: int) -> None:
-        """Rule 7 of :mod:`substreams.acker.liveness`: a broker outage blocks the acker's
-        commits and fetches, and time it could not hear anyone is nobody's silence."""
-        last, self._last_step_ms = self._last_step_ms, now
-        excuse_stall(self.state.sessions, last, now, self.config.acker.heartbeat_ms)
-
-    def _tables_of(self, partition: int) -> list[tuple[str, SegmentTable]]:
-        return [(s, t) for s, t in self.state.tables.items() if self.home.get(s) == partition]
-
-    def _evict(self, key: SessionKey, reason: str) -> bool:
-        """Begin evicting source ``key[0]`` from the segments of acks partition ``key[1]``:
-        fence its writer (a stopped process that resumes can commit nothing more; the fence
-        is global, and idempotent when several shards evict the same source), then read
-        that partition up to where it stands now, so that everything it committed before
-        the fence is applied before the acker stops waiting for it.  False if it is not a
-        live SOURCE of a substream of that partition."""
-        source, partition = key
-        session = self.state.sessions.get(key)
-        if session is None or session.evicted or key in self._evicting:
-            return False
-        if not any(t.is_active_source(source) for _, t in self._tables_of(partition)):
-            return False
-        if session.writer:
-            fence(self.bootstrap, self.config, session.writer)
-        # Rule 6: the high watermark (read_uncommitted: the LSO would stop short of what it
-        # committed behind another open transaction), asked after the fence.
-        assert self._admin is not None
-        high = client.end_offsets(self._admin, self.acks_topic, [partition], committed=False)
-        log.warning("evicting source '%s' (%s): fenced, reading acks partition %d up to %d",
-                    source, reason, partition, high[partition])
-        self._evicting[key] = (high[partition], reason)
-        return True
-
-    def _finish_eviction(self, key: SessionKey, reason: str) -> None:
-        source, partition = key
-        session = self.state.sessions[key]
-        session.evicted = True
-        self.evictions += 1
-        metrics.EVICTIONS.labels(self.name).inc()
-        for sub, table in self._tables_of(partition):
-            if not table.is_active_source(source):
-                continue
-            table.unregister(source)
-            self._evicted_items.append(
-                (
-                    self.control_topics[sub],
-                    SourceEvicted(sub, source, session.incarnation, session.last_seen_ms, reason),
-                )
-            )
-        log.warning("source '%s' evicted (%s)", source, reason)
-
-    def _table_for(
-        self, source: str, sub: str, partition: int, problems: list[tuple[str, str]]
-    ) -> SegmentTable | None:
-        table = self._segment(sub, partition, problems)
-        if table is None:
-            return None
-        if not table.is_registered(source):
-            problems.append(
-                (REASON_UNREGISTERED, f"source '{source}' is not registered for substream '{sub}'")
-            )
-            return None
-        return table
-
-    def _apply_report(
-        self,
-        source: str,
-        body: AckReport,
-        partition: int,
-        now: int,
-        problems: list[tuple[str, str]],
-    ) -> None:
-        trackers = self.state.trackers
-        # A message's entries share a few substreams: each one's table is looked up and
-        # checked once (a refusal is not kept, so every refused entry still says why).
-        tables: dict[str, SegmentTable] = {}
-        for e in body.entries:
-            table = tables.get(e.substream)
-            if table is None:
-                table = self._table_for(source, e.substream, partition, problems)
-                if table is None:
-                    continue
-                tables[e.substream] = table
-            try:
-                if table.report(e.time, e.xor, e.records, e.reports, e.ranges, now):
-                    trackers[e.substream].activate(e.time)
-            except Violation as v:
-                problems.append((REASON_TERMINATED, v.reason))
-        for block in body.all_blocks():
-            table = self._table_for(source, block.substream, partition, problems)
-            if table is None:
-                continue
-            columns = block.unpack()  # the shape check: a malformed block applies nothing
-            if isinstance(columns, str):
-                problems.append((REASON_MALFORMED, columns))
-                continue
-            refused = apply_block(table, trackers[block.substream], columns, now)
-            problems.extend((REASON_TERMINATED, v.reason) for v in refused)
-        for s in body.seals:
-            table = tables.get(s.substream)
-            if table is None:
-                table = self._table_for(source, s.substream, partition, problems)
-                if table is None:
-                    continue
-            try:
-                if s.all_keys:
-                    if type(s.time) is not int:
-                        raise Violation(f"keyed seal with a non-integer time {s.time!r}")
-                    table.seal_keys(source, s.time, s.sealed_at_ms)
-                elif table.seal(source, s.time, s.sealed_at_ms, now):
-                    trackers[s.substream].activate(s.time)
-            except Violation as v:
-                problems.append((REASON_UNREGISTERED, v.reason))
+    def _carry_out(self, effects: Effects, now: int) -> list[tuple[str, ControlBody]]:
+        """The core's effects: fences (and, for an eviction, the high watermark after it,
+        read ``read_uncommitted``: the LSO would stop short of what the source committed
+        behind another open transaction), logs, metrics; the control records to commit."""
+        for warning in effects.warnings:
+            log.warning("acker '%s': %s", self.name, warning)
+        for f in effects.fence:
+            log.warning("acker '%s': %s: '%s'", self.name, f.why, f.writer)
+            fence(self.bootstrap, self.config, f.writer)
+        for e in effects.evict:
+            if e.writer:
+                fence(self.bootstrap, self.config, e.writer)
+            assert self._admin is not None
+            partition = e.key[1]
+            high = client.end_offsets(self._admin, self.acks_topic, [partition],
+                                      committed=False)[partition]
+            log.warning("evicting source '%s' (%s): fenced, reading acks partition %d up to "
+                        "%d", e.key[0], e.reason, partition, high)
+            self.core.fenced(e.key, high)
+        for (source, _), reason in effects.evicted:
+            metrics.EVICTIONS.labels(self.name).inc()
+            log.warning("source '%s' evicted (%s)", source, reason)
+        for sub, sealed_at in effects.notified:
+            metrics.observe_notifications(self.name, sub, sealed_at, now)
+        return effects.records
 
     def _dead(self, msg: Message, source: str | None, reason: str, detail: str) -> None:
         assert self._out is not None
@@ -990,31 +734,11 @@ class AckerService:
         self.dead_letters += 1
         metrics.DEAD_LETTERS.labels(self.name, reason).inc()
 
-    def _terminations(self, now: int) -> list[tuple[str, ControlBody]]:
-        """The control records announcing what terminated now: per substream, its times in
-        runs of at most ``MAX_COMPLETIONS_PER_RECORD`` per record (batched completions)."""
-        items: list[tuple[str, ControlBody]] = []
-        for sub, table in self.state.tables.items():
-            tracker = self.state.trackers[sub]
-            bodies, sealed_at, last = announce(table, tracker, now)
-            if last is None:
-                continue
-            topic = self.control_topics[sub]
-            items.extend((topic, body) for body in bodies)
-            metrics.observe_notifications(self.name, sub, sealed_at, now)
-            self.state.last_notification[sub] = (last, now)
-            self.notifications += len(sealed_at)
-            tracker.prune_keyed(table.keyed_floor())
-        return items
-
     def _commit(self, items: list[tuple[str, ControlBody]], now: int) -> None:
         assert self._writer is not None
         heartbeat = time.monotonic() - self._last_write >= self._heartbeat_s
         if heartbeat:
-            for sub, tracker in self.state.trackers.items():
-                update = tracker.pending_update()
-                if update is not None:
-                    items.append((self.control_topics[sub], update))
+            items.extend(self.core.heartbeat_records())
             items.append((self.checkpoint_topic, WriterHeartbeat(None)))
         self.state.checkpoints += 1
         offsets = tuple(sorted(self.state.acks_offsets.items()))
@@ -1036,63 +760,3 @@ class AckerService:
 
     def view(self) -> AckerView:
         return self.state.view(self.name)
-
-
-def apply_block(
-    table: SegmentTable, tracker: ProgressTracker, columns: Columns, now: int
-) -> list[Violation]:
-    """Apply a block's checked columns (:meth:`AckBlock.unpack`): the table's entries, the
-    tracker's newly active times; the refused entries' violations."""
-    new, refused = table.report_block(*columns, now)
-    tracker.activate_many(new)
-    return refused
-
-
-def announce(
-    table: SegmentTable, tracker: ProgressTracker, now: int
-) -> tuple[list[ControlBody], list[int], Time | None]:
-    """What terminated in ``table`` now, as control bodies (``tracker`` retires it): the
-    bodies, each time's ``sealed_at_ms`` (for the latency metric; one per time, in order) and
-    the last time announced (None: nothing terminated).  A module function, so that the
-    benchmark times exactly what the service runs (``substreams bench acker``)."""
-    run, entries, terms = table.termination_runs()
-    if not run and not terms:
-        return [], [], None
-    # One Completion per time is the wire form; the int run's are built straight from the
-    # table's entries (no Termination), and a chunk of them is retired as a run.
-    done: list[tuple[Completion, tuple[Time, ...]]] = [
-        (completion(t, e.offset_ranges(), e.records, e.sealed_at_ms or now), ())
-        for t, e in zip(run, entries, strict=True)
-    ]
-    done.extend(
-        (Completion(term.time, term.ranges, term.records, term.sealed_at_ms or now,
-                    term.until), term.members)
-        for term in terms
-    )
-    out: list[ControlBody] = []
-    for at in range(0, len(done), MAX_COMPLETIONS_PER_RECORD):
-        chunk = done[at:at + MAX_COMPLETIONS_PER_RECORD]
-        if at + len(chunk) <= len(run):
-            bodies = tracker.complete_run([c for c, _ in chunk])
-        else:
-            bodies = tracker.complete_many(chunk)
-        for body in bodies:
-            if isinstance(body, FrontierSnapshot):  # with the open times' starts
-                out.append(tracker.snapshot(_open_starts(table)))
-            else:
-                out.append(body)
-    sealed_at = [e.sealed_at_ms for e in entries]
-    sealed_at.extend(term.sealed_at_ms for term in terms)
-    return out, sealed_at, (terms[-1].time if terms else run[-1])
-
-
-def _open_starts(table: SegmentTable) -> dict[tuple[str, int], int]:
-    """Per data partition, the earliest offset of a record of a still-open time."""
-    starts: dict[tuple[str, int], int] = {}
-    if not table.open:
-        return starts
-    for entry in table.open.values():
-        for key, (lo, _) in entry.ranges.items():
-            if lo < starts.get(key, lo + 1):
-                starts[key] = lo
-    return starts

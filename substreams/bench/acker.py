@@ -54,8 +54,9 @@ from substreams.acker.agent import (
     segment_partition,
     split_body,
 )
+from substreams.acker.core import announce, apply_block
 from substreams.acker.handler import CommandHandler
-from substreams.acker.service import AckerService, announce, apply_block, relax_gc
+from substreams.acker.service import AckerService, relax_gc
 from substreams.acker.state import AckerState
 from substreams.app import Application
 from substreams.bench.harness import (
@@ -176,7 +177,7 @@ def step_alone(
     """One acker's work per time, in process: ``times`` int times of one substream, one
     record each, ``per_message`` times per ack message (an ``AckBlock`` with the seal of its
     last time).  Timed: decoding the pre-encoded messages, applying them as the service does
-    (:func:`~substreams.acker.service.apply_block`, the seal), then per ``per_step`` messages
+    (:func:`~substreams.acker.core.apply_block`, the seal), then per ``per_step`` messages
     what one ``AckerService.step`` does after its poll: :func:`~substreams.acker.service.
     announce`, signing and encoding every control record, and the checkpoint
     (``AckerState.dumps``).  Not timed: Kafka (the produce/consume of the same bytes).

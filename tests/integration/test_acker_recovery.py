@@ -93,10 +93,16 @@ def test_sigkill_and_restart_loses_and_duplicates_nothing(
             seen.append(len(notifications(config, sub)))
         thread.join(30)
         assert not errors, errors
+        log.flush()
+        since = log_path.stat().st_size
         final = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
             check_exactly_once(config, sub, sent, set(range(80)))
         finally:
+            # A SIGTERM before the process installed its handler (still importing: the
+            # notifications may all be there already) kills it; the clean stop is what
+            # this checks.
+            assert started(since), log_path.read_text(errors="replace")[-2000:]
             final.terminate()
             assert final.wait(20) == 0
     finally:

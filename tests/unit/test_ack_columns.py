@@ -26,7 +26,7 @@ from substreams.acker.agent import (
     decode_ack,
     encode_ack,
 )
-from substreams.acker.service import apply_block
+from substreams.acker.core import apply_block
 from substreams.acker.table import SOURCE, SegmentTable
 from substreams.control.messages import OffsetRange
 from substreams.control.progress import ProgressTracker

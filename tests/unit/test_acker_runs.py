@@ -18,9 +18,9 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from substreams.acker import service
+from substreams.acker import core
 from substreams.acker.agent import AckBlock
-from substreams.acker.service import announce, apply_block
+from substreams.acker.core import announce, apply_block
 from substreams.acker.table import SOURCE, STAGE, SegmentTable, Violation
 from substreams.control.messages import OffsetRange
 from substreams.control.progress import ProgressTracker
@@ -143,7 +143,7 @@ def check_equivalent(steps: list[tuple[Any, ...]]) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ops, max_size=40))
 def test_per_run_path_equals_generic(steps: list[tuple[Any, ...]]) -> None:
-    with mock.patch.object(service, "MAX_COMPLETIONS_PER_RECORD", 3):
+    with mock.patch.object(core, "MAX_COMPLETIONS_PER_RECORD", 3):
         check_equivalent([("register", "a", SOURCE), *steps])
 
 

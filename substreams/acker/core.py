@@ -1,0 +1,546 @@
+"""The acker's rules as one pure state machine: acks messages and time in, effects out.
+
+No Kafka, clock, thread, logging or metrics here.  :class:`~substreams.acker.service.
+AckerService` is the shell around it: it reads the acks topic and calls :meth:`AckerCore.
+apply` per message and :meth:`AckerCore.tick` per step, feeds it the broker's answers
+(:meth:`AckerCore.probed`, :meth:`AckerCore.named`, :meth:`AckerCore.fenced`), and carries out
+the effects: dead letters for the refusals, fences, and the control records, written with the
+checkpoint of :attr:`AckerCore.state` in one transaction.  So every rule below is unit-tested
+on a simulated clock, and a simulator can drive the same code.
+
+Rules (the termination rule is :mod:`substreams.acker.table`'s, liveness is
+:mod:`substreams.acker.liveness`'s, both applied here):
+
+1. *Ownership.*  The core owns the acks partitions it was given and the segments (substreams)
+   whose home partition (:func:`~substreams.acker.agent.segment_partition`) is one of them; a
+   message about another segment is refused as ``unknown_substream`` (it was written for
+   another ``acks_partitions`` layout, and applying it could reorder it against the segment's
+   own partition).
+2. *Sessions.*  A source has one session per acks partition it writes: its current
+   incarnation, the last sequence number applied, when it was last heard, its transactional
+   id.  A Register of another incarnation starts a new session (everything the old one
+   committed precedes it in the partition: the new one's ``init_transactions`` fenced it) and
+   drops an eviction in progress for it.
+3. *Exactly once.*  A message of the current incarnation is applied iff its sequence number is
+   above the session's (a lower or equal one was applied before the acker's last checkpoint
+   and is replayed: a duplicate, ignored).
+4. *Stale and unknown.*  A message of another incarnation, or of an evicted one, is refused as
+   ``stale_incarnation``; of a source without a session as ``unregistered_source``.
+   Heartbeats carry no sequence number: one of the current incarnation refreshes liveness,
+   any other is counted stale and dropped.
+5. *Reports and seals* go to the segments' tables; a report for a time that already
+   terminated is refused as ``terminated_time`` (its time was announced without it), a seal of
+   a source not registered there as ``unregistered_source``.  Every refusal is per message:
+   the rest of the message applies.
+6. *Eviction* (for silence or an operator's ``Evict``) of a live SOURCE of a segment of the
+   partition: first its writer is fenced and the partition's high watermark asked (effect
+   :class:`Evict`; the shell answers with :meth:`AckerCore.fenced`); it takes effect once the
+   partition was read up to that offset (liveness rule 6): the source is unregistered from the
+   partition's segments and a ``SourceEvicted`` goes on each one's control topic.
+7. *Terminations.*  Per substream, the times that terminated go out in order, as
+   ``EpochComplete``/``EpochsComplete`` (runs of at most :data:`MAX_COMPLETIONS_PER_RECORD`
+   per record) with their frontier changes, in the same transaction as the state that
+   accounts for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from substreams.acker.agent import (
+    AckReport,
+    Columns,
+    Register,
+    SourceHeartbeat,
+    Unregister,
+    decode_ack,
+)
+from substreams.acker.agent import (
+    Evict as EvictMessage,
+)
+from substreams.acker.deadletter import (
+    REASON_MALFORMED,
+    REASON_STALE,
+    REASON_TERMINATED,
+    REASON_UNKNOWN_SUBSTREAM,
+    REASON_UNREGISTERED,
+)
+from substreams.acker.liveness import Liveness, Silent, SilentBlocker, excuse_stall
+from substreams.acker.state import AckerState, Blocker, SessionKey, SourceSession
+from substreams.acker.table import SegmentTable, Violation
+from substreams.control.messages import (
+    Completion,
+    ControlBody,
+    FrontierSnapshot,
+    SourceEvicted,
+    completion,
+)
+from substreams.control.progress import ProgressTracker
+from substreams.errors import ProtocolError
+from substreams.frontier import Time
+
+MAX_COMPLETIONS_PER_RECORD = 500
+"""Times one ``EpochsComplete`` may announce.  Why bounded: a control record must stay well
+under the broker's ``message.max.bytes`` (1 MiB) whatever the keys and ranges; 500 epochs
+of a session substream with 100-byte keys and a few ranges each are ~100 KiB, and the
+saving per record is already tiny at that size."""
+
+LIVENESS_EVERY_MS = 100
+"""How often silence is judged (a session table walk): often enough next to any timeout."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A message (or part of one) the core did not apply: the shell dead-letters it."""
+
+    reason: str
+    detail: str
+    source: str | None
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Effect: fence ``writer`` (if any), then tell :meth:`AckerCore.fenced` the acks
+    partition's high watermark (``read_uncommitted``) asked after it."""
+
+    key: SessionKey
+    writer: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Effect: fence ``writer``, a transaction's writer the core has no session of."""
+
+    writer: str
+    why: str
+
+
+@dataclass
+class Effects:
+    """What a :meth:`AckerCore.tick` (and the messages applied before it) asks of the shell."""
+
+    records: list[tuple[str, ControlBody]] = field(default_factory=list)
+    """Control records, (topic, body), for the next transaction (with the checkpoint)."""
+    evict: list[Evict] = field(default_factory=list)
+    fence: list[Fence] = field(default_factory=list)
+    notified: list[tuple[str, list[int]]] = field(default_factory=list)
+    """Per substream that notified, each time's ``sealed_at_ms`` (for the latency metric)."""
+    evicted: list[tuple[SessionKey, str]] = field(default_factory=list)
+    """Evictions that took effect: (source, acks partition), reason."""
+    warnings: list[str] = field(default_factory=list)
+    """What an operator should read in the log."""
+
+    def __bool__(self) -> bool:
+        return bool(self.records or self.evict or self.fence or self.warnings)
+
+
+class AckerCore:
+    """The rules of one acker (or acker shard); see the module doc.
+
+    Invariants: ``state.acks_offsets[p]`` is one past the last message of partition ``p``
+    applied; ``evicting[k]`` holds the sessions whose eviction began, with the offset to read
+    up to (None until :meth:`fenced`); a session in ``evicting`` is not ``evicted``."""
+
+    def __init__(
+        self,
+        name: str,
+        partitions: Iterable[int],
+        home: Mapping[str, int],
+        control_topics: Mapping[str, str],
+        *,
+        acks_partitions: int,
+        source_timeout_ms: int,
+        heartbeat_ms: int,
+        state: AckerState | None = None,
+    ) -> None:
+        self.name = name
+        self.partitions = tuple(partitions)
+        self.home = dict(home)
+        """Every acker substream's acks partition (this core's and the others')."""
+        self.control_topics = dict(control_topics)
+        self.acks_partitions = acks_partitions
+        self.heartbeat_ms = heartbeat_ms
+        self.state = state or AckerState()
+        self.live = Liveness(source_timeout_ms)
+        self.evicting: dict[SessionKey, tuple[int | None, str]] = {}
+        self.duplicates = 0
+        self.stale = 0
+        self.evictions = 0
+        self.notifications = 0
+        self._pending = Effects()
+        self._kept_warned: set[SessionKey] = set()
+        self._last_step_ms = 0
+        self._last_judged_ms: int | None = None
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    def started(self, now: int) -> None:
+        """The shell (re)started at ``now``: an acker's own downtime evicts no one."""
+        for session in self.state.sessions.values():
+            session.last_seen_ms = now
+        self._last_step_ms = now
+
+    # -- messages ------------------------------------------------------------------------
+
+    def apply(
+        self, partition: int, offset: int, value: bytes,
+        headers: Iterable[tuple[str, bytes]] | None, now: int,
+    ) -> list[Refusal]:
+        """Apply the acks message at ``offset`` of ``partition``; what of it was refused."""
+        self.state.acks_offsets[partition] = offset + 1
+        try:
+            ack = decode_ack(value, headers)
+        except ProtocolError as exc:
+            return [Refusal(REASON_MALFORMED, str(exc), None)]
+        body = ack.body
+        problems: list[tuple[str, str]] = []
+        if isinstance(body, EvictMessage):  # an operator's order, not a source's message
+            key = (body.source, partition)
+            if self._begin_eviction(key, f"evicted by hand: {body.reason}"):
+                return []
+            if key in self.evicting or (
+                key in self.state.sessions and self.state.sessions[key].evicted
+            ):
+                return []  # already on its way out here
+            if self.acks_partitions == 1:
+                return [Refusal(REASON_UNREGISTERED,
+                                f"cannot evict '{body.source}': not a live registered source",
+                                ack.source)]
+            # the order goes to every partition; this one's segments lack the source
+            self._pending.warnings.append(
+                f"nothing to evict for '{body.source}' on acks partition {partition}"
+            )
+            return []
+        skey = (ack.source, partition)
+        session = self.state.sessions.get(skey)
+        if isinstance(body, SourceHeartbeat):  # sent outside transactions: no sequence
+            if session is not None and session.incarnation == ack.incarnation:
+                session.last_seen_ms = now
+            else:
+                self.stale += 1
+            return []
+        if isinstance(body, Register) and (
+            session is None or session.incarnation != ack.incarnation
+        ):
+            self.state.sessions[skey] = SourceSession(
+                ack.incarnation, ack.seq, now, body.writer,
+                evict_when_silent=body.evict_when_silent,
+            )
+            self.evicting.pop(skey, None)  # a new incarnation: nothing to evict
+            self._membership(ack.source, body, partition, problems)
+        elif session is None:
+            problems.append((REASON_UNREGISTERED, f"source '{ack.source}' is not registered"))
+        elif session.incarnation != ack.incarnation or session.evicted:
+            self.stale += 1
+            problems.append((
+                REASON_STALE,
+                f"message of incarnation {ack.incarnation!r} of source '{ack.source}', "
+                f"whose current incarnation is {session.incarnation!r}"
+                + (" (evicted)" if session.evicted else ""),
+            ))
+        elif ack.seq <= session.seq:
+            self.duplicates += 1
+            return []
+        else:
+            session.seq = ack.seq
+            session.last_seen_ms = now
+            if isinstance(body, Register | Unregister):  # joins more substreams / leaves
+                self._membership(ack.source, body, partition, problems)
+            elif isinstance(body, AckReport):
+                self._apply_report(ack.source, body, partition, now, problems)
+        if not problems:
+            return []
+        return [Refusal(problems[0][0], "; ".join(p[1] for p in problems), ack.source)]
+
+    def _segment(
+        self, sub: str, partition: int, problems: list[tuple[str, str]]
+    ) -> SegmentTable | None:
+        """The table of segment ``sub`` if its messages belong on acks ``partition``."""
+        table = self.state.tables.get(sub)
+        if table is None:
+            problems.append((REASON_UNKNOWN_SUBSTREAM, f"unknown substream '{sub}'"))
+            return None
+        if self.home[sub] != partition:
+            problems.append((
+                REASON_UNKNOWN_SUBSTREAM,
+                f"substream '{sub}' belongs to acks partition {self.home[sub]}, not "
+                f"{partition} (is acker.acks_partitions the same everywhere?)",
+            ))
+            return None
+        return table
+
+    def _membership(
+        self, source: str, body: Register | Unregister, partition: int,
+        problems: list[tuple[str, str]],
+    ) -> None:
+        for sub in body.substreams:
+            table = self._segment(sub, partition, problems)
+            if table is None:
+                pass
+            elif isinstance(body, Register):
+                table.register(source, body.role)
+            else:
+                table.unregister(source)
+
+    def _table_for(
+        self, source: str, sub: str, partition: int, problems: list[tuple[str, str]]
+    ) -> SegmentTable | None:
+        table = self._segment(sub, partition, problems)
+        if table is None:
+            return None
+        if not table.is_registered(source):
+            problems.append(
+                (REASON_UNREGISTERED, f"source '{source}' is not registered for substream '{sub}'")
+            )
+            return None
+        return table
+
+    def _apply_report(
+        self, source: str, body: AckReport, partition: int, now: int,
+        problems: list[tuple[str, str]],
+    ) -> None:
+        trackers = self.state.trackers
+        # A message's entries share a few substreams: each one's table is looked up and
+        # checked once (a refusal is not kept, so every refused entry still says why).
+        tables: dict[str, SegmentTable] = {}
+        for e in body.entries:
+            table = tables.get(e.substream)
+            if table is None:
+                table = self._table_for(source, e.substream, partition, problems)
+                if table is None:
+                    continue
+                tables[e.substream] = table
+            try:
+                if table.report(e.time, e.xor, e.records, e.reports, e.ranges, now):
+                    trackers[e.substream].activate(e.time)
+            except Violation as v:
+                problems.append((REASON_TERMINATED, v.reason))
+        for block in body.all_blocks():
+            table = self._table_for(source, block.substream, partition, problems)
+            if table is None:
+                continue
+            columns = block.unpack()  # the shape check: a malformed block applies nothing
+            if isinstance(columns, str):
+                problems.append((REASON_MALFORMED, columns))
+                continue
+            refused = apply_block(table, trackers[block.substream], columns, now)
+            problems.extend((REASON_TERMINATED, v.reason) for v in refused)
+        for s in body.seals:
+            table = tables.get(s.substream)
+            if table is None:
+                table = self._table_for(source, s.substream, partition, problems)
+                if table is None:
+                    continue
+            try:
+                if s.all_keys:
+                    if type(s.time) is not int:
+                        raise Violation(f"keyed seal with a non-integer time {s.time!r}")
+                    table.seal_keys(source, s.time, s.sealed_at_ms)
+                elif table.seal(source, s.time, s.sealed_at_ms, now):
+                    trackers[s.substream].activate(s.time)
+            except Violation as v:
+                problems.append((REASON_UNREGISTERED, v.reason))
+
+    # -- liveness ------------------------------------------------------------------------
+
+    def probed(self, partition: int, now: int, position: int, lso: int, high: int) -> None:
+        """Liveness rules 2 and 4: a probe of the partition's ends."""
+        self.live.probed(partition, now, position, lso, high)
+
+    def to_name(self, now: int) -> list[Blocker]:
+        """Blockers whose first message the shell should read (then :meth:`named`)."""
+        return self.live.to_name(now)
+
+    def named(self, blocker: Blocker, source: str | None, incarnation: str | None,
+              writer: str | None) -> Blocker:
+        """What the blocker's first message said of its writer.  A message that does not
+        name its writer (not a Register) is matched to the session of that incarnation."""
+        if writer is None and source is not None:
+            session = self.state.sessions.get((source, blocker.partition))
+            if session is not None and session.incarnation == incarnation:
+                writer = session.writer or None
+        return self.live.named(blocker, source, incarnation, writer)
+
+    def fenced(self, key: SessionKey, high: int) -> None:
+        """The shell fenced the writer of an :class:`Evict` and read the partition's high
+        watermark after it: the eviction takes effect once read up to there (rule 6)."""
+        if key in self.evicting:
+            self.evicting[key] = (high, self.evicting[key][1])
+
+    def _tables_of(self, partition: int) -> list[tuple[str, SegmentTable]]:
+        return [(s, t) for s, t in self.state.tables.items() if self.home.get(s) == partition]
+
+    def _begin_eviction(self, key: SessionKey, reason: str) -> bool:
+        """Rule 6's first half; False if ``key`` is not a live SOURCE of a segment of its
+        partition (or is on its way out already)."""
+        source, partition = key
+        session = self.state.sessions.get(key)
+        if session is None or session.evicted or key in self.evicting:
+            return False
+        if not any(t.is_active_source(source) for _, t in self._tables_of(partition)):
+            return False
+        self.evicting[key] = (None, reason)
+        self._pending.evict.append(Evict(key, session.writer, reason))
+        return True
+
+    def _finish_eviction(self, key: SessionKey, reason: str) -> None:
+        source, partition = key
+        session = self.state.sessions[key]
+        session.evicted = True
+        self.evictions += 1
+        for sub, table in self._tables_of(partition):
+            if not table.is_active_source(source):
+                continue
+            table.unregister(source)
+            self._pending.records.append((
+                self.control_topics[sub],
+                SourceEvicted(sub, source, session.incarnation, session.last_seen_ms, reason),
+            ))
+        self._pending.evicted.append((key, reason))
+
+    def _judge(self, now: int) -> None:
+        """Liveness rules 3 and 5, at most every :data:`LIVENESS_EVERY_MS`."""
+        if self._last_judged_ms is not None and now - self._last_judged_ms < LIVENESS_EVERY_MS:
+            return
+        self._last_judged_ms = now
+        silent: set[SessionKey] = set()
+        for decision in self.live.decide(self.state.sessions, now, set(self.evicting)):
+            if isinstance(decision, Silent):
+                silent.add(decision.key)
+                self._silent(decision)
+            else:
+                self._silent_blocker(decision)
+        self._kept_warned &= silent  # heard again: warn at the next silence
+
+    def _silent(self, decision: Silent) -> None:
+        key = decision.key
+        if decision.evict:
+            self._begin_eviction(key, f"silent for {decision.silence_ms} ms")
+        elif key not in self._kept_warned:
+            self._kept_warned.add(key)
+            self._pending.warnings.append(
+                f"source '{key[0]}' (acks partition {key[1]}) silent for "
+                f"{decision.silence_ms} ms; not evicted: it registered as never evicted for "
+                "silence (a Spark query's driver), so its substreams wait for it; if it is "
+                f"gone for good: substreams acker evict-source {key[0]}"
+            )
+
+    def _silent_blocker(self, decision: SilentBlocker) -> None:
+        blocker = decision.blocker
+        held = f"{blocker.describe()} for over {self.live.timeout_ms} ms"
+        if decision.key is not None:
+            self._begin_eviction(decision.key, f"its open transaction held {held}")
+        elif decision.writer is not None:
+            self._pending.fence.append(Fence(
+                decision.writer, f"{held}; fencing its writer (no session of it to evict)"
+            ))
+        else:
+            self._pending.warnings.append(
+                f"{held}; not ours to fence (or never evicted for silence): waited out, no "
+                "source is evicted for the silence it causes"
+            )
+
+    # -- one step ------------------------------------------------------------------------
+
+    def tick(self, now: int, positions: Mapping[int, int]) -> Effects:
+        """After the step's messages: liveness (given how far each partition was read),
+        evictions that took effect, terminations.  Returns every effect since the last."""
+        excuse_stall(self.state.sessions, self._last_step_ms, now, self.heartbeat_ms)
+        self._last_step_ms = now
+        for p, at in positions.items():
+            self.live.advance(p, at)
+        self._judge(now)
+        for key, (upto, reason) in list(self.evicting.items()):
+            if upto is not None and positions[key[1]] >= upto:
+                del self.evicting[key]
+                self._finish_eviction(key, reason)
+        self._terminations(now)
+        self.state.blockers = list(self.live.blockers.values())
+        effects, self._pending = self._pending, Effects()
+        return effects
+
+    def _terminations(self, now: int) -> None:
+        """Rule 7: per substream, what terminated now, in runs of at most
+        ``MAX_COMPLETIONS_PER_RECORD`` times per record."""
+        for sub, table in self.state.tables.items():
+            tracker = self.state.trackers[sub]
+            bodies, sealed_at, last = announce(table, tracker, now)
+            if last is None:
+                continue
+            topic = self.control_topics[sub]
+            self._pending.records.extend((topic, body) for body in bodies)
+            self._pending.notified.append((sub, sealed_at))
+            self.state.last_notification[sub] = (last, now)
+            self.notifications += len(sealed_at)
+            tracker.prune_keyed(table.keyed_floor())
+
+    def heartbeat_records(self) -> list[tuple[str, ControlBody]]:
+        """Every substream's pending lower-frontier update (written with the heartbeat)."""
+        out: list[tuple[str, ControlBody]] = []
+        for sub, tracker in self.state.trackers.items():
+            update = tracker.pending_update()
+            if update is not None:
+                out.append((self.control_topics[sub], update))
+        return out
+
+
+def apply_block(
+    table: SegmentTable, tracker: ProgressTracker, columns: Columns, now: int
+) -> list[Violation]:
+    """Apply a block's checked columns (:meth:`AckBlock.unpack`): the table's entries, the
+    tracker's newly active times; the refused entries' violations."""
+    new, refused = table.report_block(*columns, now)
+    tracker.activate_many(new)
+    return refused
+
+
+def announce(
+    table: SegmentTable, tracker: ProgressTracker, now: int
+) -> tuple[list[ControlBody], list[int], Time | None]:
+    """What terminated in ``table`` now, as control bodies (``tracker`` retires it): the
+    bodies, each time's ``sealed_at_ms`` (for the latency metric; one per time, in order) and
+    the last time announced (None: nothing terminated).  A module function, so that the
+    benchmark times exactly what the service runs (``substreams bench acker``)."""
+    run, entries, terms = table.termination_runs()
+    if not run and not terms:
+        return [], [], None
+    # One Completion per time is the wire form; the int run's are built straight from the
+    # table's entries (no Termination), and a chunk of them is retired as a run.
+    done: list[tuple[Completion, tuple[Time, ...]]] = [
+        (completion(t, e.offset_ranges(), e.records, e.sealed_at_ms or now), ())
+        for t, e in zip(run, entries, strict=True)
+    ]
+    done.extend(
+        (Completion(term.time, term.ranges, term.records, term.sealed_at_ms or now,
+                    term.until), term.members)
+        for term in terms
+    )
+    out: list[ControlBody] = []
+    for at in range(0, len(done), MAX_COMPLETIONS_PER_RECORD):
+        chunk = done[at:at + MAX_COMPLETIONS_PER_RECORD]
+        if at + len(chunk) <= len(run):
+            bodies = tracker.complete_run([c for c, _ in chunk])
+        else:
+            bodies = tracker.complete_many(chunk)
+        for body in bodies:
+            if isinstance(body, FrontierSnapshot):  # with the open times' starts
+                out.append(tracker.snapshot(_open_starts(table)))
+            else:
+                out.append(body)
+    sealed_at = [e.sealed_at_ms for e in entries]
+    sealed_at.extend(term.sealed_at_ms for term in terms)
+    return out, sealed_at, (terms[-1].time if terms else run[-1])
+
+
+def _open_starts(table: SegmentTable) -> dict[tuple[str, int], int]:
+    """Per data partition, the earliest offset of a record of a still-open time."""
+    starts: dict[tuple[str, int], int] = {}
+    if not table.open:
+        return starts
+    for entry in table.open.values():
+        for key, (lo, _) in entry.ranges.items():
+            if lo < starts.get(key, lo + 1):
+                starts[key] = lo
+    return starts
