@@ -73,12 +73,16 @@ class KafkaWriter:
         headers: Sequence[tuple[str, bytes]] = (), timestamp_ms: int | None = None,
     ) -> None:
         self._slots.append(None)
-        with _translated(self.name):
-            produce(
-                self._producer, topic, value, key=key, partition=partition,
-                headers=list(headers), on_delivery=self._on_delivery(len(self._slots) - 1),
-                timestamp_ms=timestamp_ms,
-            )
+        try:
+            with _translated(self.name):
+                produce(
+                    self._producer, topic, value, key=key, partition=partition,
+                    headers=list(headers), on_delivery=self._on_delivery(len(self._slots) - 1),
+                    timestamp_ms=timestamp_ms,
+                )
+        except BaseException:
+            self._slots.pop()  # refused: never queued, never delivered
+            raise
 
     def flush(self) -> list[Record]:
         with _translated(self.name):

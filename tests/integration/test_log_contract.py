@@ -346,3 +346,48 @@ def test_an_offset_past_the_end_reads_from_the_log_start(env: Env) -> None:
     got, positions = env.read({(topic, 0): OFFSET_END})
     assert got == [] and positions == {(topic, 0): 2}
     w.close()
+
+
+# -- misuse, and a writer that dies inside its transaction ----------------------------------------
+
+
+def test_transactional_calls_outside_a_transaction_are_refused(env: Env) -> None:
+    topic = env.topic()
+    w = env.log.transactional_writer(env.tid())
+    with pytest.raises(BrokerError):
+        w.produce(topic, 0, b"stray")
+    assert w.flush() == []
+    with pytest.raises(BrokerError):
+        w.commit()
+    with pytest.raises(BrokerError):
+        w.abort()
+    w.begin()
+    with pytest.raises(BrokerError):
+        w.begin()
+    w.abort()
+    assert env.ends(topic) == ({0: 0}, {0: 0})
+    w.close()
+
+
+def test_a_writer_gone_inside_its_transaction_holds_readers_until_fenced(env: Env) -> None:
+    topic = env.topic()
+    tid = env.tid()
+    dead = env.log.transactional_writer(tid)
+    live = env.log.transactional_writer(env.tid())
+    dead.begin()
+    dead.produce(topic, 0, b"dead")
+    dead.flush()
+    dead.close()  # a crash: no commit, no abort
+    live.begin()
+    live.produce(topic, 0, b"live")
+    live.commit()
+    assert wait_until(env.clock, lambda: env.ends(topic) == ({0: 0}, {0: 3}), 20)
+    got, _ = env.read({(topic, 0): 0})
+    assert got == []  # the live writer's commit is there, and invisible
+    env.clock.sleep(0.5)
+    assert env.ends(topic) == ({0: 0}, {0: 3})  # still held: nothing but a fence frees it
+    env.log.fence(tid)
+    assert env.settled(topic) == {0: 4}
+    got, _ = env.read({(topic, 0): 0})
+    assert values(got) == [b"live"]
+    live.close()
