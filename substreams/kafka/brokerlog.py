@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -23,8 +23,12 @@ from substreams.kafka.log import (
     TRANSACTION_TIMEOUT_MS,
     Committed,
     FencedError,
+    Log,
+    LogReader,
     Partition,
     Record,
+    TransactionalWriter,
+    Writer,
 )
 from substreams.kafka.read import Reader, record_at
 from substreams.kafka.topics import ensure_topics
@@ -253,3 +257,12 @@ class KafkaLog:
                 [TopicPartition(topic, partition, before)]
             ).values()
             return int(fut.result(30).low_watermark)
+
+
+if TYPE_CHECKING:  # mypy proves that the classes implement the Protocols
+
+    def _implements(
+        log: KafkaLog, writer: KafkaWriter, txn: KafkaTransactionalWriter,
+        reader: KafkaLogReader,
+    ) -> tuple[Log, Writer, TransactionalWriter, LogReader]:
+        return log, writer, txn, reader

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 __all__ = ["Clock", "SimClock", "SystemClock", "wait_until"]
 
@@ -88,3 +88,9 @@ def wait_until(
         if clock.monotonic() >= deadline:
             return False
         clock.sleep(step)
+
+
+if TYPE_CHECKING:  # mypy proves that the classes implement the Protocol
+
+    def _implements(system: SystemClock, sim: SimClock) -> tuple[Clock, Clock]:
+        return system, sim

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from substreams.errors import BrokerError
 from substreams.kafka.clock import Clock
@@ -81,8 +82,12 @@ from substreams.kafka.log import (
     TRANSACTION_TIMEOUT_MS,
     Committed,
     FencedError,
+    Log,
+    LogReader,
     Partition,
     Record,
+    TransactionalWriter,
+    Writer,
 )
 
 __all__ = ["MemoryLog", "MemoryReader", "MemoryTransactionalWriter", "MemoryWriter"]
@@ -495,3 +500,12 @@ class MemoryReader:
 
     def close(self) -> None:
         self._assigned = []
+
+
+if TYPE_CHECKING:  # mypy proves that the classes implement the Protocols
+
+    def _implements(
+        log: MemoryLog, writer: MemoryWriter, txn: MemoryTransactionalWriter,
+        reader: MemoryReader,
+    ) -> tuple[Log, Writer, TransactionalWriter, LogReader]:
+        return log, writer, txn, reader
