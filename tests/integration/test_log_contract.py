@@ -201,6 +201,21 @@ def test_an_open_transaction_holds_the_last_stable_offset(env: Env) -> None:
         w.close()
 
 
+def test_a_transaction_over_two_topics_holds_both_and_shows_both_at_once(env: Env) -> None:
+    data, acks = env.topic(), env.topic()
+    w = env.log.transactional_writer(env.tid())
+    w.begin()
+    w.produce(data, 0, b"record")
+    w.produce(acks, 0, b"report")
+    w.flush()
+    assert env.ends(data) == ({0: 0}, {0: 1}) and env.ends(acks) == ({0: 0}, {0: 1})
+    w.commit()
+    assert env.settled(data) == {0: 2} and env.settled(acks) == {0: 2}
+    got, _ = env.read({(data, 0): 0, (acks, 0): 0})
+    assert sorted(values(got), key=str) == [b"record", b"report"]
+    w.close()
+
+
 def test_a_reader_at_end_sees_later_records_and_ends_again(env: Env) -> None:
     topic = env.topic()
     w = env.log.transactional_writer(env.tid())
