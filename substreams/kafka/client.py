@@ -222,11 +222,37 @@ def end_offsets(
     ``KafkaException`` (e.g. during a broker outage): a caller that cannot tell must not
     guess."""
     level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    return _list_offsets(admin, topic, partitions, OffsetSpec.latest(), level, timeout)
+
+
+def start_offsets(
+    admin: AdminClient, topic: str, partitions: list[int], timeout: float = 10.0
+) -> dict[int, int]:
+    """Each partition's log start (past 0 once retention or ``delete_records`` removed its
+    head), in one request: no consumer needed, unlike :func:`watermarks`."""
+    return _list_offsets(
+        admin, topic, partitions, OffsetSpec.earliest(), IsolationLevel.READ_UNCOMMITTED,
+        timeout,
+    )
+
+
+def _list_offsets(
+    admin: AdminClient, topic: str, partitions: list[int], spec: OffsetSpec,
+    level: IsolationLevel, timeout: float,
+) -> dict[int, int]:
     futures = admin.list_offsets(
-        {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+        {TopicPartition(topic, p): spec for p in partitions},
         isolation_level=level, request_timeout=timeout,
     )
     return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
+
+
+def fence(bootstrap: str, config: Config | None, transactional_id: str) -> None:
+    """Fence ``transactional_id``: its current producer's open transaction is aborted and
+    its next transactional call fails (Kafka's producer epoch bump)."""
+    fencer = producer(bootstrap, config, transactional_id=transactional_id)
+    fencer.init_transactions(30)
+    fencer.flush(1)
 
 
 def headers_dict(headers: list[tuple[str, bytes]] | None) -> Mapping[str, bytes]:

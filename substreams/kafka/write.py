@@ -35,11 +35,14 @@ def produce(
     partition: int = -1,
     headers: list[tuple[str, bytes]] | None = None,
     on_delivery: Callable[[KafkaError | None, Any], None] | None = None,
+    timestamp_ms: int | None = None,
 ) -> None:
     """Queue one message, waiting (serving delivery callbacks) while the queue is full."""
     kwargs: dict[str, Any] = {"value": value, "key": key, "headers": headers}
     if partition >= 0:
         kwargs["partition"] = partition
+    if timestamp_ms is not None:
+        kwargs["timestamp"] = timestamp_ms
     if on_delivery is not None:
         kwargs["on_delivery"] = on_delivery
     while True:
