@@ -143,6 +143,17 @@ class AckerCore:
     applied; ``evicting[k]`` holds the sessions whose eviction began, with the offset to read
     up to (None until :meth:`fenced`); a session in ``evicting`` is not ``evicted``."""
 
+    reintroduced: frozenset[str] = frozenset()
+    """Bugs put back on purpose, by name: the deterministic simulator's switches
+    (``tests/sim``), set only by its tests to show that it finds each one; always empty
+    otherwise.  Each is a one-line change in the rule it breaks, marked ``BUG SWITCH``:
+    ``old_unregister`` (rule 4: another incarnation's Unregister applied to the current
+    session), ``old_heartbeat`` (rule 4: another incarnation's heartbeat refreshes the
+    current one), ``seq_not_reset`` (rule 3: a new incarnation inherits the old one's
+    sequence number), ``clock_silence`` (liveness rule 2: silence judged on the clock, not
+    the read horizon), ``evict_at_lso`` (liveness rule 6, in the shell: an eviction reads
+    only up to the last stable offset after the fence)."""
+
     def __init__(
         self,
         name: str,
@@ -216,7 +227,10 @@ class AckerCore:
         skey = (ack.source, partition)
         session = self.state.sessions.get(skey)
         if isinstance(body, SourceHeartbeat):  # sent outside transactions: no sequence
-            if session is not None and session.incarnation == ack.incarnation:
+            if session is not None and (
+                session.incarnation == ack.incarnation
+                or "old_heartbeat" in self.reintroduced  # BUG SWITCH (rule 4)
+            ):
                 session.last_seen_ms = now
             else:
                 self.stale += 1
@@ -224,15 +238,20 @@ class AckerCore:
         if isinstance(body, Register) and (
             session is None or session.incarnation != ack.incarnation
         ):
+            seq = ack.seq
+            if session is not None and "seq_not_reset" in self.reintroduced:
+                seq = max(seq, session.seq)  # BUG SWITCH (rule 3)
             self.state.sessions[skey] = SourceSession(
-                ack.incarnation, ack.seq, now, body.writer,
+                ack.incarnation, seq, now, body.writer,
                 evict_when_silent=body.evict_when_silent,
             )
             self.evicting.pop(skey, None)  # a new incarnation: nothing to evict
             self._membership(ack.source, body, partition, problems)
         elif session is None:
             problems.append((REASON_UNREGISTERED, f"source '{ack.source}' is not registered"))
-        elif session.incarnation != ack.incarnation or session.evicted:
+        elif (session.incarnation != ack.incarnation and not (
+            "old_unregister" in self.reintroduced and isinstance(body, Unregister)  # BUG SWITCH
+        )) or session.evicted:
             self.stale += 1
             problems.append((
                 REASON_STALE,
@@ -405,6 +424,8 @@ class AckerCore:
         if self._last_judged_ms is not None and now - self._last_judged_ms < LIVENESS_EVERY_MS:
             return
         self._last_judged_ms = now
+        if "clock_silence" in self.reintroduced:  # BUG SWITCH (liveness rule 2)
+            self.live.horizon = dict.fromkeys(self.partitions, now)
         silent: set[SessionKey] = set()
         for decision in self.live.decide(self.state.sessions, now, set(self.evicting)):
             if isinstance(decision, Silent):

@@ -1,0 +1,1 @@
+"""The deterministic simulator of the acker's guarantees (see :mod:`tests.sim.sim`)."""

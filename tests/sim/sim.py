@@ -1,0 +1,671 @@
+"""The deterministic simulator (issue #26 items 5 and 6): one seed, one schedule of sources
+and an acker over the in-memory log on a simulated clock, then the firm bound's checks.
+
+Why: every rule that carries the guarantees is in pure code (:class:`AckerCore`, the
+:class:`TrackingAgent`, :class:`MemoryLog`), so thousands of crash schedules can run in the
+time one kill test takes, and a failing one replays exactly from its seed.
+
+What runs (all randomness from ``random.Random(seed)``, all time from a :class:`SimClock`):
+
+* *Sources* (2-4), each incarnation a generator stepped by the scheduler: it takes its
+  transactional id (fencing its predecessor), registers in its first transaction, publishes
+  1-3 records per epoch to random data partitions with the real agent's reports (per record
+  or as columns), seals each epoch in the transaction of its records or a later one,
+  heartbeats through a non-transactional writer when idle, and closes (Unregister).  Faults,
+  at every step that can fail: a crash before a produce, between produce and commit (dying
+  inside the transaction: it holds the last stable offset until fenced or timed out), right
+  after a commit returned; a long pause (silent: evicted); a *zombie* (frozen while a new
+  incarnation takes over, then heartbeating and trying to commit: it must get
+  :class:`FencedError` and write nothing).  A restart is a new incarnation that resumes
+  after the highest epoch its source committed (as ``tests/integration/procs.py`` does)
+  and re-seals it.
+* *The acker*: what :meth:`AckerService.step` does, over the log: read the acks topic
+  ``read_committed``, :meth:`AckerCore.apply` per message, probe both ends every
+  ``probe_interval_ms`` and name blockers with ``record_at``, :meth:`AckerCore.tick`,
+  carry out fences and evictions (the fence takes simulated time, during which the
+  sources run on, as the real blocking call lets them), then commit the notifications with
+  a checkpoint (``state.dumps()``) atomically.  It crashes at random and restarts from its
+  last checkpoint.
+
+Checks (:func:`check`): notifications in order and once per substream; each holds
+exactly the committed records of its time (count, and every one inside its offset
+ranges); none before its records' commit; every time with a committed record terminates;
+no live incarnation evicted; a zombie's calls fail.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import substreams.acker.agent as agent_module
+from substreams.acker.agent import Register, TrackingAgent, decode_ack, encode_ack
+from substreams.acker.core import AckerCore
+from substreams.acker.deadletter import REASON_TERMINATED
+from substreams.acker.liveness import probe_interval_ms
+from substreams.acker.state import AckerState, Blocker
+from substreams.acker.table import SOURCE
+from substreams.control.messages import completions
+from substreams.errors import ProtocolError
+from substreams.kafka.clock import SimClock
+from substreams.kafka.log import FencedError
+from substreams.kafka.memory import MemoryLog, MemoryReader, MemoryTransactionalWriter
+
+DATA = "clicks"
+ACKS = "acks"
+SUBS = ("s", "o")
+"""Two epoch substreams: on acks partitions 1 and 0 of a two-partition acks topic."""
+DATA_PARTITIONS = 3
+TIMEOUT_MS = 1000
+"""The acker's ``source_timeout_ms``."""
+ACKER_HEARTBEAT_MS = 200
+SOURCE_HEARTBEAT_MS = 200
+TXN_TIMEOUT_MS = 4000
+"""Sources' ``transaction.timeout.ms``: longer than the timeout, so that a publisher dying
+inside a transaction is found by the acker (blocker rule) before its coordinator aborts it."""
+DRAIN_MS = TXN_TIMEOUT_MS + 6 * TIMEOUT_MS
+"""How long the acker runs on after the sources ended, at most, for every time to end."""
+SNAPSHOT_EVERY = 100
+
+Gen = Generator[int, None, None]
+"""An actor: yields how many simulated ms until its next step."""
+
+BUGS = ("old_unregister", "old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso")
+"""The bug switches of :attr:`AckerCore.reintroduced`."""
+
+
+@contextmanager
+def reintroduced(bugs: frozenset[str]) -> Iterator[None]:
+    """Switch bugs on in :class:`AckerCore` (a class attribute: test-only) for a block."""
+    unknown = bugs - set(BUGS)
+    if unknown:
+        raise ValueError(f"unknown bug switch(es) {sorted(unknown)}; known: {', '.join(BUGS)}")
+    before = AckerCore.reintroduced
+    AckerCore.reintroduced = bugs
+    try:
+        yield
+    finally:
+        AckerCore.reintroduced = before
+
+
+@contextmanager
+def agent_clock(clock: SimClock) -> Iterator[None]:
+    """The agent stamps messages with the wall clock (``sent``, ``sealed_at_ms``): the
+    simulated one instead, so that a schedule's messages are the same bytes every run."""
+    before = agent_module.now_ms
+    agent_module.now_ms = clock.now_ms
+    try:
+        yield
+    finally:
+        agent_module.now_ms = before
+
+
+@dataclass
+class Note:
+    """One committed notification."""
+
+    sub: str
+    time: int
+    records: int
+    ranges: list[tuple[int, int, int]]
+    """(data partition, start, end)."""
+    at_ms: int
+
+
+@dataclass
+class Source:
+    """One source id across its incarnations."""
+
+    name: str
+    txid: str
+    epochs: int
+    incarnations: int = 0
+    current: str = ""
+    finished: bool = False
+    """Closed, or dead for good: nothing more comes from this source."""
+    unlive: set[str] = field(default_factory=set)
+    """Incarnations that crashed, paused for longer than the timeout, froze as zombies or
+    were fenced: the acker may evict these, never the others."""
+
+
+@dataclass
+class Result:
+    seed: int
+    violations: list[str]
+    faults: int
+    events: list[tuple[int, str]]
+    stats: dict[str, int]
+
+
+class Crash(Exception):
+    """An incarnation's process dies here (the generator ends)."""
+
+
+class Sim:
+    """One schedule.  ``fault_limit``: inject at most that many faults (the later ones are
+    drawn but not carried out, so the rest of the schedule stays as alike as it can): what
+    the minimal trace search varies."""
+
+    def __init__(self, seed: int, fault_limit: int | None = None) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        rng = self.rng
+        self.clock = SimClock()
+        self.log = MemoryLog(self.clock, marker_delay_ms=rng.choice((0, 0, 5)))
+        self.acks_partitions = rng.choice((1, 2))
+        self.config: Any = SimpleNamespace(
+            acker=SimpleNamespace(acks_topic=ACKS, acks_partitions=self.acks_partitions)
+        )
+        self.log.create_topics({DATA: DATA_PARTITIONS, ACKS: self.acks_partitions})
+        self.fault_limit = fault_limit
+        self.faults = 0
+        self.events: list[tuple[int, str]] = []
+        self.violations: list[str] = []
+        self._queue: list[tuple[int, int, Gen]] = []
+        self._seq = 0
+        self.t0 = self.clock.now_ms()
+        # ground truth
+        self.commit_at: dict[tuple[int, int], int] = {}
+        """Data records (partition, offset) whose transaction's commit returned, and when."""
+        self.committed_max: dict[str, int] = {}
+        """Per source, the highest epoch of a record it committed (what a restart resumes
+        after, found in the data topic by procs.py; known exactly here)."""
+        self.pending: dict[str, set[int]] = {s: set() for s in SUBS}
+        """Per substream, times with a committed record not yet notified."""
+        self.notes: dict[str, list[Note]] = {s: [] for s in SUBS}
+        self.terminated_refused: set[str] = set()
+        """Incarnations a report of which was refused as for a terminated time."""
+        self.joined: dict[tuple[str, str], int] = {}
+        """(incarnation, substream) -> the substream's last terminated time when the acker
+        first held a session of the incarnation: a source counts from its Register on, so
+        its records at times up to there are refused (``terminated_time``; docs/design.md,
+        "A record after its own source's seal") and in no notification, by design."""
+        self.stats = {"commits": 0, "crashes": 0, "restarts": 0, "zombies": 0,
+                      "pauses": 0, "acker_crashes": 0, "evictions": 0, "fences": 0,
+                      "notifications": 0, "excused": 0, "steps": 0}
+        self.sources = [
+            Source(f"src{i}", f"txn.src{i}", rng.randint(3, 6)) for i in range(rng.randint(2, 4))
+        ]
+        self.acker = AckerShell(self)
+
+    # -- the scheduler -------------------------------------------------------------------
+
+    def now(self) -> int:
+        return self.clock.now_ms()
+
+    def event(self, text: str) -> None:
+        self.events.append((self.now() - self.t0, text))
+
+    def spawn(self, actor: Gen, delay_ms: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (self.now() + delay_ms, self._seq, actor))
+
+    def fault(self, p: float) -> bool:
+        """A fault with probability ``p`` (drawn always; carried out within the limit)."""
+        if self.rng.random() >= p:
+            return False
+        self.faults += 1
+        return self.fault_limit is None or self.faults <= self.fault_limit
+
+    def run(self) -> Result:
+        with agent_clock(self.clock):
+            for i, src in enumerate(self.sources):
+                self.spawn(self.incarnation(src), self.rng.randrange(50) + i)
+            self.spawn(self.acker.run())
+            ended_at: int | None = None
+            while self._queue:
+                at, _, actor = heapq.heappop(self._queue)
+                if at > self.clock.now_ms():
+                    self.clock.advance_ms(at - self.clock.now_ms())
+                try:
+                    delay = next(actor)
+                except StopIteration:
+                    continue
+                self._seq += 1
+                heapq.heappush(self._queue, (at + delay, self._seq, actor))
+                if ended_at is None:
+                    if all(s.finished for s in self.sources):
+                        ended_at = self.now()
+                elif (not any(self.pending.values()) and self.acker.alive) or (
+                    self.now() - ended_at > DRAIN_MS
+                ):
+                    break
+            check(self)
+        return Result(self.seed, self.violations, self.faults, self.events, self.stats)
+
+    # -- sources -------------------------------------------------------------------------
+
+    def incarnation(self, src: Source) -> Gen:
+        """One incarnation of ``src``, from taking its transactional id to its close (or
+        its crash; then maybe a restart)."""
+        rng = self.rng
+        src.incarnations += 1
+        inc = f"{src.name}.{src.incarnations}"
+        previous, src.current = src.current, inc
+        if previous:
+            src.unlive.add(previous)
+        writer = self.log.transactional_writer(src.txid, timeout_ms=TXN_TIMEOUT_MS)
+        agent = TrackingAgent(self.config, src.name, inc)
+        agent.register(SUBS, SOURCE, src.txid, True)
+        done = self.committed_max.get(src.name, -1)
+        # a client that came back after an eviction starts past what terminated meanwhile
+        frontier = min(n[-1].time if n else -1 for n in self.notes.values())
+        start = max(done, frontier) + 1
+        self.event(f"{inc} starts at epoch {start} (took {src.txid}; committed up to {done})")
+        me = Incarnation(self, src, inc, writer, agent)
+        self.spawn(me.heartbeats(), SOURCE_HEARTBEAT_MS)
+        try:
+            if start > 0:
+                for sub in SUBS:
+                    agent.seal(sub, start - 1)
+            yield from me.commit()  # the Register (and the re-seal) first
+            for e in range(start, src.epochs):
+                for k in range(rng.randint(1, 3)):
+                    yield from me.point("before produce")
+                    me.produce(e, k)
+                    yield rng.randrange(40)
+                    if rng.random() < 0.3:
+                        yield from me.commit()
+                for sub in SUBS:
+                    agent.seal(sub, e)
+                if rng.random() < 0.7:
+                    yield from me.commit()
+                yield rng.randrange(60)
+            yield from me.commit()
+            agent.unregister(SUBS)
+            yield from me.commit()
+            me.alive = False
+            src.finished = True
+            self.event(f"{inc} closed")
+        except Crash:
+            me.alive = False
+            src.unlive.add(inc)
+            if src.current != inc:
+                return  # a newer incarnation runs already (we were a zombie)
+            if self.fault(0.25):
+                src.finished = True
+                self.event(f"{inc} is gone for good")
+            else:
+                self.stats["restarts"] += 1
+                self.spawn(self.incarnation(src), 20 + rng.randrange(400))
+
+
+class Incarnation:
+    """A source incarnation's process: its writer, agent, open transaction and faults."""
+
+    def __init__(self, sim: Sim, src: Source, inc: str, writer: MemoryTransactionalWriter,
+                 agent: TrackingAgent) -> None:
+        self.sim = sim
+        self.src = src
+        self.inc = inc
+        self.writer = writer
+        self.agent = agent
+        self.in_txn = False
+        self.alive = True
+        self.paused = False
+        self.last_commit = sim.now()
+        self.epochs: list[int] = []
+        """Epochs of the records produced in the open transaction."""
+        self.zombie = False
+
+    def call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """A transactional call: a fence ends this incarnation (a zombie's must fail)."""
+        try:
+            out = fn()
+        except FencedError:
+            self.sim.event(f"{self.inc}: {what} fenced")
+            raise Crash() from None
+        if self.zombie and what in ("produce", "produce acks", "commit"):
+            self.sim.violations.append(
+                f"zombie: fenced incarnation {self.inc}'s {what} returned normally"
+            )
+        return out
+
+    def point(self, where: str) -> Gen:
+        """A step that can fail: a crash, a long pause, or a freeze as a zombie."""
+        sim, rng = self.sim, self.sim.rng
+        if sim.fault(0.02):
+            sim.stats["crashes"] += 1
+            sim.event(f"{self.inc} crashes {where}" + (" inside its transaction"
+                                                       if self.in_txn else ""))
+            raise Crash()
+        if sim.fault(0.006):
+            sim.stats["pauses"] += 1
+            pause = TIMEOUT_MS + 100 + rng.randrange(2 * TIMEOUT_MS)
+            self.src.unlive.add(self.inc)
+            sim.event(f"{self.inc} pauses {pause} ms {where}")
+            self.paused = True
+            yield pause
+            self.paused = False
+            sim.event(f"{self.inc} resumes")
+        if sim.fault(0.006):
+            sim.stats["zombies"] += 1
+            self.src.unlive.add(self.inc)
+            sim.event(f"{self.inc} freezes {where}; a new incarnation takes over")
+            self.paused = True
+            sim.spawn(sim.incarnation(self.src), 10 + rng.randrange(200))
+            yield 100 + rng.randrange(2 * TIMEOUT_MS)
+            self.paused = False
+            self.zombie = True
+            sim.event(f"{self.inc} thaws (a zombie)")
+            if rng.random() < 0.5:
+                while True:  # idle for good: only its heartbeats speak
+                    yield 10 * TIMEOUT_MS
+            yield rng.randrange(2 * TIMEOUT_MS)
+
+    def produce(self, e: int, k: int) -> None:
+        if not self.in_txn:
+            self.call("begin", self.writer.begin)
+            self.in_txn = True
+        p = self.sim.rng.randrange(DATA_PARTITIONS)
+        value = f"{self.inc}/{e}/{k}".encode()
+        self.call("produce", lambda: self.writer.produce(DATA, p, value))
+        self.epochs.append(e)
+
+    def commit(self) -> Gen:
+        """Report what was delivered, write the agent's messages, commit."""
+        sim, rng = self.sim, self.sim.rng
+        yield from self.point("before commit")
+        if not self.in_txn:
+            self.call("begin", self.writer.begin)
+            self.in_txn = True
+        delivered = self.call("flush", self.writer.flush)
+        if delivered:
+            times = self.epochs
+            if rng.random() < 0.5:
+                for sub in SUBS:
+                    self.agent.sent_and_delivered_columns(
+                        sub, DATA, times, [r.partition for r in delivered],
+                        [r.offset for r in delivered],
+                    )
+            else:
+                for sub in SUBS:
+                    for t, r in zip(times, delivered, strict=True):
+                        self.agent.sent_and_delivered(sub, t, DATA, r.partition, r.offset)
+        for partition, msg in self.agent.take():
+            value = encode_ack(msg)
+            self.call("produce acks", lambda p=partition, v=value: self.writer.produce(
+                ACKS, p, v, headers=self.agent.headers))
+        yield rng.randrange(30)  # the transaction is open: it holds the LSO meanwhile
+        yield from self.point("after produce, before commit")
+        self.call("commit", self.writer.commit)
+        self.in_txn = False
+        now = sim.now()
+        self.last_commit = now
+        sim.stats["commits"] += 1
+        for r, t in zip(delivered, self.epochs, strict=True):
+            sim.commit_at[(r.partition, r.offset)] = now
+            for sub in SUBS:
+                notes = sim.notes[sub]
+                if not notes or t > notes[-1].time:  # else: refused, in no notification
+                    sim.pending[sub].add(t)
+            if t > sim.committed_max.get(self.src.name, -1):
+                sim.committed_max[self.src.name] = t
+        sim.event(f"{self.inc} committed epochs {sorted(set(self.epochs))}")
+        self.epochs = []
+        if sim.fault(0.01):
+            sim.stats["crashes"] += 1
+            sim.event(f"{self.inc} crashes right after its commit returned")
+            raise Crash()
+
+    def heartbeats(self) -> Gen:
+        """The heartbeat thread: alive and idle for a heartbeat interval -> one per
+        registered acks partition, outside any transaction."""
+        out = self.sim.log.writer()
+        while self.alive:
+            now = self.sim.now()
+            if not self.paused and now - self.last_commit >= SOURCE_HEARTBEAT_MS:
+                value = encode_ack(self.agent.heartbeat_message())
+                for p in sorted(self.agent.partitions):
+                    out.produce(ACKS, p, value, headers=self.agent.headers)
+                self.last_commit = now
+            yield SOURCE_HEARTBEAT_MS // 4
+
+
+class AckerShell:
+    """What :class:`AckerService` does around the core, over the in-memory log."""
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+        self.parts = tuple(range(sim.acks_partitions))
+        self.home = {s: (1 if s == "s" else 0) % sim.acks_partitions for s in SUBS}
+        self.checkpoint: tuple[bytes, dict[int, int]] | None = None
+        self.alive = False
+        self.core = self._core()
+        self.reader: MemoryReader = sim.log.reader()
+
+    def _core(self) -> AckerCore:
+        if self.checkpoint is None:
+            state = AckerState()
+        else:
+            blob, offsets = self.checkpoint
+            state = AckerState.loads(blob, dict(offsets), SNAPSHOT_EVERY)
+        for sub in SUBS:
+            state.ensure(sub, SNAPSHOT_EVERY)
+        return AckerCore(
+            "sim", self.parts, self.home, {s: f"_control.{s}" for s in SUBS},
+            acks_partitions=self.sim.acks_partitions, source_timeout_ms=TIMEOUT_MS,
+            heartbeat_ms=ACKER_HEARTBEAT_MS, state=state,
+        )
+
+    def start(self) -> None:
+        """Start (or restart) from the last checkpoint: a new core, the acks read from
+        the checkpointed offsets."""
+        self.core = self._core()
+        self.core.started(self.sim.now())
+        self.reader = self.sim.log.reader(committed=True, name="acker")
+        self.reader.assign({(ACKS, p): self.core.state.acks_offsets.get(p, 0)
+                            for p in self.parts})
+        self.last_probe = -10**18
+        self.last_write = -10**18
+        self.alive = True
+
+    def run(self) -> Gen:
+        sim, rng = self.sim, self.sim.rng
+        self.start()
+        while True:
+            try:
+                yield from self.step()
+            except Crash:
+                self.alive = False
+                sim.stats["acker_crashes"] += 1
+                sim.event("acker crashes")
+                yield 20 + rng.randrange(300)
+                self.start()
+                sim.event("acker restarts from its last checkpoint")
+            yield 10 + rng.randrange(50)
+
+    def _position(self, p: int) -> int:
+        return self.reader.positions.get((ACKS, p), self.core.state.acks_offsets.get(p, 0))
+
+    def step(self) -> Gen:
+        """:meth:`AckerService.step`: poll, apply, liveness, tick, carry out, commit."""
+        sim, core, log = self.sim, self.core, self.sim.log
+        sim.stats["steps"] += 1
+        now = sim.now()
+        for rec in self.reader.poll(0, 200):
+            refusals = core.apply(rec.partition, rec.offset, rec.value or b"", rec.headers, now)
+            for r in refusals:
+                if r.reason == REASON_TERMINATED:
+                    ack = decode_ack(rec.value or b"", rec.headers)
+                    sim.terminated_refused.add(ack.incarnation)
+        for (_, p), session in core.state.sessions.items():
+            for sub in SUBS:
+                if self.home[sub] == p and (session.incarnation, sub) not in sim.joined:
+                    last = core.state.last_notification.get(sub)
+                    sim.joined[(session.incarnation, sub)] = -1 if last is None else int(last[0])
+        positions = {p: self._position(p) for p in self.parts}
+        if now - self.last_probe >= probe_interval_ms(TIMEOUT_MS):
+            self.last_probe = now
+            stable = log.end_offsets(ACKS, self.parts, committed=True)
+            high = log.end_offsets(ACKS, self.parts, committed=False)
+            for p in self.parts:
+                core.probed(p, now, positions[p], stable[p], high[p])
+            for blocker in core.to_name(now):
+                self._name(blocker)
+        effects = core.tick(now, positions)
+        for f in effects.fence:
+            yield 10 + sim.rng.randrange(200)  # the fence's round trips: sources run on
+            sim.stats["fences"] += 1
+            sim.event(f"acker fences {f.writer} ({f.why})")
+            log.fence(f.writer)
+        for e in effects.evict:
+            yield 10 + sim.rng.randrange(200)
+            if e.writer:
+                log.fence(e.writer)
+            committed = "evict_at_lso" in AckerCore.reintroduced  # BUG SWITCH (rule 6)
+            high = log.end_offsets(ACKS, [e.key[1]], committed=committed)[e.key[1]]
+            sim.event(f"acker evicts {e.key} ({e.reason}): fenced {e.writer}, reads to {high}")
+            core.fenced(e.key, high)
+        evicted = [(key, core.state.sessions[key].incarnation) for key, _ in effects.evicted]
+        items = list(effects.records)
+        heartbeat = now - self.last_write >= ACKER_HEARTBEAT_MS
+        if not items and not heartbeat:
+            return
+        if heartbeat:
+            items.extend(core.heartbeat_records())
+        if sim.fault(0.004):
+            raise Crash()  # before the commit: the step's work is lost, replayed
+        core.state.checkpoints += 1
+        self.checkpoint = (core.state.dumps(), dict(core.state.acks_offsets))
+        self.last_write = now
+        for _, body in items:
+            for c in completions(body):
+                self._notified(c.substream, c.time, c.records, c.ranges, now)
+        for key, inc in evicted:
+            self._evicted(key, inc)
+        if sim.fault(0.004):
+            raise Crash()
+
+    def _name(self, blocker: Blocker) -> None:
+        rec = self.sim.log.record_at(ACKS, blocker.partition, blocker.offset)
+        source = incarnation = writer = None
+        if rec is not None:
+            try:
+                ack = decode_ack(rec.value or b"", rec.headers)
+            except ProtocolError:
+                pass
+            else:
+                source, incarnation = ack.source, ack.incarnation
+                if isinstance(ack.body, Register):
+                    writer = ack.body.writer or None
+        self.core.named(blocker, source, incarnation, writer)
+
+    def _notified(self, sub: str, time: Any, records: int, ranges: Any, now: int) -> None:
+        sim = self.sim
+        assert isinstance(time, int)
+        sim.notes[sub].append(
+            Note(sub, time, records, [(r.partition, r.start, r.end) for r in ranges], now)
+        )
+        sim.pending[sub].discard(time)
+        sim.stats["notifications"] += 1
+        sim.event(f"acker notifies {sub}@{time}: {records} records")
+
+    def _evicted(self, key: tuple[str, int], inc: str) -> None:
+        sim = self.sim
+        sim.stats["evictions"] += 1
+        sim.event(f"acker evicted {inc} on acks partition {key[1]}")
+        src = next(s for s in sim.sources if s.name == key[0])
+        if inc not in src.unlive:
+            sim.violations.append(
+                f"live source evicted: {inc} (never crashed, paused or fenced) evicted on "
+                f"acks partition {key[1]}"
+            )
+
+
+# -- checks ----------------------------------------------------------------------------------
+
+
+def _committed(sim: Sim) -> dict[tuple[int, int], tuple[str, int]]:
+    """Every committed data record, read ``read_committed`` once every transaction ended:
+    (partition, offset) -> (incarnation, epoch)."""
+    sim.clock.advance_ms(TXN_TIMEOUT_MS + 1)  # the coordinator aborts what is still open
+    reader = sim.log.reader(committed=True, name="check")
+    reader.assign({(DATA, p): 0 for p in range(DATA_PARTITIONS)})
+    out: dict[tuple[int, int], tuple[str, int]] = {}
+    while True:
+        got = reader.poll(0, 10_000)
+        if not got:
+            return out
+        for r in got:
+            inc, e, _ = (r.value or b"").decode().split("/")
+            out[(r.partition, r.offset)] = (inc, int(e))
+
+
+def check(sim: Sim) -> None:
+    """The firm bound's guarantees over the finished schedule (appended to violations)."""
+    v = sim.violations
+    committed = _committed(sim)
+    for where, (inc, _) in committed.items():
+        if where not in sim.commit_at:
+            v.append(f"commit: record {where} of {inc} committed by no commit that returned")
+    for sub in SUBS:
+        by_time: dict[int, list[tuple[int, int]]] = {}
+        for where, (inc, e) in committed.items():
+            if inc in sim.terminated_refused and e <= sim.joined.get((inc, sub), -1):
+                sim.stats["excused"] += 1  # joined after its time terminated: refused
+            else:
+                by_time.setdefault(e, []).append(where)
+        notes = sim.notes[sub]
+        times = [n.time for n in notes]
+        for a, b in zip(times, times[1:], strict=False):
+            if b <= a:
+                v.append(f"order: {sub}@{b} notified after {sub}@{a}"
+                         + (" (a duplicate)" if a == b else ""))
+        for n in notes:
+            want = by_time.get(n.time, [])
+            if n.records != len(want):
+                v.append(f"exact: {sub}@{n.time} notified with {n.records} records; "
+                         f"{len(want)} committed at that time")
+            for where in want:
+                p, o = where
+                if not any(rp == p and lo <= o < hi for rp, lo, hi in n.ranges):
+                    v.append(f"exact: {sub}@{n.time}: committed record {where} outside its "
+                             f"ranges {n.ranges}")
+                    break
+            late = [w for w in want if sim.commit_at.get(w, 0) > n.at_ms]
+            if late:
+                v.append(f"early: {sub}@{n.time} notified at {n.at_ms - sim.t0} ms, before "
+                         f"the commit of {late[0]} at {sim.commit_at[late[0]] - sim.t0} ms")
+        missing = sorted(set(by_time) - set(times))
+        if missing:
+            v.append(f"terminates: {sub}@{missing} committed records but never terminated")
+
+
+def run_schedule(seed: int, bugs: frozenset[str] = frozenset(),
+                 fault_limit: int | None = None) -> Result:
+    """One schedule (``bugs`` switched on in the core for it)."""
+    with reintroduced(bugs):
+        return Sim(seed, fault_limit).run()
+
+
+def first_check(violation: str) -> str:
+    return violation.split(":", 1)[0]
+
+
+def minimal(seed: int, bugs: frozenset[str], result: Result) -> Result:
+    """The failing run with the fewest faults carried out that still fails the same check
+    (the faults of a schedule are its prefix of events that matter)."""
+    check_name = first_check(result.violations[0])
+    for limit in range(result.faults + 1):
+        shorter = run_schedule(seed, bugs, limit)
+        if any(first_check(x) == check_name for x in shorter.violations):
+            shorter.stats["fault_limit"] = limit
+            return shorter
+    result.stats["fault_limit"] = result.faults
+    return result
+
+
+def trace(result: Result, limit: int = 80) -> list[str]:
+    """The schedule's events, shortened to ``limit`` lines (the start and the end)."""
+    lines = [f"{ms:>7} ms  {text}" for ms, text in result.events]
+    if len(lines) > limit:
+        head = limit // 4
+        lines = [*lines[:head], f"    ... {len(lines) - limit} events ...",
+                 *lines[-(limit - head):]]
+    return lines
