@@ -40,6 +40,7 @@ import random
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import pairwise
 from types import SimpleNamespace
 from typing import Any
 
@@ -78,6 +79,16 @@ Gen = Generator[int, None, None]
 BUGS = ("old_unregister", "old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso")
 """The bug switches of :attr:`AckerCore.reintroduced`."""
 
+KNOWN_ISSUE = (
+    "a fenced zombie that stays idle heartbeats for its incarnation forever; if the "
+    "incarnation that fenced it dies before its Register is committed (and no other comes), "
+    "the acker's session stays the zombie's, live, and the source's times never terminate "
+    "(its heartbeat writer is not transactional, so nothing tells it or the acker of the "
+    "fence).  The default schedules keep a zombie's successor fault-free until its first "
+    "commit returned; idle_zombies=True (--idle-zombies) lifts that and finds it."
+)
+"""A liveness issue of the current code the simulator found (seed 901 with idle zombies)."""
+
 
 @contextmanager
 def reintroduced(bugs: frozenset[str]) -> Iterator[None]:
@@ -93,16 +104,26 @@ def reintroduced(bugs: frozenset[str]) -> Iterator[None]:
         AckerCore.reintroduced = before
 
 
+class _NoTraffic:
+    """The agent's traffic counters (Prometheus) are the process's, not the schedule's."""
+
+    def add(self, *_: Any) -> None:
+        pass
+
+
 @contextmanager
 def agent_clock(clock: SimClock) -> Iterator[None]:
     """The agent stamps messages with the wall clock (``sent``, ``sealed_at_ms``): the
-    simulated one instead, so that a schedule's messages are the same bytes every run."""
-    before = agent_module.now_ms
+    simulated one instead, so that a schedule's messages are the same bytes every run.
+    Its traffic counters are off meanwhile (a tenth of the run time, and no guarantee)."""
+    before, traffic = agent_module.now_ms, getattr(agent_module, "TRAFFIC")  # noqa: B009
     agent_module.now_ms = clock.now_ms
+    setattr(agent_module, "TRAFFIC", _NoTraffic())  # noqa: B010
     try:
         yield
     finally:
         agent_module.now_ms = before
+        setattr(agent_module, "TRAFFIC", traffic)  # noqa: B010
 
 
 @dataclass
@@ -193,6 +214,7 @@ class Sim:
         self.sources = [
             Source(f"src{i}", f"txn.src{i}", rng.randint(3, 6)) for i in range(rng.randint(2, 4))
         ]
+        self.finished = 0
         self.acker = AckerShell(self)
 
     # -- the scheduler -------------------------------------------------------------------
@@ -231,7 +253,7 @@ class Sim:
                 self._seq += 1
                 heapq.heappush(self._queue, (at + delay, self._seq, actor))
                 if ended_at is None:
-                    if all(s.finished for s in self.sources):
+                    if self.finished == len(self.sources):
                         ended_at = self.now()
                 elif (not any(self.pending.values()) and self.acker.alive) or (
                     self.now() - ended_at > DRAIN_MS
@@ -241,6 +263,11 @@ class Sim:
         return Result(self.seed, self.violations, self.faults, self.events, self.stats)
 
     # -- sources -------------------------------------------------------------------------
+
+    def finish(self, src: Source) -> None:
+        if not src.finished:
+            src.finished = True
+            self.finished += 1
 
     def incarnation(self, src: Source, after_zombie: bool = False) -> Gen:
         """One incarnation of ``src``, from taking its transactional id to its close (or
@@ -285,7 +312,7 @@ class Sim:
             agent.unregister(SUBS)
             yield from me.commit()
             me.alive = False
-            src.finished = True
+            self.finish(src)
             self.event(f"{inc} closed")
         except Crash:
             me.alive = False
@@ -293,7 +320,7 @@ class Sim:
             if src.current != inc:
                 return  # a newer incarnation runs already (we were a zombie)
             if self.fault(0.25):
-                src.finished = True
+                self.finish(src)
                 self.event(f"{inc} is gone for good")
             else:
                 self.stats["restarts"] += 1
@@ -343,9 +370,9 @@ class Incarnation:
             sim.event(f"{self.inc} crashes {where}" + (" inside its transaction"
                                                        if self.in_txn else ""))
             raise Crash()
-        if sim.fault(0.01):
+        if sim.fault(0.02):
             sim.stats["pauses"] += 1
-            pause = TIMEOUT_MS + 100 + rng.randrange(TIMEOUT_MS)
+            pause = TIMEOUT_MS + 100 + rng.randrange(TIMEOUT_MS // 2)
             self.src.unlive.add(self.inc)
             sim.event(f"{self.inc} pauses {pause} ms {where}")
             self.paused = True
@@ -376,6 +403,10 @@ class Incarnation:
         self.call("produce", lambda: self.writer.produce(DATA, p, value))
         self.epochs.append(e)
 
+    def produce_ack(self, partition: int, value: bytes) -> None:
+        self.call("produce acks", lambda: self.writer.produce(
+            ACKS, partition, value, headers=self.agent.headers))
+
     def commit(self) -> Gen:
         """Report what was delivered, write the agent's messages, commit."""
         sim, rng = self.sim, self.sim.rng
@@ -397,9 +428,7 @@ class Incarnation:
                     for t, r in zip(times, delivered, strict=True):
                         self.agent.sent_and_delivered(sub, t, DATA, r.partition, r.offset)
         for partition, msg in self.agent.take():
-            value = encode_ack(msg)
-            self.call("produce acks", lambda p=partition, v=value: self.writer.produce(
-                ACKS, p, v, headers=self.agent.headers))
+            self.produce_ack(partition, encode_ack(msg))
         yield rng.randrange(30)  # the transaction is open: it holds the LSO meanwhile
         yield from self.point("after produce, before commit")
         self.call("commit", self.writer.commit)
@@ -434,7 +463,10 @@ class Incarnation:
                 for p in sorted(self.agent.partitions):
                     out.produce(ACKS, p, value, headers=self.agent.headers)
                 self.last_commit = now
-            yield SOURCE_HEARTBEAT_MS // 4
+            # the thread looks every quarter interval: wake at the first look that is due
+            due = self.last_commit + SOURCE_HEARTBEAT_MS - now
+            quarter = SOURCE_HEARTBEAT_MS // 4
+            yield max(quarter, -(-due // quarter) * quarter)
 
 
 class AckerShell:
@@ -493,11 +525,13 @@ class AckerShell:
     def _last_terminated(self, p: int) -> dict[str, int]:
         """Per substream on acks partition ``p``, its last time terminated (in the core,
         committed or not)."""
-        out = {}
+        out: dict[str, int] = {}
         for sub in SUBS:
             if self.home[sub] == p:
                 last = self.core.state.last_notification.get(sub)
-                out[sub] = -1 if last is None else int(last[0])
+                t = -1 if last is None else last[0]
+                assert isinstance(t, int)  # epoch substreams
+                out[sub] = t
         return out
 
     def _position(self, p: int) -> int:
@@ -538,9 +572,9 @@ class AckerShell:
             if e.writer:
                 log.fence(e.writer)
             committed = "evict_at_lso" in AckerCore.reintroduced  # BUG SWITCH (rule 6)
-            high = log.end_offsets(ACKS, [e.key[1]], committed=committed)[e.key[1]]
-            sim.event(f"acker evicts {e.key} ({e.reason}): fenced {e.writer}, reads to {high}")
-            core.fenced(e.key, high)
+            upto = log.end_offsets(ACKS, [e.key[1]], committed=committed)[e.key[1]]
+            sim.event(f"acker evicts {e.key} ({e.reason}): fenced {e.writer}, reads to {upto}")
+            core.fenced(e.key, upto)
         evicted = [(key, core.state.sessions[key].incarnation) for key, _ in effects.evicted]
         items = list(effects.records)
         heartbeat = now - self.last_write >= ACKER_HEARTBEAT_MS
@@ -633,7 +667,7 @@ def check(sim: Sim) -> None:
                 by_time.setdefault(e, []).append(where)
         notes = sim.notes[sub]
         times = [n.time for n in notes]
-        for a, b in zip(times, times[1:], strict=False):
+        for a, b in pairwise(times):
             if b <= a:
                 v.append(f"order: {sub}@{b} notified after {sub}@{a}"
                          + (" (a duplicate)" if a == b else ""))
