@@ -23,6 +23,8 @@ class Outcome:
     violations: list[str]
     faults: int
     stats: dict[str, int]
+    cpu: float = 0.0
+    """The schedule's CPU seconds (in its worker)."""
 
 
 @dataclass
@@ -34,12 +36,15 @@ class Run:
     seconds: float = 0.0
     failing: list[Outcome] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
+    cpu: float = 0.0
+    """CPU seconds of the schedules, summed over the workers."""
 
 
 def _one(job: tuple[int, frozenset[str], bool]) -> Outcome:
     seed, bugs, idle_zombies = job
+    began = time.process_time()
     r = run_schedule(seed, bugs, idle_zombies=idle_zombies)
-    return Outcome(seed, r.violations, r.faults, r.stats)
+    return Outcome(seed, r.violations, r.faults, r.stats, time.process_time() - began)
 
 
 def _outcomes(jobs: list[tuple[int, frozenset[str], bool]], workers: int) -> Iterator[Outcome]:
@@ -62,6 +67,7 @@ def run_seeds(seeds: Iterable[int], bugs: frozenset[str] = frozenset(), *, worke
     try:
         for out in outcomes:
             run.schedules += 1
+            run.cpu += out.cpu
             for k, v in out.stats.items():
                 run.stats[k] = run.stats.get(k, 0) + v
             if out.violations:
@@ -94,7 +100,9 @@ def describe_failure(out: Outcome, bugs: frozenset[str], idle_zombies: bool = Fa
 
 def summary_line(run: Run) -> str:
     rate = run.schedules / run.seconds if run.seconds else 0.0
-    return (f"{run.schedules} schedules in {run.seconds:.1f} s ({rate:.0f}/s): "
+    per = 1000 * run.cpu / run.schedules if run.schedules else 0.0
+    return (f"{run.schedules} schedules in {run.seconds:.1f} s ({rate:.0f}/s; CPU "
+            f"{run.cpu:.1f} s, {per:.1f} ms per schedule): "
             f"{len(run.failing)} with violations"
             + (f", first failing seed {run.failing[0].seed}" if run.failing else ""))
 
