@@ -88,7 +88,7 @@ KNOWN_ISSUE = (
     "fence).  The default schedules keep a zombie's successor fault-free until its first "
     "commit returned; idle_zombies=True (--idle-zombies) lifts that and finds it."
 )
-"""A liveness issue of the current code the simulator found (seed 135 with idle zombies)."""
+"""A liveness issue of the current code the simulator found (seed 905 with idle zombies)."""
 
 
 @contextmanager
@@ -150,6 +150,9 @@ class Source:
     current: str = ""
     finished: bool = False
     """Closed, or dead for good: nothing more comes from this source."""
+    guarded: bool = False
+    """A zombie of it froze and no later incarnation committed since: see
+    :meth:`Sim.incarnation`."""
     unlive: set[str] = field(default_factory=set)
     """Incarnations that crashed, paused for longer than the timeout, froze as zombies or
     were fenced: the acker may evict these, never the others."""
@@ -280,11 +283,11 @@ class Sim:
             src.finished = True
             self.finished += 1
 
-    def incarnation(self, src: Source, after_zombie: bool = False) -> Gen:
+    def incarnation(self, src: Source) -> Gen:
         """One incarnation of ``src``, from taking its transactional id to its close (or
-        its crash; then maybe a restart).  ``after_zombie``: it took over from a frozen
-        incarnation; unless ``idle_zombies``, no fault hits it before its first commit
-        returned (see :data:`KNOWN_ISSUE`)."""
+        its crash; then maybe a restart).  While ``src.guarded`` (a zombie of it froze and
+        no later incarnation committed yet), no fault hits it before its first commit
+        returned and it is not gone for good (see :data:`KNOWN_ISSUE`)."""
         rng = self.rng
         src.incarnations += 1
         inc = f"{src.name}.{src.incarnations}"
@@ -300,7 +303,6 @@ class Sim:
         start = max(done, frontier) + 1
         self.event(f"{inc} starts at epoch {start} (took {src.txid}; committed up to {done})")
         me = Incarnation(self, src, inc, writer, agent)
-        me.guarded = after_zombie and not self.idle_zombies
         self.spawn(me.heartbeats(), SOURCE_HEARTBEAT_MS)
         try:
             if start > 0:
@@ -330,7 +332,7 @@ class Sim:
             src.unlive.add(inc)
             if src.current != inc:
                 return  # a newer incarnation runs already (we were a zombie)
-            if self.fault(0.25):
+            if self.fault(0.25) and not src.guarded:
                 self.finish(src)
                 self.event(f"{inc} is gone for good")
             else:
@@ -355,8 +357,6 @@ class Incarnation:
         self.epochs: list[int] = []
         """Epochs of the records produced in the open transaction."""
         self.zombie = False
-        self.guarded = False
-        """No faults until the first commit returned (see :meth:`Sim.incarnation`)."""
 
     def call(self, what: str, fn: Callable[[], Any]) -> Any:
         """A transactional call: a fence ends this incarnation (a zombie's must fail)."""
@@ -374,7 +374,7 @@ class Incarnation:
     def point(self, where: str) -> Gen:
         """A step that can fail: a crash, a long pause, or a freeze as a zombie."""
         sim, rng = self.sim, self.sim.rng
-        if self.guarded:
+        if self.src.guarded:
             return
         if sim.fault(0.02):
             sim.stats["crashes"] += 1
@@ -395,8 +395,10 @@ class Incarnation:
             self.src.unlive.add(self.inc)
             sim.event(f"{self.inc} freezes {where}; a new incarnation takes over")
             self.paused = True
-            sim.spawn(sim.incarnation(self.src, after_zombie=True), 10 + rng.randrange(200))
-            yield 100 + rng.randrange(2 * TIMEOUT_MS)
+            takeover = 10 + rng.randrange(200)  # its successor takes the id (fences it) then
+            self.src.guarded = not sim.idle_zombies
+            sim.spawn(sim.incarnation(self.src), takeover)
+            yield takeover + 1 + rng.randrange(2 * TIMEOUT_MS)
             self.paused = False
             self.zombie = True
             sim.event(f"{self.inc} thaws (a zombie)")
@@ -444,7 +446,7 @@ class Incarnation:
         yield from self.point("after produce, before commit")
         self.call("commit", self.writer.commit)
         self.in_txn = False
-        self.guarded = False
+        self.src.guarded = False
         now = sim.now()
         self.last_commit = now
         sim.stats["commits"] += 1
