@@ -87,7 +87,7 @@ log = logging.getLogger(__name__)
 
 PHASES_ENV = "SUBSTREAMS_ACKER_PHASES"
 """Set (to anything) to log, per step that wrote notifications, where its time went (the
-``substreams.acker.phases`` logger at DEBUG): issue #16's seal -> notification breakdown."""
+``substreams.acker.phases`` logger at DEBUG): where seal -> notification time goes."""
 phase_log = logging.getLogger("substreams.acker.phases")
 if os.environ.get(PHASES_ENV):
     phase_log.setLevel(logging.DEBUG)
@@ -103,9 +103,8 @@ def relax_gc() -> None:
 
     Why: a backlog opens hundreds of thousands of times at once (an ``OpenEntry``, its
     ranges dict and hull list, then a ``Completion`` and ``OffsetRange`` each); with the
-    default threshold the collector ran so often over that growing heap that it was ~30 %
-    of the acker's CPU through Kafka (issue #16 session 9: 69.6k times per CPU second
-    with it, 103k with the collector off, 96k with this threshold).  The acker's own
+    default threshold the collector ran so often over that growing heap that it took a
+    large share of the acker's CPU (bench/README.md, the acker's profile).  The acker's own
     structures hold no reference cycles (reference counting frees them), so a rarer
     collection only delays freeing the few cyclic leftovers of libraries.  Process-wide, so
     the service's entry point calls it (``substreams acker run``: a process of its own), not

@@ -86,7 +86,7 @@ class PublishHook(Protocol):
     runs in the commit, after every delivery callback and before ``before_commit``, with
     the batch's delivered records and their offsets.  The publisher calls it through
     ``on_delivered_columns``, which adds the columns it holds (partitions, a time column)
-    so that a hook tracking per time needs no Python object per record (#16).  The
+    so that a hook tracking per time needs no Python object per record.  The
     defaults fall back to the per-record methods, so a hook that only has those keeps
     working (the publisher also falls back for a hook object that does not inherit them).
     """
@@ -430,7 +430,7 @@ class Publisher:
         check_order: bool = True,
     ) -> list[SentRecord]:
         """Append a batch of entries, in order: what ``publish`` of each would do, with the
-        per-record costs paid once per batch (#16).
+        per-record costs paid once per batch.
 
         All or nothing: every check -- order keys (non-decreasing, and not below the last
         one written), partitions, this source's seals (:class:`SealedTimeError`), the payloads'
