@@ -15,7 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from substreams.bench.harness import (
+from substreams.control.framing import encode_unsigned_epoch_complete
+from substreams.control.messages import ControlRecord, EpochComplete, OffsetRange, record_to_wire
+from substreams.frontier import Keyed, Time
+from substreams.streams.framing import EnvelopeEncoder
+from substreams.streams.records import times_to_wire
+from substreams.streams.schemas import Codec, envelope_schema, protocol_codec, raw_schema
+from substreams_bench.harness import (
     BenchContext,
     BenchResult,
     Column,
@@ -24,12 +30,6 @@ from substreams.bench.harness import (
     save_figure,
     titled,
 )
-from substreams.control.framing import encode_unsigned_epoch_complete
-from substreams.control.messages import ControlRecord, EpochComplete, OffsetRange, record_to_wire
-from substreams.frontier import Keyed, Time
-from substreams.streams.framing import EnvelopeEncoder
-from substreams.streams.records import times_to_wire
-from substreams.streams.schemas import Codec, envelope_schema, protocol_codec, raw_schema
 
 NEEDS_BROKER = False
 MIN_SPEEDUP = 1.5

@@ -128,10 +128,27 @@ class BenchResult:
             "duration_s": round(self.duration_s, 2),
             "machine": machine_info(),
             "rows": self.rows,
+            "columns": [asdict(c) for c in self.columns],
             "targets": [asdict(t) for t in self.targets],
             "all_targets_met": all(t.met for t in self.targets if t.met is not None),
             "notes": self.notes,
         }
+
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> BenchResult:
+        """A result read back from its ``<name>.json`` (for ``bench report``)."""
+        return cls(
+            name=doc["name"],
+            quick=doc.get("quick", False),
+            command=doc.get("command", ""),
+            broker=doc.get("broker", ""),
+            rows=doc.get("rows", []),
+            columns=[Column(**c) for c in doc.get("columns", [])],
+            targets=[Target(**t) for t in doc.get("targets", [])],
+            notes=doc.get("notes", []),
+            duration_s=doc.get("duration_s", 0.0),
+        )
 
 
 def machine_info() -> dict[str, Any]:

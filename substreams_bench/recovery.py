@@ -36,15 +36,6 @@ from substreams.acker.agent import segment_partition
 from substreams.acker.service import AckerService, checkpoint_topic, transactional_id
 from substreams.acker.state import AckerState, SourceSession
 from substreams.acker.table import SOURCE
-from substreams.bench.harness import (
-    BenchContext,
-    BenchResult,
-    Column,
-    Target,
-    command_line,
-    save_figure,
-    titled,
-)
 from substreams.config import Config
 from substreams.control.io import ControlTail, ControlWriter
 from substreams.control.messages import (
@@ -56,6 +47,15 @@ from substreams.control.messages import (
 )
 from substreams.kafka import client
 from substreams.kafka.topics import ensure_topics
+from substreams_bench.harness import (
+    BenchContext,
+    BenchResult,
+    Column,
+    Target,
+    command_line,
+    save_figure,
+    titled,
+)
 
 NAME = "recovery"
 BATCH = 1000
