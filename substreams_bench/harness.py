@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -124,6 +125,7 @@ class BenchResult:
             "quick": self.quick,
             "command": self.command,
             "broker": self.broker,
+            "commit": code_commit(),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
             "duration_s": round(self.duration_s, 2),
             "machine": machine_info(),
@@ -149,6 +151,19 @@ class BenchResult:
             notes=doc.get("notes", []),
             duration_s=doc.get("duration_s", 0.0),
         )
+
+
+def code_commit() -> str | None:
+    """The commit of the checkout that ran (``-dirty`` with local changes), so that a result
+    names the code it measured; None outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def machine_info() -> dict[str, Any]:

@@ -4,7 +4,7 @@
 between the Kafka consumer and the operator, before (row tuples, PySpark's tuple -> Arrow
 conversion, ``to_pylist`` and ``groups`` in the unit task, the per-row ``WindowCounts``) and
 after the columnar path (``epoch_batch``, ``arrow_groups``, ``ArrowWindowCounts``), each
-timed with ``time.process_time`` (bench/README.md section 4, "Part (a) throughput work").
+timed with ``time.process_time`` (bench/README.md section 4, "Where the time goes").
 """
 
 from __future__ import annotations

@@ -42,7 +42,9 @@ def markdown(doc: dict[str, Any], plot: str | None = None) -> str:
     result = BenchResult.from_json(doc)
     machine = doc.get("machine", {})
     lines = [
-        f"Run: `{result.command}`, {doc.get('started_at', '?')}, {result.duration_s:.0f} s, "
+        f"Run: `{result.command}`"
+        + (f" on commit {doc['commit']}" if doc.get("commit") else "")
+        + f", {doc.get('started_at', '?')}, {result.duration_s:.0f} s, "
         f"{result.broker}; {machine.get('cpus', '?')} CPUs, load {machine.get('loadavg_1m', '?')}"
         + (" (quick)" if result.quick else "")
         + ".",
