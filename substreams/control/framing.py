@@ -4,10 +4,10 @@ hot path.
 Why not fastavro: the acker writes one signed ``EpochComplete`` per terminated time, and at
 one record per epoch fastavro's walk of the record, its ``body`` union and every nested
 ``Time`` per call dominated the acker's CPU; concatenating the fields' encodings is several
-times cheaper (``substreams bench framing`` keeps checking that it pays).  Avro's binary encoding of a
-record is the concatenation of its fields', a union is its branch index then the value, and
-an array is blocks (count, items) ended by a zero count, so the encoding is written here
-directly.  It is byte-identical to fastavro's (a property test holds it to that); every
+times cheaper (``substreams bench framing`` keeps checking that it pays).  Avro's binary
+encoding of a record is the concatenation of its fields', a union is its branch index then
+the value, and an array is blocks (count, items) ended by a zero count, so the encoding is
+written here directly.  It is byte-identical to fastavro's (a property test holds it to that); every
 other body still goes through fastavro.  ``EpochsComplete`` (a run of completions in one
 record) reuses the same pieces: with batched completions fastavro would again walk every
 nested ``Time`` of every epoch (:func:`substreams.control.chain._unsigned`).

@@ -2,8 +2,9 @@
 
 Why not one ``fastavro.schemaless_writer`` call on the whole envelope: most of its cost per
 record is re-walking the envelope and the ``times`` map, which only change from one epoch
-to the next (``substreams bench framing`` checks that writing it here still pays).  Avro's binary encoding of a record is the concatenation of its
-fields' encodings, so the envelope is written here as
+to the next (``substreams bench framing`` checks that writing it here still pays).  Avro's
+binary encoding of a record is the concatenation of its fields' encodings, so the envelope
+is written here as
 
     zigzag(order_key) ++ zigzag(tracking_id) ++ source ++ times ++ payload
 
@@ -248,8 +249,9 @@ def _generated_writer(
 ) -> Callable[[Mapping[str, Any]], bytes]:
     """One function for the whole record, its fields' checks written out in line (what
     ``dataclasses`` does for ``__init__``): a Python call and a list item per field fewer
-    than looping over the field writers, on a path run once per record.  The same checks in the same order as the field writers, so the same records go to
-    fastavro.  Field names enter the source only through ``repr`` (a literal)."""
+    than looping over the field writers, on a path run once per record.  The same checks in
+    the same order as the field writers, so the same records go to fastavro.  Field names
+    enter the source only through ``repr`` (a literal)."""
     env: dict[str, Any] = {"_NotFast": _NotFast, "zz": zigzag_long}
     lines = ["def write(p):\n", "  try:\n"]
     for i, (name, writer) in enumerate(fields):
