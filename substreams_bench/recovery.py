@@ -209,7 +209,7 @@ def run(ctx: BenchContext) -> BenchResult:
     result.notes.append(
         f"histories written directly by the acker's own table, tracker, state and control "
         f"writer ({BATCH} notifications per transaction; the acks topic is empty), not by "
-        "running an acker over acks: see substreams/bench/recovery.py"
+        "running an acker over acks: see substreams_bench/recovery.py"
     )
     slow = [r for r in result.rows if r["replay_s"] > RECOVER_LIMIT_S]
     if slow:
