@@ -7,8 +7,9 @@ answer to "what tracks this publisher?" depend on what happened to be imported. 
 answer is a value (:data:`Mechanisms`) given to every publisher this application builds;
 tests choose another (:data:`DIRECT`) by building another application, not by patching.
 
-Layering: this module sits above ``acker`` and ``punctuation`` and below ``spark``, ``bench``
-and ``cli``, which build their publishers through it.
+Layering: this module sits above ``acker`` and ``punctuation`` and below ``spark`` and
+``cli`` (and the benchmarks, package ``substreams_bench``), which build their publishers
+through it.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def line_of(text: str, needle: str) -> int:
 
 def test_shipped_example_loads_to_the_expected_model() -> None:
     config = load_config(REPO / "substreams.yaml")
-    schema = json.loads((REPO / "substreams" / "avro" / "click.avsc").read_text())
+    schema = json.loads((REPO / "avro" / "click.avsc").read_text())
     tumbling = SubstreamConfig(
         name="clicks_1s",
         stream="clicks",
@@ -114,7 +114,7 @@ def test_shipped_example_loads_to_the_expected_model() -> None:
         streams=(
             StreamConfig(
                 name="clicks",
-                schema_path=REPO / "substreams" / "avro" / "click.avsc",
+                schema_path=REPO / "avro" / "click.avsc",
                 schema=schema,
                 partitions=4,
                 order_key="ts",

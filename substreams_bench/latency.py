@@ -35,7 +35,10 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from substreams.bench.harness import (
+from substreams.errors import SubstreamsError
+from substreams.kafka import client
+from substreams.streams.publisher import Publisher
+from substreams_bench.harness import (
     BenchContext,
     BenchError,
     BenchResult,
@@ -48,17 +51,14 @@ from substreams.bench.harness import (
     save_figure,
     titled,
 )
-from substreams.bench.observe import AckerObserver, Observer, PunctuationObserver, RecordCounter
-from substreams.bench.workload import (
+from substreams_bench.observe import AckerObserver, Observer, PunctuationObserver, RecordCounter
+from substreams_bench.workload import (
     acker_process,
     close_all,
     open_publishers,
     parallel,
     record,
 )
-from substreams.errors import SubstreamsError
-from substreams.kafka import client
-from substreams.streams.publisher import Publisher
 
 NAME = "latency"
 MECHANISMS = ("acker", "punctuations")
