@@ -78,6 +78,7 @@ from substreams.control.messages import (
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.client import fence
 from substreams.kafka.read import Reader, record_at
 from substreams.kafka.topics import ensure_topics
 from substreams.kafka.write import fenced_as
@@ -113,14 +114,6 @@ def relax_gc() -> None:
     gen0, gen1, gen2 = gc.get_threshold()
     if 0 < gen0 < GC_GEN0_THRESHOLD:
         gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
-
-
-def fence(bootstrap: str, config: Config, writer: str) -> None:
-    """Fence the transactional id ``writer``: its current producer's open transaction is
-    aborted and its next transactional call fails (Kafka's producer epoch bump)."""
-    producer = client.producer(bootstrap, config, transactional_id=writer)
-    producer.init_transactions(30)
-    producer.flush(1)
 
 
 
