@@ -22,6 +22,8 @@ from typing import Any
 from substreams.acker.hook import AckerHook
 from substreams.config import Config
 from substreams.control.direct import DirectProgress
+from substreams.control.notifications import Notifications
+from substreams.control.subscriber import Start
 from substreams.punctuation.hook import PunctuationHook
 from substreams.streams.publisher import Mechanisms, Publisher
 
@@ -85,4 +87,20 @@ class Application:
             batch_size=batch_size,
             mechanisms=self.mechanisms,
             producer_overrides=producer_overrides,
+        )
+
+    def notifications(
+        self,
+        substream: str,
+        *,
+        from_: Start = "latest_snapshot",
+        records: bool = False,
+        idle_timeout: float | None = None,
+    ) -> Notifications:
+        """The completed times of ``substream`` as typed notes, in notification order
+        (see :class:`~substreams.control.notifications.Notifications`); ``records=True``:
+        each note carries its time's records (``note.entries``, a firm read)."""
+        return Notifications(
+            self.config, substream, from_=from_, records=records, bootstrap=self.bootstrap,
+            idle_timeout=idle_timeout,
         )
