@@ -19,8 +19,9 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any
 
+from substreams.acker.deadletter import write_late_record
 from substreams.acker.hook import AckerHook
-from substreams.config import Config
+from substreams.config import Config, SealPolicy
 from substreams.control.direct import DirectProgress
 from substreams.control.notifications import Notifications
 from substreams.control.subscriber import Start
@@ -76,9 +77,13 @@ class Application:
         batch_size: int = 500,
         bootstrap: str | None = None,
         producer_overrides: Mapping[str, Any] | None = None,
+        seal_policies: Mapping[str, SealPolicy | None] | None = None,
     ) -> Publisher:
         """A publisher of ``stream`` as ``source_id``, tracked by this application's
-        mechanisms (see :class:`~substreams.streams.publisher.Publisher`)."""
+        mechanisms (see :class:`~substreams.streams.publisher.Publisher`).
+        ``seal_policies`` replaces the configured seal policy of the named substreams for
+        this publisher (None: manual); late records under ``late: dead_letter`` go to the
+        dead-letter topic (:func:`~substreams.acker.deadletter.write_late_record`)."""
         return Publisher(
             self.config,
             stream,
@@ -87,6 +92,8 @@ class Application:
             batch_size=batch_size,
             mechanisms=self.mechanisms,
             producer_overrides=producer_overrides,
+            seal_policies=seal_policies,
+            late_writer=write_late_record,
         )
 
     def notifications(
