@@ -372,13 +372,10 @@ class Publisher:
         for name, assigner in self._assigner_items:
             sub = assigner.substream
             policy = overrides.get(name, sub.seal)
-            if policy is None:
+            if policy is None or name not in self._hooks:
+                # Untracked here (a stage's or a Spark task's output publisher reports
+                # through its own hook and never seals): nothing for a policy to do.
                 continue
-            if name not in self._hooks:
-                raise SubstreamsError(
-                    f"substream '{name}' has a seal policy but this publisher does not track "
-                    "it (no mechanism hook): build the publisher with Application(config)"
-                )
             if sub.kind == "per_key":
                 raise SubstreamsError(
                     f"substream '{name}' is per_key: a seal policy needs an event time; "
@@ -1048,10 +1045,16 @@ class Publisher:
             if assigner.substream.kind == "session" and name in self._hooks:
                 self.seal_keys(name, event_ms - 1, commit=commit)
 
-    @_locked
     def close(self) -> None:
         """Commit what is pending and leave: the hooks' last words (an Unregister) go into
-        the final transaction, so a fenced publisher's close raises and writes nothing."""
+        the final transaction, so a fenced publisher's close raises and writes nothing.
+        (An error the ticker met is not raised first: the final commit meets it again, and
+        the publisher is released either way.)"""
+        with self._lock:
+            self._tick_error = None
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         try:
