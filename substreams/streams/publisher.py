@@ -322,6 +322,7 @@ class Publisher:
         self._late_rules: dict[str, str] = {}
         self._late_writer = late_writer
         self._seal_pending = False
+        self._committed_at = 0.0
         self._policy_fields: list[tuple[str, SealClock, str]] = []
         try:
             self._install_hooks(mechanisms or {})
@@ -535,7 +536,7 @@ class Publisher:
         self._pending += 1
         if self._clocks:
             self._published((payload,))
-        if self._pending >= self.batch_size:
+        if self._pending >= self.batch_size and self._in_txn:
             self.flush()
         return record
 
@@ -629,7 +630,7 @@ class Publisher:
         self._pending += n
         if self._clocks:
             self._published(payloads)
-        if self._pending >= self.batch_size:
+        if self._pending >= self.batch_size and self._in_txn:
             self.flush()
         return records
 
@@ -699,13 +700,20 @@ class Publisher:
         )
 
     def _published(self, payloads: Sequence[Mapping[str, Any]]) -> None:
-        """The seals the records just written moved, into the open transaction."""
+        """The seals the records just written moved, into the open transaction, committed
+        with those records at once unless a commit happened less than ``POLICY_TICK_S``
+        ago (then the ticker commits them: a seal per record must not mean a commit per
+        record)."""
         now = _now_ms()
+        moved = False
         for name, clock, field in self._policy_fields:
             high = max(int(p[field]) for p in payloads)
             sealed = clock.published(high, now)
             if sealed is not None:
                 self._policy_seal(name, sealed)
+                moved = True
+        if moved and time.monotonic() - self._committed_at >= POLICY_TICK_S:
+            self.flush()
 
     def _policy_seal(self, name: str, sealed: PolicySeal) -> None:
         if sealed.kind == "keys":
@@ -952,6 +960,7 @@ class Publisher:
             self._in_txn = False
             self._pending = 0
             self._seal_pending = False
+            self._committed_at = time.monotonic()
             for hook in self._hook_list:
                 hook.on_commit(self)
 
