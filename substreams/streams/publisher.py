@@ -702,17 +702,17 @@ class Publisher:
     def _published(self, payloads: Sequence[Mapping[str, Any]]) -> None:
         """The seals the records just written moved, into the open transaction, committed
         with those records at once unless a commit happened less than ``POLICY_TICK_S``
-        ago (then the ticker commits them: a seal per record must not mean a commit per
-        record)."""
+        ago (then the next record or the ticker commits them: a seal per record must not
+        mean a commit per record)."""
         now = _now_ms()
-        moved = False
         for name, clock, field in self._policy_fields:
             high = max(int(p[field]) for p in payloads)
             sealed = clock.published(high, now)
             if sealed is not None:
                 self._policy_seal(name, sealed)
-                moved = True
-        if moved and time.monotonic() - self._committed_at >= POLICY_TICK_S:
+        # Also a seal left pending earlier: a caller that never pauses may keep the ticker
+        # from the lock.
+        if self._seal_pending and time.monotonic() - self._committed_at >= POLICY_TICK_S:
             self.flush()
 
     def _policy_seal(self, name: str, sealed: PolicySeal) -> None:
