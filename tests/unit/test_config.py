@@ -19,6 +19,7 @@ from substreams.config import (
     AckerConfig,
     Config,
     KafkaConfig,
+    SealPolicy,
     StageConfig,
     StreamConfig,
     SubstreamConfig,
@@ -107,6 +108,7 @@ def test_shipped_example_loads_to_the_expected_model() -> None:
         mechanism="acker",
         bound="firm",
         ordered=True,
+        seal=SealPolicy(lateness_ms=0, idle_ms=1000, late="raise"),
     )
     expected = Config(
         path=REPO / "substreams.yaml",
