@@ -1,5 +1,6 @@
 # The substreams image: Python 3.11, Java 17 (for PySpark) and the project, installed as a
-# wheel (its Avro schemas are package data); /app keeps the configs and jobs.
+# wheel (its protocol schemas are package data); /app keeps the configs, jobs and the
+# streams' schemas (avro/).
 # One image serves every role in docker-compose.yml: acker, producer, Spark master/worker
 # (pyspark ships spark-class), and job submission.
 FROM python:3.11-slim-bookworm
@@ -20,6 +21,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY substreams ./substreams
 RUN pip install --no-cache-dir . && substreams --help >/dev/null
+COPY avro ./avro
 COPY jobs ./jobs
 COPY substreams.yaml ./
 

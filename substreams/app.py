@@ -7,8 +7,9 @@ answer to "what tracks this publisher?" depend on what happened to be imported. 
 answer is a value (:data:`Mechanisms`) given to every publisher this application builds;
 tests choose another (:data:`DIRECT`) by building another application, not by patching.
 
-Layering: this module sits above ``acker`` and ``punctuation`` and below ``spark``, ``bench``
-and ``cli``, which build their publishers through it.
+Layering: this module sits above ``acker`` and ``punctuation`` and below ``spark`` and
+``cli`` (and the benchmarks, package ``substreams_bench``), which build their publishers
+through it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any
 
+from substreams.acker.deadletter import write_late_record
 from substreams.acker.hook import AckerHook
-from substreams.config import Config
+from substreams.config import Config, SealPolicy
 from substreams.control.direct import DirectProgress
+from substreams.control.notifications import Notifications
+from substreams.control.subscriber import Start
 from substreams.punctuation.hook import PunctuationHook
 from substreams.streams.publisher import Mechanisms, Publisher
 
@@ -74,9 +78,13 @@ class Application:
         batch_size: int = 500,
         bootstrap: str | None = None,
         producer_overrides: Mapping[str, Any] | None = None,
+        seal_policies: Mapping[str, SealPolicy | None] | None = None,
     ) -> Publisher:
         """A publisher of ``stream`` as ``source_id``, tracked by this application's
-        mechanisms (see :class:`~substreams.streams.publisher.Publisher`)."""
+        mechanisms (see :class:`~substreams.streams.publisher.Publisher`).
+        ``seal_policies`` replaces the configured seal policy of the named substreams for
+        this publisher (None: manual); late records under ``late: dead_letter`` go to the
+        dead-letter topic (:func:`~substreams.acker.deadletter.write_late_record`)."""
         return Publisher(
             self.config,
             stream,
@@ -85,4 +93,22 @@ class Application:
             batch_size=batch_size,
             mechanisms=self.mechanisms,
             producer_overrides=producer_overrides,
+            seal_policies=seal_policies,
+            late_writer=write_late_record,
+        )
+
+    def notifications(
+        self,
+        substream: str,
+        *,
+        from_: Start = "latest_snapshot",
+        records: bool = False,
+        idle_timeout: float | None = None,
+    ) -> Notifications:
+        """The completed times of ``substream`` as typed notes, in notification order
+        (see :class:`~substreams.control.notifications.Notifications`); ``records=True``:
+        each note carries its time's records (``note.entries``, a firm read)."""
+        return Notifications(
+            self.config, substream, from_=from_, records=records, bootstrap=self.bootstrap,
+            idle_timeout=idle_timeout,
         )

@@ -37,7 +37,14 @@ Rules (the termination rule is :mod:`substreams.acker.table`'s, liveness is
    :class:`Evict`; the shell answers with :meth:`AckerCore.fenced`); it takes effect once the
    partition was read up to that offset (liveness rule 6): the source is unregistered from the
    partition's segments and a ``SourceEvicted`` goes on each one's control topic.
-7. *Terminations.*  Per substream, the times that terminated go out in order, as
+7. *Departed sessions are forgotten.*  A session that was evicted, or whose source left every
+   segment of its partition, is pruned :data:`DEPARTED_KEEP_MS` after it was last heard.
+   Nothing it could still send needs it: an evicted incarnation was fenced and its partition
+   read past the fence before the eviction took effect, and a source that left committed its
+   last transaction with the Unregister; a heartbeat of either is dropped with or without a
+   session, and a message of a forgotten incarnation is still refused (as
+   ``unregistered_source``).  Kept that long only so that ``acker sources`` shows who left.
+8. *Terminations.*  Per substream, the times that terminated go out in order, as
    ``EpochComplete``/``EpochsComplete`` (runs of at most :data:`MAX_COMPLETIONS_PER_RECORD`
    per record) with their frontier changes, in the same transaction as the state that
    accounts for them.
@@ -85,6 +92,9 @@ MAX_COMPLETIONS_PER_RECORD = 500
 under the broker's ``message.max.bytes`` (1 MiB) whatever the keys and ranges; 500 epochs
 of a session substream with 100-byte keys and a few ranges each are ~100 KiB, and the
 saving per record is already tiny at that size."""
+
+DEPARTED_KEEP_MS = 600_000
+"""How long a departed session stays in the state (rule 7): for operators, not for the rules."""
 
 LIVENESS_EVERY_MS = 100
 """How often silence is judged (a session table walk): often enough next to any timeout."""
@@ -184,6 +194,7 @@ class AckerCore:
         self._kept_warned: set[SessionKey] = set()
         self._last_step_ms = 0
         self._last_judged_ms: int | None = None
+        self._last_pruned_ms = 0
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -478,12 +489,25 @@ class AckerCore:
                 del self.evicting[key]
                 self._finish_eviction(key, reason)
         self._terminations(now)
+        if now - self._last_pruned_ms >= DEPARTED_KEEP_MS // 60:
+            self._last_pruned_ms = now
+            self._prune(now)
         self.state.blockers = list(self.live.blockers.values())
         effects, self._pending = self._pending, Effects()
         return effects
 
+    def _prune(self, now: int) -> None:
+        """Rule 7: forget the sessions departed for :data:`DEPARTED_KEEP_MS`."""
+        for key, session in list(self.state.sessions.items()):
+            if key in self.evicting or now - session.last_seen_ms <= DEPARTED_KEEP_MS:
+                continue
+            if session.evicted or not any(
+                t.is_registered(key[0]) for _, t in self._tables_of(key[1])
+            ):
+                del self.state.sessions[key]
+
     def _terminations(self, now: int) -> None:
-        """Rule 7: per substream, what terminated now, in runs of at most
+        """Rule 8: per substream, what terminated now, in runs of at most
         ``MAX_COMPLETIONS_PER_RECORD`` times per record."""
         for sub, table in self.state.tables.items():
             tracker = self.state.trackers[sub]

@@ -22,10 +22,12 @@ from typing import Any
 
 from confluent_kafka import Message, Producer
 
+from substreams import metrics
 from substreams.config import Config
 from substreams.kafka import client
 from substreams.kafka.read import drain
 from substreams.kafka.write import produce
+from substreams.streams.publisher import LateRecord, Publisher
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,8 @@ REASON_UNKNOWN_SUBSTREAM = "unknown_substream"
 REASON_UNREGISTERED = "unregistered_source"
 REASON_TERMINATED = "terminated_time"
 REASON_STALE = "stale_incarnation"
+REASON_LATE = "late_record"
+"""A record a publisher refused under its seal policy's ``late: dead_letter`` rule."""
 
 # Service messages go out at once: latency matters more than batching here.
 _NO_LINGER: dict[str, Any] = {"linger.ms": 0}
@@ -107,6 +111,24 @@ class DeadLetterWriter:
 
     def close(self) -> None:
         self.producer.flush(10)
+
+
+def write_late_record(publisher: Publisher, late: LateRecord) -> None:
+    """A late record's dead letter, in the publisher's open transaction: it becomes visible
+    exactly when the records written around it do (never for an aborted batch, never
+    twice).  ``topic``/``partition`` say where the record would have gone (``offset`` -1:
+    it never got one), ``raw`` holds its payload as JSON, ``detail`` each substream time it
+    missed and why."""
+    raw = json.dumps(dict(late.payload), default=str, sort_keys=True).encode()
+    detail = "; ".join(why for _, _, why in late.missed)
+    letter = DeadLetter(
+        REASON_LATE, late.stream, late.partition, -1, late.source, raw, detail
+    )
+    key = late.key.encode() if isinstance(late.key, str) else late.key
+    publisher.produce_aside(
+        publisher.config.acker.dead_letter_topic, letter.to_json(), key=key
+    )
+    metrics.DEAD_LETTERS.labels(f"publisher:{late.stream}/{late.source}", REASON_LATE).inc()
 
 
 def read_dead_letters(

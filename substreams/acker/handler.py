@@ -213,9 +213,9 @@ class CommandHandler:
 
         ``own``: the control topics the calling service writes.  Their completions are read
         from the topic only up to its end now, then taken from the service's commits
-        (:meth:`_take_committed`): why, the handler decoding every ``EpochsComplete`` its
-        own service had just encoded was ~30 % of the acker's CPU at granularity 1 (issue
-        #16, session 10).  The other shards' topics are still read."""
+        (:meth:`_take_committed`): why, decoding every ``EpochsComplete`` its own service
+        had just encoded would make the handler one of the acker's largest costs at
+        granularity 1.  The other shards' topics are still read."""
         acker = self.config.acker
         position = responses_from = 0
         kept: list[Command] = []

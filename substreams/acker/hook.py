@@ -14,7 +14,6 @@ follows it.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -43,39 +42,39 @@ class Heartbeat:
     acker shard owning those must hear it too).  Outside the publisher's transactions (an
     idle publisher has none; another thread must not write into the caller's), with a small
     producer of its own.  A stopped process (SIGSTOP, a long GC pause) stops heartbeating
-    too, which is the point: the acker evicts what it cannot hear."""
+    too, which is the point: the acker evicts what it cannot hear.  It runs on the
+    publisher's ticker (the thread that also seals for an idle publisher with a seal
+    policy), never taking the publisher's lock."""
 
     def __init__(self, publisher: Publisher, agent: TrackingAgent) -> None:
         self.agent = agent
         self.interval = publisher.config.acker.source_heartbeat_ms / 1000.0
         no_linger: dict[str, Any] = {"linger.ms": 0}
         self._producer = client.producer(publisher.bootstrap, publisher.config, **no_linger)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"heartbeat-{agent.source}", daemon=True
-        )
-        self._thread.start()
+        self._closed = False
+        self._cancel = publisher.ticker.every(self.interval / 4, self._beat)
 
     def touch(self) -> None:
         """A commit just proved the source alive (on the partitions it wrote: the agent
         keeps when it last handed messages for each)."""
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval / 4):
-            due = self.agent.heartbeat_due(time.monotonic(), self.interval)
-            if not due:
-                continue
-            value = encode_ack(self.agent.heartbeat_message())
-            for partition in due:
-                produce(
-                    self._producer, self.agent.topic, value,
-                    partition=partition, headers=self.agent.headers,
-                )
-            self._producer.poll(0)
+    def _beat(self) -> None:
+        due = self.agent.heartbeat_due(time.monotonic(), self.interval)
+        if not due or self._closed:
+            return
+        value = encode_ack(self.agent.heartbeat_message())
+        for partition in due:
+            produce(
+                self._producer, self.agent.topic, value,
+                partition=partition, headers=self.agent.headers,
+            )
+        self._producer.poll(0)
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel()
         self._producer.flush(2)
 
 

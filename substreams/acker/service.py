@@ -47,6 +47,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from confluent_kafka import OFFSET_END, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -58,7 +59,7 @@ from substreams.acker.agent import (
     segment_partition,
     shard_partitions,
 )
-from substreams.acker.core import AckerCore, Effects
+from substreams.acker.core import AckerCore, Effects, Evict
 from substreams.acker.deadletter import (
     DeadLetter,
     DeadLetterWriter,
@@ -77,6 +78,7 @@ from substreams.control.messages import (
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.client import fence
 from substreams.kafka.read import Reader, record_at
 from substreams.kafka.topics import ensure_topics
 from substreams.kafka.write import fenced_as
@@ -87,7 +89,7 @@ log = logging.getLogger(__name__)
 
 PHASES_ENV = "SUBSTREAMS_ACKER_PHASES"
 """Set (to anything) to log, per step that wrote notifications, where its time went (the
-``substreams.acker.phases`` logger at DEBUG): issue #16's seal -> notification breakdown."""
+``substreams.acker.phases`` logger at DEBUG): where seal -> notification time goes."""
 phase_log = logging.getLogger("substreams.acker.phases")
 if os.environ.get(PHASES_ENV):
     phase_log.setLevel(logging.DEBUG)
@@ -103,9 +105,8 @@ def relax_gc() -> None:
 
     Why: a backlog opens hundreds of thousands of times at once (an ``OpenEntry``, its
     ranges dict and hull list, then a ``Completion`` and ``OffsetRange`` each); with the
-    default threshold the collector ran so often over that growing heap that it was ~30 %
-    of the acker's CPU through Kafka (issue #16 session 9: 69.6k times per CPU second
-    with it, 103k with the collector off, 96k with this threshold).  The acker's own
+    default threshold the collector ran so often over that growing heap that it took a
+    large share of the acker's CPU (bench/README.md, the acker's profile).  The acker's own
     structures hold no reference cycles (reference counting frees them), so a rarer
     collection only delays freeing the few cyclic leftovers of libraries.  Process-wide, so
     the service's entry point calls it (``substreams acker run``: a process of its own), not
@@ -113,14 +114,6 @@ def relax_gc() -> None:
     gen0, gen1, gen2 = gc.get_threshold()
     if 0 < gen0 < GC_GEN0_THRESHOLD:
         gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
-
-
-def fence(bootstrap: str, config: Config, writer: str) -> None:
-    """Fence the transactional id ``writer``: its current producer's open transaction is
-    aborted and its next transactional call fails (Kafka's producer epoch bump)."""
-    producer = client.producer(bootstrap, config, transactional_id=writer)
-    producer.init_transactions(30)
-    producer.flush(1)
 
 
 
@@ -231,6 +224,10 @@ class AckerService:
         self._probe_s = probe_interval_ms(self._source_timeout_ms) / 1000.0
         self._last_probe = float("-inf")
         self._admin: AdminClient | None = None
+        self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"acker-io-{self.name}")
+        """Fences run here, off the loop (see :meth:`_fence_for`)."""
+        self._evictions: list[tuple[Evict, Future[int]]] = []
+        self._fences: list[Future[None]] = []
         self.committed_notes: list[tuple[str, str, ControlBody]] = []
         """(control topic, substream, body) of what this step committed: the command handler
         keeps completed times for peeks from here instead of reading them back."""
@@ -538,6 +535,9 @@ class AckerService:
                      self.name, self.notifications, self.dead_letters)
 
     def close(self) -> None:
+        for _, done in self._evictions:
+            done.cancel()
+        self._evictions = []
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -595,6 +595,7 @@ class AckerService:
             applied += 1
         t_applied = time.perf_counter()
         notified = self.notifications
+        self._collect()
         items = self._carry_out(core.tick(now, self._liveness(now)), now)
         t_decided = time.perf_counter()
         committed = False
@@ -710,23 +711,50 @@ class AckerService:
             log.warning("acker '%s': %s", self.name, warning)
         for f in effects.fence:
             log.warning("acker '%s': %s: '%s'", self.name, f.why, f.writer)
-            fence(self.bootstrap, self.config, f.writer)
+            self._fences.append(self._io.submit(fence, self.bootstrap, self.config, f.writer))
         for e in effects.evict:
-            if e.writer:
-                fence(self.bootstrap, self.config, e.writer)
-            assert self._admin is not None
-            partition = e.key[1]
-            high = client.end_offsets(self._admin, self.acks_topic, [partition],
-                                      committed=False)[partition]
-            log.warning("evicting source '%s' (%s): fenced, reading acks partition %d up to "
-                        "%d", e.key[0], e.reason, partition, high)
-            self.core.fenced(e.key, high)
+            self._evictions.append((e, self._io.submit(self._fence_for, e)))
         for (source, _), reason in effects.evicted:
             metrics.EVICTIONS.labels(self.name).inc()
             log.warning("source '%s' evicted (%s)", source, reason)
         for sub, sealed_at in effects.notified:
             metrics.observe_notifications(self.name, sub, sealed_at, now)
         return effects.records
+
+    def _fence_for(self, e: Evict) -> int:
+        """An eviction's I/O, off the loop (a fence aborts the writer's open transaction:
+        up to a second or more, while every other substream's notifications go on): fence
+        its writer, then the partition's high watermark, asked after the fence."""
+        if e.writer:
+            fence(self.bootstrap, self.config, e.writer)
+        assert self._admin is not None
+        partition = e.key[1]
+        return client.end_offsets(self._admin, self.acks_topic, [partition],
+                                  committed=False)[partition]
+
+    def _collect(self) -> None:
+        """Hand the core the fences that finished; a failed one (a broker outage) is tried
+        again, the eviction waiting meanwhile."""
+        pending: list[tuple[Evict, Future[int]]] = []
+        for e, done in self._evictions:
+            if not done.done():
+                pending.append((e, done))
+                continue
+            try:
+                high = done.result()
+            except (KafkaException, SubstreamsError) as exc:
+                log.warning("acker '%s': fencing '%s' for its eviction failed (%s); again",
+                            self.name, e.key[0], exc)
+                pending.append((e, self._io.submit(self._fence_for, e)))
+                continue
+            log.warning("evicting source '%s' (%s): fenced, reading acks partition %d up to "
+                        "%d", e.key[0], e.reason, e.key[1], high)
+            self.core.fenced(e.key, high)
+        self._evictions = pending
+        for f in [f for f in self._fences if f.done()]:
+            self._fences.remove(f)
+            if f.exception() is not None:
+                log.warning("acker '%s': a fence failed: %s", self.name, f.exception())
 
     def _dead(self, msg: Message, source: str | None, reason: str, detail: str) -> None:
         assert self._out is not None

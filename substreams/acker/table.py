@@ -156,9 +156,9 @@ class OpenEntry:
 
 
 def new_entry(first_seen_ms: int) -> OpenEntry:
-    """``OpenEntry(first_seen_ms=...)`` at a quarter of the generated ``__init__``'s cost
-    (keyword call, defaults, the ``ranges`` factory): one per newly open time in the
-    acker's hot loop (issue #16 session 9, py-spy).  Keep in step with the fields."""
+    """``OpenEntry(first_seen_ms=...)`` without the generated ``__init__``'s keyword call,
+    defaults and ``ranges`` factory: one is made per newly open time, in the acker's hot
+    loop.  Keep in step with the fields."""
     e = _new_object(OpenEntry)
     e.xor = 0
     e.records = 0

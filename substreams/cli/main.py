@@ -2,8 +2,11 @@
 
 Each sub-command lives in its own module of this package and exports ``command`` (a click
 command or group); they are discovered from ``COMMANDS`` so that adding one touches no other
-file.  User mistakes (bad config, no broker, fenced publisher...) are `SubstreamsError`s and
-print one ``error:`` line with exit code 2, never a traceback.
+file.  Commands of optional parts (``substreams bench``, package ``substreams_bench``) come
+from the ``substreams.commands`` entry points, so this package never imports them; one whose
+extra is not installed answers with a one-line error saying how to get it.  User mistakes
+(bad config, no broker, fenced publisher...) are `SubstreamsError`s and print one
+``error:`` line with exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from importlib.metadata import entry_points
 from typing import Any
 
 import click
@@ -19,8 +23,8 @@ from confluent_kafka import KafkaException
 from substreams.errors import SubstreamsError
 
 COMMANDS = (
-    "broker", "topics", "config", "demo", "verify", "control", "align", "acker", "submit", "bench",
-    "tail", "ui", "spark_cluster",
+    "broker", "topics", "config", "demo", "verify", "control", "align", "acker", "submit", "tail",
+    "ui", "spark_cluster",
 )
 
 
@@ -65,6 +69,29 @@ def _register() -> None:
                 continue
             raise
         cli.add_command(module.command)
+    for entry in entry_points(group="substreams.commands"):
+        try:
+            cli.add_command(entry.load(), entry.name)
+        except ImportError as exc:
+            cli.add_command(_unavailable(entry.name, str(exc)))
+
+
+def _unavailable(name: str, reason: str) -> click.Command:
+    """A stand-in for a command whose optional dependencies are missing: any use of it,
+    ``--help`` included, prints why and exits 2."""
+
+    def fail(args: tuple[str, ...]) -> None:
+        click.secho(f"error: substreams {name}: {reason}", fg="red", err=True)
+        sys.exit(2)
+
+    return click.Command(
+        name,
+        callback=fail,
+        params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
+        add_help_option=False,
+        context_settings={"ignore_unknown_options": True},
+        help=f"(unavailable: {reason})",
+    )
 
 
 _register()

@@ -35,7 +35,9 @@ from substreams.config.model import (
     Config,
     KafkaConfig,
     Kind,
+    LateRule,
     Mechanism,
+    SealPolicy,
     StageConfig,
     StreamConfig,
     SubstreamConfig,
@@ -72,7 +74,10 @@ _SUBSTREAM_KEYS: Final = (
     "mechanism",
     "bound",
     "ordered",
+    "seal",
 )
+_SEAL_KEYS: Final = ("lateness_ms", "idle_ms", "late")
+_LATE_RULES: Final[tuple[LateRule, ...]] = ("raise", "dead_letter")
 _STAGE_KEYS: Final = ("name", "input", "output")
 _ACKER_KEYS: Final = (
     "name",
@@ -772,6 +777,7 @@ def _substreams(
             )
         bound = cast(Bound, sec.get("bound", ctx.choice(_BOUNDS), "firm"))
         ordered = sec.get("ordered", ctx.boolean, True)
+        seal = _seal_policy(ctx, sec, kind)
         out.append(
             SubstreamConfig(
                 name=name,
@@ -784,9 +790,47 @@ def _substreams(
                 mechanism=mechanism,
                 bound=bound,
                 ordered=ordered,
+                seal=seal,
             )
         )
     return out, origins
+
+
+def _seal_policy(ctx: _Ctx, sec: _Section, kind: Kind) -> SealPolicy | None:
+    """``seal: manual`` (or absent) -> None; ``seal: {lateness_ms, idle_ms, late}`` -> a
+    policy, refused where the kind has no event time to apply it to."""
+    node = sec.value_node("seal")
+    if node is None or _is_null(node):
+        return None
+    path = sec.key_path("seal")
+    if not isinstance(node, MappingNode):
+        value = ctx.construct(node, path)
+        if value == "manual":
+            return None
+        raise ctx.error(
+            node, path,
+            f"{_show(value)} is not allowed; allowed: manual, or a mapping with "
+            f"{', '.join(_SEAL_KEYS)}",
+            value=value, allowed="manual, {lateness_ms, idle_ms, late}",
+        )
+    if kind == "per_key":
+        raise ctx.error(
+            node, path,
+            "a seal policy needs an event time, and per_key times have none; seal a per_key "
+            "substream from code (seal, seal_keys) or leave seal: manual",
+        )
+    policy = _Section(ctx, node, path, _SEAL_KEYS)
+    lateness = policy.get("lateness_ms", ctx.integer(0), 0)
+    idle = policy.get("idle_ms", ctx.integer(1), None)
+    if idle is not None and kind == "epoch":
+        raise ctx.error(
+            policy.key_node("idle_ms"), policy.key_path("idle_ms"),
+            "idle_ms seals up to the publisher's clock, and epoch numbers are not clock "
+            "times; only for kinds tumbling and session",
+            value=idle,
+        )
+    late = cast(LateRule, policy.get("late", ctx.choice(_LATE_RULES), "raise"))
+    return SealPolicy(lateness_ms=lateness, idle_ms=idle, late=late)
 
 
 def _value_or_none(ctx: _Ctx, sec: _Section, key: str) -> object:

@@ -25,6 +25,7 @@ from substreams.errors import ConfigError
 Kind = Literal["epoch", "tumbling", "session", "per_key"]
 Mechanism = Literal["acker", "punctuations"]
 Bound = Literal["firm", "soft"]
+LateRule = Literal["raise", "dead_letter"]
 ClientValue = str | int | float | bool
 
 EMBEDDED: str = "embedded"
@@ -126,6 +127,32 @@ class StreamConfig:
 
 
 @dataclass(frozen=True)
+class SealPolicy:
+    """When a publisher seals on its own (``seal: {lateness_ms, idle_ms, late}``).
+
+    Bounded out-of-orderness at the source: once the event time it has published reaches
+    ``h``, the publisher promises no later record below ``h - lateness_ms`` and seals every
+    time below that.  ``idle_ms`` (None: never): after that long without a record (processing
+    time) it promises the same of its clock, ``now - lateness_ms`` -- a promise it keeps, so
+    a record that then arrives below it is late.  ``late``: what a record at a time the
+    publisher already sealed gets: ``raise`` (:class:`~substreams.errors.SealedTimeError`,
+    nothing written) or ``dead_letter`` (written to the dead-letter topic with the reason and
+    the time it missed, counted in ``substreams_dead_letters_total``; the rest go on)."""
+
+    lateness_ms: int = 0
+    idle_ms: int | None = None
+    late: LateRule = "raise"
+
+    def __post_init__(self) -> None:
+        if self.lateness_ms < 0:
+            raise ValueError(f"lateness_ms must be >= 0, not {self.lateness_ms}")
+        if self.idle_ms is not None and self.idle_ms < 1:
+            raise ValueError(f"idle_ms must be >= 1, not {self.idle_ms}")
+        if self.late not in ("raise", "dead_letter"):
+            raise ValueError(f"late must be 'raise' or 'dead_letter', not {self.late!r}")
+
+
+@dataclass(frozen=True)
 class SubstreamConfig:
     """How a stream is cut into substreams and how their ends are tracked.
 
@@ -145,6 +172,8 @@ class SubstreamConfig:
     mechanism: Mechanism = "acker"
     bound: Bound = "firm"
     ordered: bool = True
+    seal: SealPolicy | None = None
+    """None: ``seal: manual``, the publisher's code seals."""
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from substreams.control.messages import (
     completions,
     merge_ranges,
 )
+from substreams.control.notes import EpochNote
 from substreams.control.ranges import EpochIndex, read_ranges
 from substreams.control.subscription import SubscriptionFrontiers
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
@@ -49,15 +50,19 @@ from substreams.kafka.read import Reader
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
 
-Start = Literal["latest_snapshot", "beginning"]
+Start = Literal["latest_snapshot", "beginning", "end"] | int
+"""Where a subscriber begins on each control topic: its latest snapshot, offset 0, its end
+(only what is written from now on), or an explicit offset (a reader that kept its position:
+the offset after the last note it handled, ``note.control_offset + 1``)."""
 Mode = Literal["firm", "soft"]
 
 
 # --- events ---------------------------------------------------------------------------------
 
 
-_Pending = tuple[str, ControlBody, tuple[EpochComplete, ...]]
-"""A control record waiting to be handled: its topic, body and the notifications it carries."""
+_Pending = tuple[str, int, ControlBody, tuple[EpochComplete, ...]]
+"""A control record waiting to be handled: its topic, offset, body and the notifications it
+carries."""
 
 @dataclass(frozen=True)
 class Data:
@@ -67,6 +72,8 @@ class Data:
     substream: str
     time: Time
     records: list[Entry] = field(default_factory=list)
+    note: EpochNote | None = None
+    """Firm mode: the notification (count, ranges, seal time, when it arrived)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,13 @@ class FrontierAdvanced:
 
 
 Event = Data | FrontierAdvanced
+
+
+def _note(substream: str, offset: int, index: int, note: EpochComplete, now_ms: int) -> EpochNote:
+    return EpochNote(
+        note.time, offset, index, note.records, note.sealed_at_ms, now_ms,
+        substream=substream, ranges=note.ranges, until=note.until,
+    )
 
 
 # --- finding the starting snapshot ----------------------------------------------------------------
@@ -111,7 +125,11 @@ class Subscriber:
     ``stream`` restricts data to one data stream (default: every stream the ranges name in
     firm mode, each substream's own stream in soft mode).  ``start``: ``latest_snapshot``
     begins at each topic's latest FrontierSnapshot (offset 0 if it has none), ``beginning``
-    at offset 0 with empty frontiers.  ``mode`` defaults to the substreams' configured bound.
+    at offset 0 with empty frontiers, ``end`` at each topic's end and an int at that offset
+    (both with empty frontiers: the notes are exact, the frontier is known once the times
+    before the start have left it).  ``mode`` defaults to the substreams' configured bound.
+    ``read_records=False`` (firm mode): the ``Data`` events carry their notes and no records
+    (no data topic is read).
     Every control record read counts as one CONTROL_READ of its substream.  A corrupt record
     or a broken hash chain raises :class:`ProtocolError` naming the topic and offset (a break
     an operator accepted with ``substreams control resume`` is passed, and logged).
@@ -127,11 +145,18 @@ class Subscriber:
         start: Start = "latest_snapshot",
         mode: Mode | None = None,
         idle_timeout: float | None = None,
+        read_records: bool = True,
     ) -> None:
         if not substreams:
             raise SubstreamsError("a subscriber needs at least one substream")
-        if start not in ("latest_snapshot", "beginning"):
-            raise SubstreamsError(f"start must be 'latest_snapshot' or 'beginning', not {start!r}")
+        if isinstance(start, bool) or not (
+            start in ("latest_snapshot", "beginning", "end")
+            or (isinstance(start, int) and start >= 0)
+        ):
+            raise SubstreamsError(
+                "start must be 'latest_snapshot', 'beginning', 'end' or a control offset "
+                f">= 0, not {start!r}"
+            )
         self.config = config
         self.substreams = list(dict.fromkeys(substreams))
         subs = [config.substream(s) for s in self.substreams]
@@ -151,6 +176,7 @@ class Subscriber:
         self.stream = stream
         self.start: Start = start
         self.idle_timeout = idle_timeout
+        self.read_records = read_records
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.topics = {config.acker.control_topic(s): s for s in self.substreams}
         self.frontiers = SubscriptionFrontiers()
@@ -180,14 +206,23 @@ class Subscriber:
                 if self.start == "latest_snapshot"
                 else None
             )
-            strict = found is None and _log_start(self.bootstrap, topic, self.config) == 0
+            strict = (
+                self.start in ("latest_snapshot", "beginning")
+                and found is None
+                and _log_start(self.bootstrap, topic, self.config) == 0
+            )
             self.verifiers[topic] = TrustingVerifier(
                 strict=strict, resume=ResumeLookup(self.bootstrap, self.config)
             )
             if found is None:
                 self.frontiers.start(topic, (), ())
                 self._data_from[topic] = {}
-                self.positions[topic] = 0
+                if self.start == "end":
+                    self.positions[topic] = self._control.watermarks(topic)[1]
+                elif isinstance(self.start, int):
+                    self.positions[topic] = max(self.start, self._control.log_start(topic))
+                else:
+                    self.positions[topic] = 0
             else:
                 offset, rec = found
                 snap = rec.body
@@ -262,9 +297,9 @@ class Subscriber:
         for msg in self._control.poll(timeout, 500):
             self._take_control(msg)
         ready: list[_Pending] = []
-        while self._pending and self._ready(self._pending[0][2]):
+        while self._pending and self._ready(self._pending[0][3]):
             ready.append(self._pending.popleft())
-        epochs = self._read_epochs(ready) if self._data is None else {}
+        epochs = self._read_epochs(ready) if self._data is None and self.read_records else {}
         by_record: dict[int, dict[int, list[Entry]]] = defaultdict(dict)
         for (i, j), entries in epochs.items():
             by_record[i][j] = entries
@@ -285,7 +320,7 @@ class Subscriber:
         self.positions[topic] = offset + 1
         TRAFFIC.add(CONTROL_READ, self.topics[topic])
         # Expanded once here: readiness, the firm read and the events all need the notes.
-        self._pending.append((topic, rec.body, completions(rec.body)))
+        self._pending.append((topic, offset, rec.body, completions(rec.body)))
 
     def _ready(self, notes: tuple[EpochComplete, ...]) -> bool:
         """Soft mode: the data reader has passed every range the notifications name."""
@@ -300,14 +335,15 @@ class Subscriber:
     def _handle(self, pending: _Pending, records: Mapping[int, list[Entry]]) -> list[Event]:
         """The events of one control record: a Data per announced epoch (firm mode;
         ``records`` by index in the record), then the frontier it moved to."""
-        topic, body, notes = pending
+        topic, offset, body, notes = pending
         sub = self.topics[topic]
         out: list[Event] = []
         moved: Antichain | None = None
         if notes:
             if self._data is None:
+                now = int(_time.time() * 1000)
                 out.extend(
-                    Data(sub, note.time, records.get(j, []))
+                    Data(sub, note.time, records.get(j, []), _note(sub, offset, j, note, now))
                     for j, note in enumerate(notes)
                     if self.frontiers.admits(note.time)
                 )
@@ -327,7 +363,7 @@ class Subscriber:
         consumer per batch, not per epoch."""
         wanted: dict[tuple[int, int], tuple[OffsetRange, ...]] = {}
         index: dict[str, EpochIndex[tuple[int, int]]] = {}
-        for i, (topic, _, notes) in enumerate(ready):
+        for i, (topic, _, _, notes) in enumerate(ready):
             for j, note in enumerate(notes):
                 wanted[(i, j)] = tuple(
                     r for r in note.ranges if self.stream is None or r.stream == self.stream

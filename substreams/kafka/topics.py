@@ -82,11 +82,6 @@ class TopicReport:
     brokers: int = 0
 
 
-def partition_counts(admin: AdminClient, timeout: float = 10.0) -> dict[str, int]:
-    meta = admin.list_topics(timeout=timeout)
-    return {name: len(t.partitions) for name, t in meta.topics.items() if t.error is None}
-
-
 def ensure_topics(
     admin: AdminClient,
     topics: Iterable[tuple[str, int]],

@@ -65,8 +65,8 @@ def produce_batch(
     refused: Callable[[int], None] | None = None,
 ) -> None:
     """:func:`produce` of every record, calling librdkafka directly (positional arguments,
-    no kwargs dict and no Python layer per record: ``produce()`` went from ~30 % to ~15 % of
-    a ``publish_many`` batch's py-spy samples at granularity 1); a full queue is waited out,
+    no kwargs dict and no Python layer per record: at granularity 1 the per-record Python
+    around ``produce()`` costs as much as the call itself); a full queue is waited out,
     resuming at the record that did not fit.  Any other error is raised after
     ``refused(i)`` (record ``i`` and those after it were not produced)."""
     raw = producer.produce

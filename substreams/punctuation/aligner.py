@@ -331,9 +331,6 @@ class Aligner:
                 starts[q] = min(lo, starts.get(q, lo))
         return starts
 
-    def is_terminated(self, t: Time) -> bool:
-        return self._done.covers(t) and t not in self._pending
-
     def take_new_times(self) -> list[Time]:
         """Times first seen since the last call (only with ``track_new_times``)."""
         out, self._new_times = self._new_times, []

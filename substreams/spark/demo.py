@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from substreams.app import Application
-from substreams.config import Config, SubstreamConfig, load_config
+from substreams.config import Config, SealPolicy, SubstreamConfig, load_config
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
@@ -260,13 +260,17 @@ def _warm_up_query(
     interrupted: threading.Event,
     timeout: float,
 ) -> None:
-    """Seal an empty window just before the workload's first and wait until the query has
-    delivered it: its first micro-batch pays Spark's cold start (seconds), which would
-    otherwise be charged to the demo's first windows."""
+    """Have an idle source seal the windows before the workload's first (the last of them
+    is announced, empty) and wait until the query has delivered it: its first micro-batch
+    pays Spark's cold start (seconds), which would otherwise be charged to the demo's first
+    windows."""
     assert sub.size_ms is not None
-    printer.warm_up = int(time.time() * 1000) // sub.size_ms - 1
-    with Application(config, server).publisher(sub.stream, "demo-warm-up") as pub:
-        pub.seal(sub.name, printer.warm_up)
+    idle = {sub.name: SealPolicy(lateness_ms=0, idle_ms=1)}  # seals the past at once
+    app = Application(config, server)
+    with app.publisher(sub.stream, "demo-warm-up", seal_policies=idle) as pub:
+        while pub.assigners[sub.name].sealed is None:
+            time.sleep(0.005)
+        printer.warm_up = pub.assigners[sub.name].sealed
     deadline = time.monotonic() + timeout
     with printer.done:
         while not printer.warmed and not interrupted.is_set() and time.monotonic() < deadline:
@@ -284,7 +288,9 @@ def _publish(
     console: Console,
     interrupted: threading.Event,
 ) -> None:
-    """Clicks in (compressed) real time; each window is sealed when the clock leaves it."""
+    """Clicks in (compressed) real time; the seal policy seals each window once the event
+    time leaves it (the substream's own policy, else no lateness), and the publisher's
+    close releases the last one."""
     assert sub.size_ms is not None
     rng = random.Random(7)
     interval = seconds / max(records, 1)
@@ -297,28 +303,24 @@ def _publish(
     per_window: dict[int, int] = {}
     try:
         with (
-            Application(config, server).publisher(sub.stream, "demo", batch_size=50) as pub,
+            Application(config, server).publisher(
+                sub.stream, "demo", batch_size=50,
+                seal_policies={sub.name: sub.seal or SealPolicy(lateness_ms=0)},
+            ) as pub,
             Progress(*columns, console=console, transient=True) as bar,
         ):
             task = bar.add_task(sub.stream, total=records)
-            window: int | None = None
             for _ in range(records):
                 if interrupted.is_set():
                     raise _Stopped  # abort: the open transaction is dropped, not committed
                 ts = int(time.time() * 1000)
                 current = ts // sub.size_ms
-                if window is not None and current > window:
-                    pub.seal(sub.name, window)
-                    report.sealed.append(window)
-                window = current
                 user = f"user{rng.randrange(users)}"
                 pub.publish({"user": user, "url": f"/page/{rng.randrange(50)}", "ts": ts}, key=user)
                 per_window[current] = per_window.get(current, 0) + 1
                 bar.advance(task)
                 time.sleep(interval)
-            if window is not None:
-                pub.seal(sub.name, window)
-                report.sealed.append(window)
+            report.sealed = sorted(per_window)
     except _Stopped:
         pass
     except KafkaException:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from substreams.errors import SubstreamsError
+from substreams.control.notes import format_time as format_time
+from substreams.control.notes import parse_time as parse_time
 from substreams.frontier import Keyed, Time, time_from_wire, time_to_wire
 
 META_COLUMNS = (
@@ -53,30 +54,6 @@ def struct_time(value: Mapping[str, Any] | tuple[Any, ...] | Any) -> Time:
         return time_from_wire(value)
     key, coords, kind = value
     return time_from_wire({"key": key, "coords": list(coords), "kind": kind})
-
-
-def format_time(t: Time) -> str:
-    """``5`` -> "5", ``(1, 2)`` -> "(1,2)", ``Keyed("u1", 5)`` -> "u1@5"."""
-    if isinstance(t, Keyed):
-        return f"{t.key}@{format_time(t.time)}"
-    if isinstance(t, tuple):
-        return "(" + ",".join(str(c) for c in t) + ")"
-    return str(t)
-
-
-def parse_time(text: str) -> Time:
-    """Inverse of :func:`format_time` (a key may contain '@': the last one splits)."""
-    key, at, inner = text.rpartition("@")
-    try:
-        base: int | tuple[int, ...]
-        if inner.startswith("(") and inner.endswith(")"):
-            body = inner[1:-1]
-            base = tuple(int(c) for c in body.split(",")) if body else ()
-        else:
-            base = int(inner)
-    except ValueError as exc:
-        raise SubstreamsError(f"not an epoch: {text!r}") from exc
-    return Keyed(key, base) if at else base
 
 
 def epoch_int(t: Time) -> int | None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from substreams.control.notes import EpochNote as EpochNote
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.spark.epochs import (
@@ -59,36 +60,6 @@ class EpochInfo:
     def ident(self) -> tuple[int, int]:
         """The notification's identity and order: (control offset, index in its record)."""
         return self.control_offset, self.control_index
-
-
-@dataclass(frozen=True)
-class EpochNote:
-    """What the driver-side callback receives for each epoch, once, in notification order:
-    never the records (they stay on the executors)."""
-
-    time: Time
-    control_offset: int
-    control_index: int
-    records: int
-    sealed_at_ms: int
-    notified_at_ms: int
-    results: int
-    """Results the operator published for this epoch (0 when the batch was a replay whose
-    results had been committed before: they were not computed again)."""
-    replayed: bool = False
-    """The batch was committed before a crash and is delivered again after the restart."""
-
-    @property
-    def ident(self) -> tuple[int, int]:
-        return self.control_offset, self.control_index
-
-    @property
-    def latency_ms(self) -> int:
-        return max(0, self.notified_at_ms - self.sealed_at_ms) if self.sealed_at_ms else 0
-
-    @property
-    def label(self) -> str:
-        return format_time(self.time)
 
 
 class EpochOperator:

@@ -1,7 +1,8 @@
 """A click producer for deployments (docker-compose's ``producer`` service).
 
-Publishes generated clicks in real event time to the stream of a tumbling substream and
-seals each window as the clock leaves it, forever or for ``--records``; the acker turns the
+Publishes generated clicks in real event time to the stream of a tumbling substream,
+forever or for ``--records``; the substream's seal policy (else one without lateness, idle
+after a second) seals each window as the event time leaves it, and the acker turns the
 seals into notifications that a Spark job (e.g. ``jobs/windowed_counts.py``) consumes.
 
     python -m substreams.spark.producer -c jobs/substreams.cluster.yaml --rate 200
@@ -17,7 +18,7 @@ from types import FrameType
 import click
 
 from substreams.app import Application
-from substreams.config import load_config
+from substreams.config import SealPolicy, load_config
 from substreams.spark.demo import _pick_substream
 
 
@@ -38,7 +39,8 @@ def main(
     source: str,
     bootstrap: str | None,
 ) -> None:
-    """Publish clicks and seal windows until stopped (SIGTERM/Ctrl-C: a clean stop)."""
+    """Publish clicks until stopped (SIGTERM/Ctrl-C: a clean stop); windows are sealed by
+    the seal policy."""
     config = load_config(config_path)
     sub = _pick_substream(config, substream)
     assert sub.size_ms is not None
@@ -52,13 +54,14 @@ def main(
     rng = random.Random()
     sent = 0
     window: int | None = None
-    with Application(config, bootstrap).publisher(sub.stream, source, batch_size=100) as pub:
+    policy = {sub.name: sub.seal or SealPolicy(lateness_ms=0, idle_ms=1000)}
+    app = Application(config, bootstrap)
+    with app.publisher(sub.stream, source, batch_size=100, seal_policies=policy) as pub:
         try:
             while not stopping and (records == 0 or sent < records):
                 ts = int(time.time() * 1000)
                 if window is not None and ts // sub.size_ms > window:
-                    pub.seal(sub.name, window)
-                    click.echo(f"sealed window {window} ({sent} clicks so far)")
+                    click.echo(f"window {window} left ({sent} clicks so far)")
                 window = ts // sub.size_ms
                 user = f"user{rng.randrange(users)}"
                 pub.publish({"user": user, "url": f"/page/{rng.randrange(50)}", "ts": ts}, key=user)
@@ -66,8 +69,6 @@ def main(
                 time.sleep(1.0 / rate)
         except KeyboardInterrupt:
             pass
-        if window is not None:
-            pub.seal(sub.name, window)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Encoding a data envelope field by field: the publisher's hot path.
 
-Why not one ``fastavro.schemaless_writer`` call on the whole envelope: it costs ~10 µs a
-record, most of it re-walking the envelope and the ``times`` map, which only change from
-one epoch to the next.  Avro's binary encoding of a record is the concatenation of its
-fields' encodings, so the envelope is written here as
+Why not one ``fastavro.schemaless_writer`` call on the whole envelope: most of its cost per
+record is re-walking the envelope and the ``times`` map, which only change from one epoch
+to the next (``substreams bench framing`` checks that writing it here still pays).  Avro's
+binary encoding of a record is the concatenation of its fields' encodings, so the envelope
+is written here as
 
     zigzag(order_key) ++ zigzag(tracking_id) ++ source ++ times ++ payload
 
@@ -12,7 +13,7 @@ cache) and only the payload encoded per record by fastavro.  The result is byte-
 to fastavro's encoding of the whole envelope (a property test holds it to that), so every
 reader keeps decoding with the ordinary envelope schema.
 
-The payload, too, skips fastavro when it can (#16): a payload schema that is a record of
+The payload, too, skips fastavro when it can: a payload schema that is a record of
 primitive fields (and nullable primitives) gets a compiled writer (:func:`payload_writer`)
 that checks each value's exact Python type and frames it; any value it is not sure about
 (a bool where a long is due, an out-of-range int, a missing field) sends the whole record
@@ -38,8 +39,8 @@ _MIN_LONG = -(1 << 63)
 _MAX_LONG = (1 << 63) - 1
 
 
-# Base-128 varint digits two at a time: 14 bits -> 2 bytes.  A table lookup per 14 bits is
-# ~3x faster in CPython than a loop per 7 bits, and a 64-bit tracking id has 10 digits.
+# Base-128 varint digits two at a time: 14 bits -> 2 bytes.  Why: in CPython a table lookup
+# per 14 bits beats a loop per 7 bits, and a 64-bit tracking id has 10 digits.
 _PAIR_MORE = [bytes(((x & 0x7F) | 0x80, (x >> 7) | 0x80)) for x in range(1 << 14)]
 _PAIR_LAST = [
     bytes((x,)) if x < 0x80 else bytes(((x & 0x7F) | 0x80, x >> 7)) for x in range(1 << 14)
@@ -248,9 +249,9 @@ def _generated_writer(
 ) -> Callable[[Mapping[str, Any]], bytes]:
     """One function for the whole record, its fields' checks written out in line (what
     ``dataclasses`` does for ``__init__``): a Python call and a list item per field fewer
-    than looping over the field writers, 1.7 -> 1.2 µs for the bench payload (#16, session
-    9).  The same checks in the same order as the field writers, so the same records go to
-    fastavro.  Field names enter the source only through ``repr`` (a literal)."""
+    than looping over the field writers, on a path run once per record.  The same checks in
+    the same order as the field writers, so the same records go to fastavro.  Field names
+    enter the source only through ``repr`` (a literal)."""
     env: dict[str, Any] = {"_NotFast": _NotFast, "zz": zigzag_long}
     lines = ["def write(p):\n", "  try:\n"]
     for i, (name, writer) in enumerate(fields):
@@ -437,7 +438,7 @@ class EnvelopeEncoder:
                     body = slow(p)
             else:
                 body = slow(p)
-            # one join, not four concatenations (~30 % cheaper for these short pieces)
+            # one join, not four concatenations (cheaper for these short pieces)
             append(join((key_bytes, zz(tracking_id), source_head, time_bytes, tail, body)))
         return out
 

@@ -12,23 +12,28 @@ caller and must surface as one.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import random
 import struct
 import threading
+import time
 import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol, cast
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from substreams.config import Config, StreamConfig
+from substreams.config import Config, SealPolicy, StreamConfig
 from substreams.errors import (
     OrderKeyRegressionError,
     PublisherAlreadyAcquiredError,
     PublisherFencedError,
+    SealedTimeError,
     SubstreamsError,
 )
 from substreams.frontier import Time
@@ -36,9 +41,13 @@ from substreams.kafka import client
 from substreams.kafka.write import fenced_as, produce, produce_batch
 from substreams.streams.evolution import register_stream
 from substreams.streams.framing import EnvelopeEncoder
+from substreams.streams.policy import PolicySeal, SealClock
 from substreams.streams.records import SentRecord
 from substreams.streams.schemas import TYPE_PUNCTUATION, Codec, envelope_schema, protocol_codec
+from substreams.streams.ticker import Ticker
 from substreams.streams.times import TimeAssigner
+
+log = logging.getLogger(__name__)
 
 REGISTER_PATIENCE_S = 30.0
 """How long a starting publisher waits for its registration to commit before it fails."""
@@ -53,6 +62,51 @@ _ENCODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, OverflowError
 
 _INT_KINDS = frozenset({"epoch", "tumbling"})
 """Substream kinds whose times are ints (``TimeAssigner.times_of`` returns an int column)."""
+
+POLICY_TICK_S = 0.02
+"""How often a publisher with a seal policy looks at its clock (idleness) and commits the
+seals its records moved when its caller has not committed them: the delay a policy seal
+may add to a notification."""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(
+    method: Callable[Concatenate[Publisher, _P], _R],
+) -> Callable[Concatenate[Publisher, _P], _R]:
+    """Run ``method`` holding the publisher's lock (its ticker may commit between two calls
+    of the caller, never inside one); an error the ticker met is raised here first."""
+
+    def call(self: Publisher, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            error = self._tick_error
+            if error is not None:
+                self._tick_error = None
+                raise error
+            return method(self, *args, **kwargs)
+
+    functools.update_wrapper(call, method)
+    return call
+
+
+@dataclass(frozen=True)
+class LateRecord:
+    """A record at a time its publisher already sealed, under a ``late: dead_letter`` rule:
+    where it would have gone, and every substream time it missed with the reason."""
+
+    stream: str
+    source: str
+    partition: int
+    key: str | bytes | None
+    payload: Mapping[str, Any]
+    missed: tuple[tuple[str, Time, str], ...]
+    """(substream, the record's time there, why it is late)."""
+
+
+LateWriter = Callable[["Publisher", "LateRecord"], None]
+"""Writes a late record aside (into the publisher's open transaction); chosen by the
+composition root, which knows the dead-letter format."""
 
 
 def transactional_id(stream: str, source_id: str) -> str:
@@ -86,7 +140,7 @@ class PublishHook(Protocol):
     runs in the commit, after every delivery callback and before ``before_commit``, with
     the batch's delivered records and their offsets.  The publisher calls it through
     ``on_delivered_columns``, which adds the columns it holds (partitions, a time column)
-    so that a hook tracking per time needs no Python object per record (#16).  The
+    so that a hook tracking per time needs no Python object per record.  The
     defaults fall back to the per-record methods, so a hook that only has those keeps
     working (the publisher also falls back for a hook object that does not inherit them).
     """
@@ -187,7 +241,12 @@ class Publisher:
         batch_size: int = 500,
         mechanisms: Mechanisms | None = None,
         producer_overrides: Mapping[str, Any] | None = None,
+        seal_policies: Mapping[str, SealPolicy | None] | None = None,
+        late_writer: LateWriter | None = None,
     ) -> None:
+        """``seal_policies``: per substream of the stream, a seal policy replacing the
+        configured one (None: ``manual``); ``late_writer``: where records a ``late:
+        dead_letter`` policy refuses go (:class:`substreams.app.Application` gives one)."""
         tracked = sorted({s.mechanism for s in config.substreams_of(stream)})
         if mechanisms is None and tracked:
             raise SubstreamsError(
@@ -217,6 +276,10 @@ class Publisher:
                 )
             _ACQUIRED.add(self._key)
         self._closed = False
+        self._lock = threading.RLock()
+        self._tick_error: BaseException | None = None
+        self.ticker = Ticker(f"publisher-{stream}-{source_id}")
+        """Runs what must happen while the caller is quiet (heartbeats, idle seals)."""
         try:
             self._producer = client.producer(
                 self.bootstrap,
@@ -255,8 +318,15 @@ class Publisher:
                              list[int]] | None = None
         """The batch that ``publish`` calls append to (its callback, records, partitions),
         until a ``publish_many`` batch or the commit ends it."""
+        self._clocks: dict[str, SealClock] = {}
+        self._late_rules: dict[str, str] = {}
+        self._late_writer = late_writer
+        self._seal_pending = False
+        self._committed_at = 0.0
+        self._policy_fields: list[tuple[str, SealClock, str]] = []
         try:
             self._install_hooks(mechanisms or {})
+            self._install_policies(seal_policies or {})
             if self._hook_list:
                 # The hooks' registrations, committed before any record: a source counts
                 # from the moment the acker reads its Register.
@@ -289,6 +359,42 @@ class Publisher:
             self._attach(hook)
             for name in names:
                 self._hooks[name] = hook
+
+    def _install_policies(self, overrides: Mapping[str, SealPolicy | None]) -> None:
+        """The seal clock of every tracked substream with a policy (config, or override)."""
+        for name in overrides:
+            if name not in self.assigners:
+                known = ", ".join(self.assigners) or "none"
+                raise SubstreamsError(
+                    f"seal_policies: stream '{self.stream}' has no substream '{name}' "
+                    f"(known: {known})"
+                )
+        now = _now_ms()
+        for name, assigner in self._assigner_items:
+            sub = assigner.substream
+            policy = overrides.get(name, sub.seal)
+            if policy is None or name not in self._hooks:
+                # Untracked here (a stage's or a Spark task's output publisher reports
+                # through its own hook and never seals): nothing for a policy to do.
+                continue
+            if sub.kind == "per_key":
+                raise SubstreamsError(
+                    f"substream '{name}' is per_key: a seal policy needs an event time; "
+                    "seal it from code (seal, seal_keys)"
+                )
+            self._clocks[name] = SealClock(sub, policy, now)
+            self._late_rules[name] = policy.late
+            if policy.late == "dead_letter" and self._late_writer is None:
+                raise SubstreamsError(
+                    f"substream '{name}': late: dead_letter needs a dead-letter writer; build "
+                    "the publisher with substreams.app.Application(config).publisher(...)"
+                )
+        if self._clocks:
+            self._policy_fields = [
+                (name, clock, clock.substream.field or self.stream_config.order_key)
+                for name, clock in self._clocks.items()
+            ]
+            self.ticker.every(POLICY_TICK_S, self._tick)
 
     def hook_for(self, substream: str) -> PublishHook | None:
         """The mechanism's hook that tracks ``substream`` (None: untracked)."""
@@ -346,6 +452,7 @@ class Publisher:
         raw = key.encode() if isinstance(key, str) else key
         return zlib.crc32(raw) % self.partitions
 
+    @_locked
     def publish(
         self,
         payload: Mapping[str, Any],
@@ -361,7 +468,11 @@ class Publisher:
 
         ``times`` overrides the record's time in the named substreams (a stage's output keeps
         the times of its input); ``check_order=False`` is for such derived records, whose order
-        keys follow the input's interleaving rather than one source's clock."""
+        keys follow the input's interleaving rather than one source's clock.
+
+        A record late only in substreams whose seal policy says ``late: dead_letter`` is
+        written to the dead-letter topic instead (in this transaction) and returned with
+        ``dead_lettered`` set."""
         if self._closed:
             raise SubstreamsError("publish() on a closed publisher")
         field = self.stream_config.order_key
@@ -382,15 +493,22 @@ class Publisher:
             raise SubstreamsError(
                 f"stream '{self.stream}' has partitions 0..{self.partitions - 1}, not {partition}"
             )
-        if times:
-            assigned = dict(times)
-            for name, assigner in self._assigner_items:
-                if name not in assigned:
-                    assigned[name] = assigner.time_of(payload)
-                else:
-                    assigner.check(assigned[name])
-        else:
-            assigned = {name: a.time_of(payload) for name, a in self._assigner_items}
+        try:
+            if times:
+                assigned = dict(times)
+                for name, assigner in self._assigner_items:
+                    if name not in assigned:
+                        assigned[name] = assigner.time_of(payload)
+                    else:
+                        assigner.check(assigned[name])
+            else:
+                assigned = {name: a.time_of(payload) for name, a in self._assigner_items}
+        except SealedTimeError:
+            missed = self._missed(payload, times)
+            if not self._dead_letters(missed):
+                raise
+            self._write_late(payload, key, partition, missed)
+            return SentRecord(self.stream, partition, order_key, 0, {}, dead_lettered=True)
         tracking_id = self._rand.getrandbits(64) - (1 << 63)
         try:
             value = self._encoder.encode(order_key, tracking_id, assigned, payload)
@@ -416,10 +534,13 @@ class Publisher:
         else:
             self._produce(value, partition, key, self._headers)
         self._pending += 1
-        if self._pending >= self.batch_size:
+        if self._clocks:
+            self._published((payload,))
+        if self._pending >= self.batch_size and self._in_txn:
             self.flush()
         return record
 
+    @_locked
     def publish_many(
         self,
         payloads: Sequence[Mapping[str, Any]],
@@ -430,7 +551,7 @@ class Publisher:
         check_order: bool = True,
     ) -> list[SentRecord]:
         """Append a batch of entries, in order: what ``publish`` of each would do, with the
-        per-record costs paid once per batch (#16).
+        per-record costs paid once per batch.
 
         All or nothing: every check -- order keys (non-decreasing, and not below the last
         one written), partitions, this source's seals (:class:`SealedTimeError`), the payloads'
@@ -439,7 +560,9 @@ class Publisher:
         transactions (the commit every ``batch_size`` records comes after it).  ``keys``,
         ``partitions`` and ``times`` are per record (as ``publish``'s ``key``,
         ``partition`` and ``times``); hooks see the batch once (``on_send_many``,
-        ``on_delivered_many``)."""
+        ``on_delivered_many``).  Records late only under ``late: dead_letter`` policies go
+        to the dead-letter topic and the others are written (the returned list keeps the
+        input's order; the late ones have ``dead_lettered`` set)."""
         if self._closed:
             raise SubstreamsError("publish_many() on a closed publisher")
         n = len(payloads)
@@ -454,7 +577,15 @@ class Publisher:
         if check_order:
             self._check_batch_order(order_keys)
         parts, rr = self._partitions_of(n, keys, partitions)
-        assigned, int_times = self._times_of(payloads, times)
+        try:
+            assigned, int_times = self._times_of(payloads, times)
+        except SealedTimeError:
+            if not self._late_rules:
+                raise
+            missed = [self._missed(p, times[i] if times else None) for i, p in enumerate(payloads)]
+            if not all(self._dead_letters(m) for m in missed if m):
+                raise
+            return self._publish_some(payloads, keys, parts, times, missed, check_order)
         rand = self._rand.randbytes(8 * n)
         tracking_ids = struct.unpack(f"<{n}q", rand)
         try:
@@ -497,9 +628,123 @@ class Publisher:
         else:
             self._produce_batch(values, parts, keys, None)
         self._pending += n
-        if self._pending >= self.batch_size:
+        if self._clocks:
+            self._published(payloads)
+        if self._pending >= self.batch_size and self._in_txn:
             self.flush()
         return records
+
+    def _publish_some(
+        self,
+        payloads: Sequence[Mapping[str, Any]],
+        keys: Sequence[str | bytes | None] | None,
+        parts: list[int],
+        times: Sequence[Mapping[str, Time] | None] | None,
+        missed: list[tuple[tuple[str, Time, str], ...]],
+        check_order: bool,
+    ) -> list[SentRecord]:
+        """A batch with late records: the others written as a batch, then the late ones
+        dead-lettered (after, so that a batch refused for another reason wrote nothing)."""
+        kept = [i for i, m in enumerate(missed) if not m]
+        written = self.publish_many(
+            [payloads[i] for i in kept],
+            keys=None if keys is None else [keys[i] for i in kept],
+            partitions=[parts[i] for i in kept],
+            times=None if times is None else [times[i] for i in kept],
+            check_order=check_order,
+        )
+        out: list[SentRecord] = []
+        it = iter(written)
+        order_key = self.stream_config.order_key
+        for i, m in enumerate(missed):
+            if m:
+                key = None if keys is None else keys[i]
+                self._write_late(payloads[i], key, parts[i], m)
+                out.append(SentRecord(self.stream, parts[i], int(payloads[i][order_key]), 0,
+                                      {}, dead_lettered=True))
+            else:
+                out.append(next(it))
+        return out
+
+    # -- seal policies ---------------------------------------------------------------------
+
+    def _missed(
+        self, payload: Mapping[str, Any], times: Mapping[str, Time] | None
+    ) -> tuple[tuple[str, Time, str], ...]:
+        """Every substream in which the record is at a time this source sealed."""
+        out = []
+        for name, assigner in self._assigner_items:
+            t = times[name] if times and name in times else assigner.raw_time_of(payload)
+            why = assigner.sealed_below(t)
+            if why is not None:
+                out.append((name, t, why))
+        return tuple(out)
+
+    def _dead_letters(self, missed: tuple[tuple[str, Time, str], ...]) -> bool:
+        """Whether a record late in ``missed`` goes to the dead-letter topic (else: raise)."""
+        return bool(missed) and all(
+            self._late_rules.get(name) == "dead_letter" for name, _, _ in missed
+        )
+
+    def _write_late(
+        self,
+        payload: Mapping[str, Any],
+        key: str | bytes | None,
+        partition: int,
+        missed: tuple[tuple[str, Time, str], ...],
+    ) -> None:
+        assert self._late_writer is not None  # checked with the policies
+        self._begin()
+        self._late_writer(
+            self, LateRecord(self.stream, self.source_id, partition, key, payload, missed)
+        )
+
+    def _published(self, payloads: Sequence[Mapping[str, Any]]) -> None:
+        """The seals the records just written moved, into the open transaction, committed
+        with those records at once unless a commit happened less than ``POLICY_TICK_S``
+        ago (then the next record or the ticker commits them: a seal per record must not
+        mean a commit per record)."""
+        now = _now_ms()
+        for name, clock, field in self._policy_fields:
+            high = max(int(p[field]) for p in payloads)
+            sealed = clock.published(high, now)
+            if sealed is not None:
+                self._policy_seal(name, sealed)
+        # Also a seal left pending earlier: a caller that never pauses may keep the ticker
+        # from the lock.
+        if self._seal_pending and time.monotonic() - self._committed_at >= POLICY_TICK_S:
+            self.flush()
+
+    def _policy_seal(self, name: str, sealed: PolicySeal) -> None:
+        if sealed.kind == "keys":
+            self.seal_keys(name, sealed.upto, commit=False)
+        else:
+            done = self.assigners[name].sealed
+            if done is None or sealed.upto > done:
+                self.seal(name, sealed.upto, commit=False)
+        self._seal_pending = True
+
+    def _tick(self) -> None:
+        """On the ticker: seal what idleness allows, and commit policy seals the caller left
+        pending -- only between two calls of the caller (its lock is not waited for)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._closed or self._tick_error is not None:
+                return
+            now = _now_ms()
+            for name, clock in self._clocks.items():
+                sealed = clock.idle(now)
+                if sealed is not None:
+                    self._policy_seal(name, sealed)
+            if self._seal_pending and self._in_txn:
+                self.flush()
+        except Exception as exc:
+            log.warning("stream '%s', source '%s': a policy seal failed: %s",
+                        self.stream, self.source_id, exc)
+            self._tick_error = exc
+        finally:
+            self._lock.release()
 
     def _open_batch(
         self,
@@ -688,6 +933,7 @@ class Publisher:
     def punctuation_headers(self) -> list[tuple[str, bytes]]:
         return protocol_codec("punctuation").headers(TYPE_PUNCTUATION)
 
+    @_locked
     def flush(self, patience: float = client.COMMIT_PATIENCE_S) -> None:
         """Commit the open transaction: its records become visible to readers at once.
 
@@ -713,6 +959,8 @@ class Publisher:
             self._guard(client.commit_transaction, self._producer, what, patience)
             self._in_txn = False
             self._pending = 0
+            self._seal_pending = False
+            self._committed_at = time.monotonic()
             for hook in self._hook_list:
                 hook.on_commit(self)
 
@@ -743,6 +991,7 @@ class Publisher:
             for delivered_columns in self._delivered_columns:
                 delivered_columns(records, parts, offsets, columns)
 
+    @_locked
     def commit(self, patience: float = client.COMMIT_PATIENCE_S) -> None:
         """Commit now, even with no record pending: the hooks' messages (registrations,
         seals) are written in a transaction of their own."""
@@ -758,6 +1007,7 @@ class Publisher:
             )
         return hook
 
+    @_locked
     def seal(self, substream: str, time: Time, *, commit: bool = True) -> None:
         """Promise that this source writes no more records at times <= ``time`` of
         ``substream``; the substream's mechanism makes that known downstream.  From the
@@ -773,6 +1023,7 @@ class Publisher:
         if commit:
             self.flush()
 
+    @_locked
     def seal_keys(self, substream: str, upto: int, *, commit: bool = True) -> None:
         """The keyed seal: this source writes no more records at ``Keyed(k, t)`` with
         ``t <= upto`` of ``substream``, for **every** key ``k`` -- also keys it never wrote.
@@ -805,7 +1056,14 @@ class Publisher:
 
     def close(self) -> None:
         """Commit what is pending and leave: the hooks' last words (an Unregister) go into
-        the final transaction, so a fenced publisher's close raises and writes nothing."""
+        the final transaction, so a fenced publisher's close raises and writes nothing.
+        (An error the ticker met is not raised first: the final commit meets it again, and
+        the publisher is released either way.)"""
+        with self._lock:
+            self._tick_error = None
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         try:
@@ -818,6 +1076,7 @@ class Publisher:
             self._producer.flush(10)
         finally:
             self._closed = True
+            self.ticker.close()
             self._release()
 
     def abort(self) -> None:
@@ -827,12 +1086,19 @@ class Publisher:
         replaced by a clean-up failure."""
         if self._closed:
             return
+        with self._lock:
+            self._abort()
+
+    def _abort(self) -> None:
+        if self._closed:
+            return
         try:
             if self._in_txn:
                 self._producer.abort_transaction(10)
         except KafkaException:
             pass
         finally:
+            self.ticker.close()
             self._in_txn = False
             self._closed = True
             self._batches = []
@@ -850,3 +1116,7 @@ class Publisher:
             self.close()
         else:
             self.abort()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

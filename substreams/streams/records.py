@@ -18,6 +18,9 @@ class SentRecord:
     order_key: int
     tracking_id: int
     times: Mapping[str, Time]
+    dead_lettered: bool = False
+    """Late under a ``late: dead_letter`` seal policy: written to the dead-letter topic, not
+    to the stream (``partition`` is where it would have gone)."""
 
 
 @dataclass(frozen=True, slots=True)

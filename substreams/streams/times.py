@@ -82,6 +82,28 @@ class TimeAssigner:
             self._refuse(t)
         return t
 
+    def raw_time_of(self, payload: Mapping[str, Any]) -> Time:
+        """The record's time, whatever this source sealed (to name what a late one missed)."""
+        kind = self.substream.kind
+        if kind == "epoch":
+            return int(payload[self._field()])
+        if kind == "tumbling":
+            assert self.substream.size_ms is not None
+            return int(payload[self._field()]) // self.substream.size_ms
+        assert self.substream.key is not None
+        return Keyed(
+            str(payload[self.substream.key]),
+            0 if kind == "per_key" else int(payload[self._field()]),
+        )
+
+    def sealed_below(self, t: Time) -> str | None:
+        """Why ``t`` is at a time this source sealed (None: it is not)."""
+        try:
+            self.check(t)
+        except SealedTimeError as exc:
+            return str(exc)
+        return None
+
     def times_of(self, payloads: Sequence[Mapping[str, Any]]) -> list[Time]:
         """``time_of`` of every payload, as one column (``Publisher.publish_many``): the kind
         is dispatched once, not per record; a record at a sealed time raises

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from substreams.bench.harness import bench_context, release_clients
 from substreams.kafka import client
 from substreams.kafka.embedded import broker_answers
+from substreams_bench.harness import bench_context, release_clients
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -124,7 +124,7 @@ def test_bench_rejects_a_malformed_grid(tmp_path: Path) -> None:
 
 
 def test_percentile_is_nearest_rank() -> None:
-    from substreams.bench.harness import percentile
+    from substreams_bench.harness import percentile
 
     values = [float(v) for v in range(1, 101)]  # 1..100
     assert percentile(values, 50) == 50.0
@@ -134,7 +134,7 @@ def test_percentile_is_nearest_rank() -> None:
 
 
 def test_traffic_targets_report_a_miss_as_not_met() -> None:
-    from substreams.bench.traffic import targets
+    from substreams_bench.traffic import targets
 
     rows = [
         {"producers": 2, "partitions": 2, "acker_over_bound": 1.2, "punct_over_acker": 1.5},
@@ -148,7 +148,7 @@ def test_traffic_targets_report_a_miss_as_not_met() -> None:
 
 
 def test_soak_targets_report_growth_missed_epochs_and_drift_as_misses() -> None:
-    from substreams.bench.soak import _targets
+    from substreams_bench.soak import _targets
 
     def row(i: int, acker: float, p99: float) -> dict[str, float]:
         return {"acker_rss_mb": acker, "publisher_rss_mb": 100.0 + i * 0.1, "p99_ms": p99}
@@ -267,7 +267,7 @@ def test_bench_spark_quick_writes_both_parts_and_targets(bootstrap: str, tmp_pat
 
 
 def test_spark_targets_report_misses_and_unmeasured() -> None:
-    from substreams.bench.spark import targets
+    from substreams_bench.spark import targets
 
     def a(query: str, windows: int, rate: float, mb: float) -> dict[str, object]:
         return {"part": "a", "query": query, "windows": windows, "records_per_s": rate,

@@ -106,9 +106,9 @@ def test_config_check_ok_and_error_names_file_line_key(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     text = (REPO / "substreams.yaml").read_text().replace("kind: tumbling", "kind: tumblin", 1)
     bad.write_text(text)
-    click = tmp_path / "substreams" / "avro" / "click.avsc"  # where bad.yaml looks for it
+    click = tmp_path / "avro" / "click.avsc"  # where bad.yaml looks for it
     click.parent.mkdir(parents=True)
-    click.write_text((REPO / "substreams" / "avro" / "click.avsc").read_text())
+    click.write_text((REPO / "avro" / "click.avsc").read_text())
     line = next(i for i, ln in enumerate(text.splitlines(), 1) if "kind: tumblin" in ln)
     res = run("config", "check", "-c", str(bad))
     assert res.returncode == 2

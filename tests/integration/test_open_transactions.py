@@ -213,3 +213,47 @@ def test_a_foreign_open_transaction_is_reported_and_evicts_no_one(
     assert blocker["partition"] == 0 and blocker["verdict"] == "reported"
     assert list(read_dead_letters(config)) == []
     del foreign  # its client would go on calling the broker the session stops
+
+
+def test_a_slow_fence_holds_back_no_other_substream(
+    make_config: ConfigFactory, monkeypatch: Any
+) -> None:
+    """An eviction's fence runs off the acker's loop: while it takes seconds, another
+    substream's notifications go on."""
+    from substreams.acker import service
+
+    config = make_config(
+        [{"name": "clicks"}, {"name": "views"}],
+        [{"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"},
+         {"name": "v", "stream": "views", "kind": "epoch", "field": "ts"}],
+        acker=LIVENESS,
+    )
+    clicks, views = (s.name for s in config.streams)
+    v = config.substreams[1].name
+    fencing: list[float] = []
+    real = service.fence
+
+    def slow(*args: Any) -> None:
+        fencing.append(time.monotonic())
+        time.sleep(4)
+        real(*args)
+        fencing.append(time.monotonic())
+
+    monkeypatch.setattr(service, "fence", slow)
+    with AckerThread(config) as a, Application(config).publisher(views, "c") as pub:
+        victim = Remote(config, clicks, "victim")
+        victim.kill()  # silent from now on: evicted after the timeout
+        noted: list[float] = []
+        deadline = time.monotonic() + 30
+        e = 0
+        while len(fencing) < 2 and time.monotonic() < deadline:
+            pub.publish({"user": "c", "url": f"/{e}", "ts": e})
+            pub.seal(v, e)
+            e += 1
+            before = a.service.notifications
+            time.sleep(0.2)
+            if a.service.notifications > before:
+                noted.append(time.monotonic())
+        assert len(fencing) == 2, "the victim was never fenced"
+        during = [t for t in noted if fencing[0] + 0.5 < t < fencing[1] - 0.5]
+        assert len(during) >= 5, (fencing, noted)

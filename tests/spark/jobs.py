@@ -8,7 +8,7 @@ from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-AVRO = ROOT / "jobs" / "avro"
+AVRO = ROOT / "avro"
 
 
 def load_job(name: str) -> ModuleType:

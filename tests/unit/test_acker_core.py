@@ -259,3 +259,25 @@ def test_unregister_and_left_sources_hold_nothing() -> None:
     h.send("b", seal(3), 1)
     assert h.send("a", Unregister(("s",)), 2) == []
     assert notified(h.tick(2)) == [(3, 0)]
+
+
+def test_departed_sessions_are_forgotten_and_state_stays_flat() -> None:
+    """Sources come, go (closing or evicted) and are replaced: the sessions kept do not grow
+    with them, and a forgotten incarnation's message is still refused."""
+    from substreams.acker.core import DEPARTED_KEEP_MS
+
+    h = Harness()
+    now = 0
+    sizes = []
+    for i in range(120):
+        h.register(f"s{i}", now)
+        h.send(f"s{i}", seal(i), now)
+        h.send(f"s{i}", Unregister(("s",)), now)
+        for _ in range(80):  # 20 s between sources, a step every 250 ms
+            now += 250
+            h.probe(now)
+            h.tick(now)
+        sizes.append(len(h.core.state.sessions))
+    assert max(sizes[40:]) <= DEPARTED_KEEP_MS // 20_000 + 2, sizes
+    [(reason, _)] = h.send("s0", report(500), now + 1)
+    assert reason == REASON_UNREGISTERED

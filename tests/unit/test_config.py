@@ -19,6 +19,7 @@ from substreams.config import (
     AckerConfig,
     Config,
     KafkaConfig,
+    SealPolicy,
     StageConfig,
     StreamConfig,
     SubstreamConfig,
@@ -97,7 +98,7 @@ def line_of(text: str, needle: str) -> int:
 
 def test_shipped_example_loads_to_the_expected_model() -> None:
     config = load_config(REPO / "substreams.yaml")
-    schema = json.loads((REPO / "substreams" / "avro" / "click.avsc").read_text())
+    schema = json.loads((REPO / "avro" / "click.avsc").read_text())
     tumbling = SubstreamConfig(
         name="clicks_1s",
         stream="clicks",
@@ -107,6 +108,7 @@ def test_shipped_example_loads_to_the_expected_model() -> None:
         mechanism="acker",
         bound="firm",
         ordered=True,
+        seal=SealPolicy(lateness_ms=0, idle_ms=1000, late="raise"),
     )
     expected = Config(
         path=REPO / "substreams.yaml",
@@ -114,7 +116,7 @@ def test_shipped_example_loads_to_the_expected_model() -> None:
         streams=(
             StreamConfig(
                 name="clicks",
-                schema_path=REPO / "substreams" / "avro" / "click.avsc",
+                schema_path=REPO / "avro" / "click.avsc",
                 schema=schema,
                 partitions=4,
                 order_key="ts",

@@ -1,6 +1,7 @@
-"""The Avro schemas are package data: read with ``importlib.resources`` from the source tree,
-and present in (and readable from) the ``--py-files`` zip ``substreams submit`` builds for a
-cluster's workers."""
+"""The framework's own Avro schemas are package data: read with ``importlib.resources`` from
+the source tree, and present in (and readable from) the ``--py-files`` zip ``substreams
+submit`` builds for a cluster's workers.  The streams' schemas (``substreams.yaml``'s, the
+jobs') are the user's, in the top-level ``avro/``."""
 
 from __future__ import annotations
 
@@ -25,12 +26,15 @@ from substreams.streams.schemas import (
 
 PACKAGE = Path(__file__).resolve().parents[2] / "substreams"
 SCHEMAS = sorted(p.stem for p in (PACKAGE / "avro").glob("*.avsc"))
+USER_SCHEMAS = PACKAGE.parent / "avro"
+CLICK = json.loads((USER_SCHEMAS / "click.avsc").read_text())
 PROTOCOL = ("ack", "command", "control", "punctuation", "response")
 
 
 def test_the_schemas_live_in_the_package() -> None:
     assert {"envelope", "time", "range", *PROTOCOL} <= set(SCHEMAS)
-    assert not (PACKAGE.parent / "avro").exists(), "schemas belong in substreams/avro/"
+    user = {p.stem for p in USER_SCHEMAS.glob("*.avsc")}
+    assert "click" in user and not user & set(SCHEMAS), "protocol schemas belong in the package"
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
@@ -41,7 +45,7 @@ def test_every_schema_reads_through_importlib_resources(name: str) -> None:
     if name in PROTOCOL:
         assert protocol_codec(name).fingerprint  # shared types resolved, schema parses
     elif name == "envelope":  # a template: the stream's record replaces its payload
-        fastavro.parse_schema(expanded(envelope_schema(raw_schema("click"))))
+        fastavro.parse_schema(expanded(envelope_schema(CLICK)))
     else:
         fastavro.parse_schema(expanded(schema))
 
@@ -67,7 +71,7 @@ from substreams.streams.schemas import envelope_schema, protocol_codec, raw_sche
 folder = resources.files("substreams") / "avro"
 found = sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".avsc"))
 assert found == {SCHEMAS!r}, found
-assert envelope_schema(raw_schema("click"))["name"] == "Envelope"
+assert envelope_schema({CLICK!r})["name"] == "Envelope"
 for name in {PROTOCOL!r}:
     protocol_codec(name)
 print("ok", type(folder).__module__)

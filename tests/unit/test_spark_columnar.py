@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql.worker.plan_data_source_read import records_to_arrow_batches
 
-from substreams.bench.spark import ArrowWindowCounts, WindowCounts
 from substreams.control.messages import OffsetRange
 from substreams.errors import SubstreamsError
 from substreams.frontier import Keyed, Time
@@ -36,6 +35,7 @@ from substreams.spark.source import (
     epoch_batch,
 )
 from substreams.streams.records import Entry
+from substreams_bench.spark import ArrowWindowCounts, WindowCounts
 
 SCHEMA = {
     "type": "record",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from substreams.bench.throughput import ACKER_MANY, UNTRACKED_MANY, targets
+from substreams_bench.throughput import ACKER_MANY, UNTRACKED_MANY, targets
 
 
 def _row(line: str, g: int | None, records: int, rate: float) -> dict[str, Any]:

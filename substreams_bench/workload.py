@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from substreams.app import TRACKED, Application, Mechanisms
-from substreams.bench.harness import BenchError, body, release_clients
 from substreams.config import Config
 from substreams.errors import SubstreamsError
 from substreams.streams.publisher import Publisher
+from substreams_bench.harness import BenchError, body, release_clients
 
 T = TypeVar("T")
 

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -124,14 +125,45 @@ class BenchResult:
             "quick": self.quick,
             "command": self.command,
             "broker": self.broker,
+            "commit": code_commit(),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
             "duration_s": round(self.duration_s, 2),
             "machine": machine_info(),
             "rows": self.rows,
+            "columns": [asdict(c) for c in self.columns],
             "targets": [asdict(t) for t in self.targets],
             "all_targets_met": all(t.met for t in self.targets if t.met is not None),
             "notes": self.notes,
         }
+
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> BenchResult:
+        """A result read back from its ``<name>.json`` (for ``bench report``)."""
+        return cls(
+            name=doc["name"],
+            quick=doc.get("quick", False),
+            command=doc.get("command", ""),
+            broker=doc.get("broker", ""),
+            rows=doc.get("rows", []),
+            columns=[Column(**c) for c in doc.get("columns", [])],
+            targets=[Target(**t) for t in doc.get("targets", [])],
+            notes=doc.get("notes", []),
+            duration_s=doc.get("duration_s", 0.0),
+        )
+
+
+def code_commit() -> str | None:
+    """The commit of the checkout that ran (``-dirty`` with local changes), so that a result
+    names the code it measured; None outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def machine_info() -> dict[str, Any]:

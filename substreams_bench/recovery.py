@@ -36,15 +36,6 @@ from substreams.acker.agent import segment_partition
 from substreams.acker.service import AckerService, checkpoint_topic, transactional_id
 from substreams.acker.state import AckerState, SourceSession
 from substreams.acker.table import SOURCE
-from substreams.bench.harness import (
-    BenchContext,
-    BenchResult,
-    Column,
-    Target,
-    command_line,
-    save_figure,
-    titled,
-)
 from substreams.config import Config
 from substreams.control.io import ControlTail, ControlWriter
 from substreams.control.messages import (
@@ -56,6 +47,15 @@ from substreams.control.messages import (
 )
 from substreams.kafka import client
 from substreams.kafka.topics import ensure_topics
+from substreams_bench.harness import (
+    BenchContext,
+    BenchResult,
+    Column,
+    Target,
+    command_line,
+    save_figure,
+    titled,
+)
 
 NAME = "recovery"
 BATCH = 1000
@@ -209,7 +209,7 @@ def run(ctx: BenchContext) -> BenchResult:
     result.notes.append(
         f"histories written directly by the acker's own table, tracker, state and control "
         f"writer ({BATCH} notifications per transaction; the acks topic is empty), not by "
-        "running an acker over acks: see substreams/bench/recovery.py"
+        "running an acker over acks: see substreams_bench/recovery.py"
     )
     slow = [r for r in result.rows if r["replay_s"] > RECOVER_LIMIT_S]
     if slow:

@@ -1,30 +1,42 @@
 """`substreams bench <traffic|latency|throughput|spark|acker|soak|recovery|framing> [--quick]
-[--out DIR]`.
+[--out DIR]` and `substreams bench report [--out DIR] [--page FILE]`.
 
 Each benchmark runs its baselines in the same run on the same broker (an embedded one
 unless ``--bootstrap``/``$SUBSTREAMS_BOOTSTRAP`` names another), prints a table with a
-"target met" column, and writes ``DIR/<name>.json`` and ``DIR/<name>.png``.
+"target met" column, and writes ``DIR/<name>.json`` and ``DIR/<name>.png``; ``report``
+rebuilds the tables and plots of the results page from those JSON files.
+
+The core package finds this command through the ``substreams.commands`` entry point and
+never imports it; importing it without the ``bench`` extra raises the ImportError the core
+shows as its one-line "how to get it".
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import signal
 import sys
 import time
 from pathlib import Path
 
+if importlib.util.find_spec("matplotlib") is None:
+    raise ImportError(
+        "the benchmarks need the 'bench' extra: pip install 'substreams[bench]' "
+        "(from a clone: pip install -e '.[bench]', or ./run bench)"
+    )
+
 import click
 from rich.console import Console
 
-from substreams.bench.harness import (
+from substreams.cli.options import bootstrap_option
+from substreams_bench.harness import (
     BenchError,
     bench_context,
     render_table,
     render_targets,
     write_outputs,
 )
-from substreams.cli.options import bootstrap_option
 
 BENCHES = (
     "traffic", "latency", "throughput", "spark", "acker", "recovery", "soak", "framing"
@@ -32,7 +44,7 @@ BENCHES = (
 
 
 @click.command("bench")
-@click.argument("name", type=click.Choice(BENCHES))
+@click.argument("name", type=click.Choice((*BENCHES, "report")))
 @click.option(
     "--quick", is_flag=True, help="CI-sized run (under two minutes); still runs 32x32 traffic."
 )
@@ -42,7 +54,14 @@ BENCHES = (
     default="bench/results",
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Folder for <name>.json and <name>.png.",
+    help="Folder for <name>.json and <name>.png (report: where it reads them).",
+)
+@click.option(
+    "--page",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="report only: replace this page's marked sections (bench/README.md) instead of "
+    "printing the tables.",
 )
 @click.option(
     "--grid",
@@ -96,9 +115,16 @@ def command(
     sample_s: float | None,
     records: int | None,
     part: str | None,
+    page: Path | None,
     bootstrap: str | None,
 ) -> None:
-    """Run one benchmark and write its JSON result and PNG plot."""
+    """Run one benchmark and write its JSON result and PNG plot; or, with NAME ``report``,
+    rebuild the results page's tables and plots from the JSON results in ``--out``."""
+    if name == "report":
+        _report(out_dir, page)
+        return
+    if page is not None:
+        raise BenchError("--page applies to 'bench report' only")
     # A wide table also when piped (CI logs, README), where rich would assume 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 150)
     dims = [_parse_grid(g) for g in grid]
@@ -112,7 +138,7 @@ def command(
         raise BenchError(f"--records applies to 'bench spark' only, not to 'bench {name}'")
     if part is not None and name != "spark":
         raise BenchError(f"--part applies to 'bench spark' only, not to 'bench {name}'")
-    module = importlib.import_module(f"substreams.bench.{name}")
+    module = importlib.import_module(f"substreams_bench.{name}")
     # SIGTERM unwinds like Ctrl-C, so the embedded broker and the acker process stop too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     t0 = time.perf_counter()
@@ -134,6 +160,18 @@ def command(
         console.print(f"[dim]note:[/] {note}")
     json_path, png_path = write_outputs(result, out_dir, module.plot)
     console.print(f"wrote {json_path} and {png_path} ({result.duration_s:.1f} s)")
+
+
+def _report(out_dir: Path, page: Path | None) -> None:
+    from substreams_bench.report import build
+
+    if not sorted(out_dir.glob("*.json")):
+        raise BenchError(f"no results in {out_dir}: run a benchmark with --out {out_dir} first")
+    text, plots = build(out_dir, page)
+    if page is None:
+        click.echo(text)
+    else:
+        click.echo(f"updated {page} and {len(plots)} plot(s) in {out_dir}")
 
 
 def _parse_grid(text: str) -> tuple[int, ...]:

@@ -34,7 +34,7 @@ Why the untracked lines run again at every smaller record count a tracked line u
 with its records -- the first commit (nothing is visible to a read_committed reader before
 it), the readers' fetch after the last one, a fresh broker's JIT warming up -- so a rate
 over 2 000 records is not comparable with one over 10 000 (session 10's profile,
-``bench/profile_e2e.py``: the untracked publisher itself made ~7 000 records/s over 2 000
+``substreams_bench/profile_e2e.py``: the untracked publisher itself made ~7 000 records/s over 2 000
 records and ~30 000 over 10 000 on the same machine).  "% of untracked" compares equal
 record counts.
 """
@@ -53,7 +53,11 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from substreams.app import UNTRACKED
-from substreams.bench.harness import (
+from substreams.config import Config
+from substreams.errors import SubstreamsError
+from substreams.kafka import client
+from substreams.streams.schemas import Codec, envelope_schema
+from substreams_bench.harness import (
     BenchContext,
     BenchResult,
     Column,
@@ -63,12 +67,8 @@ from substreams.bench.harness import (
     save_figure,
     titled,
 )
-from substreams.bench.observe import AckerObserver, PunctuationObserver, RecordCounter
-from substreams.bench.workload import acker_process, close_all, open_publishers, record
-from substreams.config import Config
-from substreams.errors import SubstreamsError
-from substreams.kafka import client
-from substreams.streams.schemas import Codec, envelope_schema
+from substreams_bench.observe import AckerObserver, PunctuationObserver, RecordCounter
+from substreams_bench.workload import acker_process, close_all, open_publishers, record
 
 NAME = "throughput"
 PARTITIONS = 4

@@ -1,7 +1,8 @@
 """Publisher-only workload to run under py-spy (issue #16: where the time goes).
 
     py-spy record --format raw -r 250 -o OUT.txt -- \
-        python bench/profile_publish.py --api publish|many --granularity 1 [--records 40000]
+        python -m substreams_bench.profile_publish --api publish|many --granularity 1 \
+            [--records 40000]
 
 Starts an embedded Apache Kafka, opens one acker-tracked publisher (``--untracked``: none)
 on a 4-partition stream, writes ``--records`` records sealing every ``--granularity`` (the
@@ -20,9 +21,9 @@ import os
 import time
 
 from substreams.app import UNTRACKED
-from substreams.bench.harness import bench_context
-from substreams.bench.throughput import BATCH, PARTITIONS, _config, _publish, sliced_publish_many
-from substreams.bench.workload import close_all, open_publishers
+from substreams_bench.harness import bench_context
+from substreams_bench.throughput import BATCH, PARTITIONS, _config, _publish, sliced_publish_many
+from substreams_bench.workload import close_all, open_publishers
 
 
 def main() -> None:

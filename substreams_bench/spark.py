@@ -57,7 +57,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from substreams.bench.harness import (
+from substreams.spark.operator import ArrowEpochOperator, EpochOperator
+from substreams_bench.harness import (
     BODY_BYTES,
     BenchContext,
     BenchError,
@@ -70,8 +71,7 @@ from substreams.bench.harness import (
     save_figure,
     titled,
 )
-from substreams.bench.workload import acker_process, close_all, open_publishers
-from substreams.spark.operator import ArrowEpochOperator, EpochOperator
+from substreams_bench.workload import acker_process, close_all, open_publishers
 
 
 def _no_results(epoch: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -561,12 +561,12 @@ def _query_row(
 
 
 def _spawn(ctx: BenchContext, spec: dict[str, Any]) -> dict[str, Any]:
-    """Run one part-(a) query in a child process (``python -m substreams.bench.spark``);
+    """Run one part-(a) query in a child process (``python -m substreams_bench.spark``);
     its last stdout line is its result."""
     log = ctx.workdir / f"child-{spec['label']}.log"
     with open(log, "wb") as err:
         done = subprocess.run(
-            [sys.executable, "-m", "substreams.bench.spark", json.dumps(spec)],
+            [sys.executable, "-m", "substreams_bench.spark", json.dumps(spec)],
             stdout=subprocess.PIPE,
             stderr=err,
             stdin=subprocess.DEVNULL,
@@ -896,7 +896,7 @@ def plot(result: BenchResult, path: Path) -> None:
 
 if __name__ == "__main__":
     # Through the module's own name, so that WindowCounts pickles as
-    # substreams.bench.spark.WindowCounts (an executor can import it), not as __main__'s.
-    from substreams.bench import spark as _bench
+    # substreams_bench.spark.WindowCounts (an executor can import it), not as __main__'s.
+    from substreams_bench import spark as _bench
 
     print(json.dumps(_bench._child(json.loads(sys.argv[1]))), flush=True)

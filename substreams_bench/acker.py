@@ -59,7 +59,13 @@ from substreams.acker.handler import CommandHandler
 from substreams.acker.service import AckerService, relax_gc
 from substreams.acker.state import AckerState
 from substreams.app import Application
-from substreams.bench.harness import (
+from substreams.config import Config
+from substreams.control.chain import ChainHead
+from substreams.control.io import ControlTail
+from substreams.control.messages import OffsetRange, completions
+from substreams.kafka import client
+from substreams.kafka.write import produce
+from substreams_bench.harness import (
     BenchContext,
     BenchResult,
     Column,
@@ -70,14 +76,8 @@ from substreams.bench.harness import (
     save_figure,
     titled,
 )
-from substreams.bench.throughput import BATCH, sliced_publish_many
-from substreams.bench.workload import close_all, open_publishers
-from substreams.config import Config
-from substreams.control.chain import ChainHead
-from substreams.control.io import ControlTail
-from substreams.control.messages import OffsetRange, completions
-from substreams.kafka import client
-from substreams.kafka.write import produce
+from substreams_bench.throughput import BATCH, sliced_publish_many
+from substreams_bench.workload import close_all, open_publishers
 
 NAME = "acker"
 TARGET_P99_MS = 20.0

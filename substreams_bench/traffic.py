@@ -46,7 +46,13 @@ from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from substreams.bench.harness import (
+from substreams.config import Config
+from substreams.control.io import read_control
+from substreams.errors import SubstreamsError
+from substreams.kafka.read import Reader
+from substreams.streams.listener import PunctuationEntry, StreamDecoder
+from substreams.streams.publisher import Publisher
+from substreams_bench.harness import (
     BenchContext,
     BenchError,
     BenchResult,
@@ -58,13 +64,7 @@ from substreams.bench.harness import (
     save_figure,
     titled,
 )
-from substreams.bench.workload import close_all, open_publishers, parallel, record
-from substreams.config import Config
-from substreams.control.io import read_control
-from substreams.errors import SubstreamsError
-from substreams.kafka.read import Reader
-from substreams.streams.listener import PunctuationEntry, StreamDecoder
-from substreams.streams.publisher import Publisher
+from substreams_bench.workload import close_all, open_publishers, parallel, record
 
 NAME = "traffic"
 SUB = "ep"

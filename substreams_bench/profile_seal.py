@@ -1,6 +1,7 @@
 """Where seal -> EpochComplete time goes, phase by phase (issue #16, session 9).
 
-    python bench/profile_seal.py [--samples 100] [--records 10] [--eos-debug] [--seal-in-txn]
+    python -m substreams_bench.profile_seal [--samples 100] [--records 10] [--eos-debug] \
+        [--seal-in-txn]
 
 Starts an embedded Apache Kafka and ``substreams acker run`` as its own process with
 ``SUBSTREAMS_ACKER_PHASES=1`` (the acker logs each notifying step's phases), then, like
@@ -41,11 +42,11 @@ from typing import Any
 import yaml
 
 from substreams.app import Application
-from substreams.bench.harness import bench_context, percentile
-from substreams.bench.workload import acker_process
 from substreams.config import load_config
 from substreams.control.io import ControlTail
 from substreams.control.messages import completions
+from substreams_bench.harness import bench_context, percentile
+from substreams_bench.workload import acker_process
 
 PHASE = re.compile(
     r"phases acks=(\d+) first_ack_create_ms=(-?\d+) woke_wall=([\d.]+) waited=([\d.]+) "
@@ -116,7 +117,7 @@ def main() -> None:
             acker={"heartbeat_ms": 500},
         )
         stream, sub = config.streams[0].name, config.substreams[0].name
-        seen: dict[int, tuple[float, int]] = {}
+        seen: dict[object, tuple[float, int]] = {}
         pub_phases: dict[int, tuple[float, float, float, float]] = {}
         acker_config = config
         if args.eos_debug:  # the same topics, librdkafka's eos debug in the acker process
@@ -142,8 +143,8 @@ def main() -> None:
                     t0 = time.time()
                     pub.seal(sub, i)
                     t1 = time.time()
-                    commit = [c for c in timed.calls if c[0] == "commit_transaction"]
-                    pub_phases[i] = (t0, commit[0][1], commit[-1][2], t1)
+                    ends = [c for c in timed.calls if c[0] == "commit_transaction"]
+                    pub_phases[i] = (t0, ends[0][1], ends[-1][2], t1)
                     deadline = time.time() + 10
                     while i not in seen and time.time() < deadline:
                         for _, rec in tail.poll(0.001, 100):
@@ -192,10 +193,10 @@ def main() -> None:
     n = len(rows.get("total: seal() -> subscriber saw it", []))
     print(f"{n} epochs matched (of {args.samples}); ms")
     print(f"{'phase':50s} {'p50':>8s} {'p90':>8s} {'p99':>8s} {'mean':>8s}")
-    for k, v in rows.items():
-        print(f"{k:50s} {percentile(v, 50):8.2f} {percentile(v, 90):8.2f} "
-              f"{percentile(v, 99):8.2f} "
-              f"{statistics.fmean(v):8.2f}")
+    for k, ms in rows.items():
+        print(f"{k:50s} {percentile(ms, 50):8.2f} {percentile(ms, 90):8.2f} "
+              f"{percentile(ms, 99):8.2f} "
+              f"{statistics.fmean(ms):8.2f}")
     if args.eos_debug:
         hit = sum(1 for n in seal_refused if n)
         commits = rows.get("publisher: commit_transaction", [])

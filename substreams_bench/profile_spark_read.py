@@ -1,10 +1,10 @@
 """CPU time per record of the firm Spark read path's Python stages, without Kafka or Spark.
 
-``python bench/profile_spark_read.py [--records N]``: the stages a record goes through
+``python -m substreams_bench.profile_spark_read [--records N]``: the stages a record goes through
 between the Kafka consumer and the operator, before (row tuples, PySpark's tuple -> Arrow
 conversion, ``to_pylist`` and ``groups`` in the unit task, the per-row ``WindowCounts``) and
 after the columnar path (``epoch_batch``, ``arrow_groups``, ``ArrowWindowCounts``), each
-timed with ``time.process_time`` (bench/README.md section 4, "Part (a) throughput work").
+timed with ``time.process_time`` (bench/README.md section 4, "Where the time goes").
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.worker.plan_data_source_read import records_to_arrow_batches
 
-from substreams.bench.spark import ArrowWindowCounts, WindowCounts, _key_body
 from substreams.control.messages import OffsetRange
 from substreams.spark.columnar import arrow_groups
 from substreams.spark.offsets import Notification
@@ -33,6 +32,7 @@ from substreams.spark.source import (
 )
 from substreams.streams.records import Entry, times_from_wire, times_to_wire
 from substreams.streams.schemas import Codec, envelope_schema
+from substreams_bench.spark import ArrowWindowCounts, WindowCounts, _key_body
 
 SCHEMA = {"type": "record", "name": "R", "fields": [
     {"name": "ts", "type": "long"}, {"name": "batch", "type": "long"},

@@ -1,10 +1,10 @@
 """Where the wall-clock time of a ``bench throughput`` line goes (issue #16 item 5).
 
-    python bench/profile_e2e.py --line raw|untracked|acker [--granularity 1] \
+    python -m substreams_bench.profile_e2e --line raw|untracked|acker [--granularity 1] \
         [--api publish|many] [--records 10000] [--batch 5000] [--repeats 3] \
         [--producer linger.ms=5 ...] [--consumer fetch.wait.max.ms=5 ...] [--json OUT]
 
-Runs the benchmark's lines as ``substreams.bench.throughput`` does (same config, records,
+Runs the benchmark's lines as ``substreams_bench.throughput`` does (same config, records,
 readers, acker process, a fresh embedded broker per run) with timestamps at the points the
 benchmark cannot see: every commit's start, the end of its flush (records delivered) and its
 end (markers written), the last produce, the moment the counting reader's count passes each
@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from substreams.app import UNTRACKED
-from substreams.bench import throughput as tp
-from substreams.bench.harness import BenchContext, bench_context
-from substreams.bench.observe import AckerObserver, Observer, RecordCounter
-from substreams.bench.workload import acker_process, close_all, open_publishers
 from substreams.kafka import client
 from substreams.streams.schemas import Codec, envelope_schema
+from substreams_bench import throughput as tp
+from substreams_bench.harness import BenchContext, bench_context
+from substreams_bench.observe import AckerObserver, Observer, RecordCounter
+from substreams_bench.workload import acker_process, close_all, open_publishers, record
 
 TICK = os.sysconf("SC_CLK_TCK")
 BROKER_GROUPS = (
@@ -200,7 +200,7 @@ def _publish(
         for lo in range(0, n, tp.SLICE):
             hi = min(n, lo + tp.SLICE)
             tl.produced = hi
-            pub.publish_many([tp.record(i, i // g) for i in range(lo, hi)])
+            pub.publish_many([record(i, i // g) for i in range(lo, hi)])
             if substream is None:
                 continue
             done = (n - 1) // g if hi == n else hi // g - 1
@@ -210,7 +210,7 @@ def _publish(
         return
     for i in range(n):
         tl.produced = i + 1
-        pub.publish(tp.record(i, i // g))
+        pub.publish(record(i, i // g))
         if substream is not None and ((i + 1) % g == 0 or i == n - 1):
             pub.seal(substream, i // g, commit=i == n - 1)
 
@@ -305,7 +305,10 @@ def run_raw(
         end = counter.wait_for(n + base, tp.WAIT_S)
         b = CpuSnap.take(None, broker)
         # the counter counts the warm-up record too: shift so that seen[k] = k-th timed one
-        counter.seen = {k - base: t for k, t in counter.seen.items() if k > base}
+        shifted: dict[object, float] = {
+            k - base: t for k, t in counter.seen.items() if isinstance(k, int) and k > base
+        }
+        counter.seen = shifted
         cpu = cpu_split(a, b, threading.get_native_id(), _readers(counter))
         run = _report("raw" if headers is None else "raw+headers", tl, end, counter, None, cpu)
     del producer

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from substreams.bench.harness import (
+from substreams_bench.harness import (
     BenchContext,
     BenchError,
     BenchResult,
@@ -41,8 +41,8 @@ from substreams.bench.harness import (
     save_figure,
     titled,
 )
-from substreams.bench.observe import AckerObserver
-from substreams.bench.workload import acker_process
+from substreams_bench.observe import AckerObserver
+from substreams_bench.workload import acker_process
 
 NAME = "soak"
 EPOCH_RECORDS = 100
@@ -67,7 +67,7 @@ def rss_mb(pid: int) -> float | None:
 
 
 def publish_main(argv: list[str]) -> None:
-    """``python -m substreams.bench.soak CONFIG BOOTSTRAP RATE SECONDS FIRST``: publish epochs
+    """``python -m substreams_bench.soak CONFIG BOOTSTRAP RATE SECONDS FIRST``: publish epochs
     ``FIRST``, ``FIRST + 1``... of ``EPOCH_RECORDS`` records at ``RATE`` records/s (0: flat out)
     for ``SECONDS``, sealing each with its commit; print ``seal EPOCH UNIX_TIME`` per epoch and
     ``rate R`` at the end.  A later run of the same source id goes on after what it sealed."""
@@ -105,7 +105,7 @@ class _PublisherProcess:
         self, ctx: BenchContext, config_path: Path, rate: float, seconds: float, first: int = 0
     ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "substreams.bench.soak", str(config_path), ctx.bootstrap,
+            [sys.executable, "-m", "substreams_bench.soak", str(config_path), ctx.bootstrap,
              str(rate), str(seconds), str(first)],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -35,7 +37,12 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from substreams.bench.harness import (
+from substreams.app import Application
+from substreams.control.notes import EpochNote
+from substreams.errors import SealedTimeError, SubstreamsError
+from substreams.kafka import client
+from substreams.streams.publisher import Publisher
+from substreams_bench.harness import (
     BenchContext,
     BenchError,
     BenchResult,
@@ -48,17 +55,14 @@ from substreams.bench.harness import (
     save_figure,
     titled,
 )
-from substreams.bench.observe import AckerObserver, Observer, PunctuationObserver, RecordCounter
-from substreams.bench.workload import (
+from substreams_bench.observe import AckerObserver, Observer, PunctuationObserver, RecordCounter
+from substreams_bench.workload import (
     acker_process,
     close_all,
     open_publishers,
     parallel,
     record,
 )
-from substreams.errors import SubstreamsError
-from substreams.kafka import client
-from substreams.streams.publisher import Publisher
 
 NAME = "latency"
 MECHANISMS = ("acker", "punctuations")
@@ -81,6 +85,41 @@ def cases(quick: bool) -> list[Case]:
     else:
         grid, grans, epochs = [(1, 1), (4, 4), (16, 16), (32, 32)], [1, 10, 100, 1000], 60
     return [Case(m, p, q, g, epochs) for m in MECHANISMS for g in grans for p, q in grid]
+
+
+@dataclass(frozen=True)
+class PolicyCase:
+    """A click-like workload in real event time, one publisher at ``POLICY_RATE`` records/s
+    into ``POLICY_WINDOW_MS`` tumbling windows: sealed by hand as the clock leaves each
+    window (``lateness_ms`` None, today's way), or by a seal policy; ``late_share`` of the
+    records carry an event time ``late_by_ms`` in the past."""
+
+    lateness_ms: int | None
+    late_share: float = 0.0
+    late_by_ms: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.lateness_ms is None:
+            return "acker, manual seal()"
+        late = (
+            f", {self.late_share:.0%} records {self.late_by_ms} ms late" if self.late_share
+            else ""
+        )
+        return f"acker, seal policy lateness {self.lateness_ms} ms{late}"
+
+
+POLICY_RATE = 1000
+POLICY_WINDOW_MS = 200
+
+
+def policy_cases() -> list[PolicyCase]:
+    return [
+        PolicyCase(None),
+        PolicyCase(0),
+        PolicyCase(500, 0.02, 300),
+        PolicyCase(100, 0.02, 300),
+    ]
 
 
 @dataclass
@@ -150,6 +189,95 @@ def measure(ctx: BenchContext, case: Case) -> Samples:
     return out
 
 
+def measure_policy(ctx: BenchContext, case: PolicyCase, seconds: float) -> dict[str, Any]:
+    """Window end (event time) -> the notification a ``notifications()`` reader gets, per
+    window, and what became of every record: in its window's notification (firm read),
+    dead-lettered, refused, or lost."""
+    size = POLICY_WINDOW_MS
+    sub: dict[str, Any] = {
+        "name": "w", "stream": "s0", "kind": "tumbling", "field": "batch", "size_ms": size,
+    }
+    if case.lateness_ms is not None:
+        sub["seal"] = {"lateness_ms": case.lateness_ms, "idle_ms": 1000, "late": "dead_letter"}
+    config = ctx.config([("s0", 2)], [sub])
+    stream, substream = config.streams[0].name, config.substreams[0].name
+    app = Application(config, ctx.bootstrap)
+    notes: list[EpochNote] = []
+    stop = threading.Event()
+    rng = random.Random(31)
+    sent: dict[int, int] = {}
+    late = dead = refused = kept_late = 0
+    last_event = 0
+
+    def read() -> None:  # notes only: a firm read per batch would be timed too
+        with app.notifications(substream, from_="beginning") as reader:
+            while not stop.is_set():
+                notes.extend(reader.poll(0.2))
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(acker_process(config, ctx.bootstrap))
+        reader = threading.Thread(target=read, name="bench-notes", daemon=True)
+        reader.start()
+        stack.callback(reader.join, 10)
+        stack.callback(stop.set)
+        with app.publisher(stream, "clicks", batch_size=500) as pub:
+            start = time.time()
+            window = int(start * 1000) // size
+            for i in range(int(seconds * POLICY_RATE)):
+                pause = start + i / POLICY_RATE - time.time()
+                if pause > 0:
+                    time.sleep(pause)
+                now = int(time.time() * 1000)
+                if case.lateness_ms is None and now // size > window:
+                    pub.seal(substream, now // size - 1)  # the clock left the window
+                window = max(window, now // size)
+                event = now
+                if case.late_share and rng.random() < case.late_share:
+                    event, late = now - case.late_by_ms, late + 1
+                try:
+                    got = pub.publish(record(now, event))
+                except SealedTimeError:
+                    refused += 1
+                    continue
+                if got.dead_lettered:
+                    dead += 1
+                else:
+                    kept_late += event != now
+                    sent[event // size] = sent.get(event // size, 0) + 1
+                    last_event = max(last_event, event)
+        # Closing released the last windows; latency counts only those the seals ended.
+        deadline = time.monotonic() + WAIT_S
+        while not set(sent) <= {n.time for n in notes} and time.monotonic() < deadline:
+            time.sleep(0.2)
+    stop.set()
+    # Then every window's firm read, from the beginning: what each holds.
+    firm: list[EpochNote] = []
+    with app.notifications(substream, from_="beginning", records=True) as again:
+        while len(firm) < len(notes) and time.monotonic() < deadline + 30:
+            firm.extend(again.poll(1.0))
+    lateness = case.lateness_ms or 0
+    windows = [(n.time, n) for n in notes if isinstance(n.time, int)]
+    latency = [  # the windows a seal ended, not the publisher's close
+        (n.notified_at_ms - (w + 1) * size) / 1000.0
+        for w, n in windows
+        if (w + 2) * size + lateness <= last_event
+    ]
+    delivered = {n.time: len(n.entries) for n in firm if isinstance(n.time, int)}
+    exact = all(
+        all(int(e.payload["batch"]) // size == n.time for e in n.entries) for n in firm
+    )
+    lost = sum(max(0, c - delivered.get(w, 0)) for w, c in sent.items())
+    error = None if set(sent) <= set(delivered) else "windows never notified"
+    row = _row(case.label, None, latency, error)
+    row.update(
+        producers=1, partitions=2, granularity=POLICY_RATE * size // 1000,
+        lateness_ms=case.lateness_ms, late=late, dead_lettered=dead, refused=refused,
+        kept_late=kept_late,
+        lost=lost, exact=exact and lost == 0,
+    )
+    return row
+
+
 def raw_baseline(ctx: BenchContext, samples: int) -> list[float]:
     """One message at a time: produce (linger 0) -> seen by a polling consumer."""
     topic = f"b.raw-latency.{uuid.uuid4().hex[:8]}"
@@ -208,6 +336,10 @@ def run(ctx: BenchContext) -> BenchResult:
         Column("p99_ms", "p99 ms", "{:.1f}"),
         Column("p99_from_first_ms", "p99 ms from first seal", "{:.1f}"),
         Column("complete", "all epochs seen"),
+        Column("late", "late"),
+        Column("dead_lettered", "dead-lettered"),
+        Column("refused", "refused"),
+        Column("lost", "lost"),
     ]
     ctx.label = NAME
     all_cases = [c for c in cases(ctx.quick) if ctx.mechanism in (None, c.mechanism)]
@@ -223,13 +355,22 @@ def run(ctx: BenchContext) -> BenchResult:
             got = Samples([], [], f"{type(exc).__name__}: {exc}")
             ctx.log(f"[red]{case}: {got.error}[/]")
         result.rows.append(_row(case.mechanism, case, got.from_last, got.error, got.from_first))
+    if ctx.mechanism in (None, "acker"):
+        seconds = 4.0 if ctx.quick else 15.0
+        for pcase in ctx.track(policy_cases(), lambda c: c.label):
+            try:
+                result.rows.append(measure_policy(ctx, pcase, seconds))
+            except (SubstreamsError, KafkaException) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                ctx.log(f"[red]{pcase.label}: {error}[/]")
+                result.rows.append(_row(pcase.label, None, [], error))
     for row in result.rows:
         if row.get("error"):
             result.notes.append(
                 f"{row['mechanism']} P={row['producers']} Q={row['partitions']} "
                 f"g={row['granularity']}: stopped after {row['samples']} epochs: {row['error']}"
             )
-    result.targets = targets(result.rows)
+    result.targets = targets(result.rows) + policy_targets(result.rows)
     result.notes.append(
         "latency = the last of the P producers' seal() calls (all P seal at once, in threads) "
         "-> end visible to an observer: EpochComplete on the control topic (acker) / Aligner "
@@ -237,7 +378,56 @@ def run(ctx: BenchContext) -> BenchResult:
         "moment the P seal threads started instead. Every configuration on a fresh embedded "
         "broker; the acker is its own process, publishers and observer share one."
     )
+    result.notes.append(
+        f"seal policy lines: one publisher, {POLICY_RATE} records/s in real event time, "
+        f"{POLICY_WINDOW_MS} ms tumbling windows, 2 partitions; latency = window end (event "
+        "time) -> the note read by Application.notifications() in the same process (the "
+        "firm read of each window's records checked after, not timed); 'manual seal()' "
+        "seals each window as the clock leaves it (today's way). "
+        "Late records are refused (raise) or dead-lettered by the policy's rule, never lost."
+    )
     return result
+
+
+def policy_targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
+    """The seal-policy goals: p50 within lateness + 50 ms, and within 1.2x of manual seals
+    at lateness 0; with late records, none lost or refused, and every one dead-lettered
+    exactly when the lateness is below their delay."""
+    out = []
+    manual = next((r for r in rows if r["mechanism"] == "acker, manual seal()"), None)
+    for r in rows:
+        lateness = r.get("lateness_ms")
+        if lateness is None or r.get("p50_ms") is None:
+            continue
+        p50 = r["p50_ms"]
+        out.append(Target(
+            f"{r['mechanism']}: p50 window end -> notification", f"<= {lateness + 50} ms",
+            f"{p50:.1f} ms", p50 <= lateness + 50,
+        ))
+        if lateness == 0 and manual is not None and manual.get("p50_ms"):
+            ratio = p50 / manual["p50_ms"]
+            out.append(Target(
+                "seal policy lateness 0 vs manual seal(), p50", "<= 1.2x",
+                f"{ratio:.2f}x", ratio <= 1.2,
+            ))
+        if r.get("late"):
+            # Late by more than the lateness: dead-lettered unless its window was still
+            # open by the publisher's own promise (then it is counted in that window).
+            expect = "0 dead-lettered" if lateness >= 300 else "the rest dead-lettered"
+            ok = (
+                r["lost"] == 0 and r["refused"] == 0
+                and r["dead_lettered"] + r["kept_late"] == r["late"]
+                and (lateness < 300 or r["dead_lettered"] == 0)
+            )
+            out.append(Target(
+                f"{r['mechanism']}: late records",
+                f"0 lost, 0 refused, {expect}",
+                f"{r['lost']} lost, {r['refused']} refused, {r['dead_lettered']} dead-lettered, "
+                f"{r['kept_late']} in open windows, "
+                f"windows {'exact' if r.get('exact') else 'NOT exact'}",
+                ok and bool(r.get("exact")),
+            ))
+    return out
 
 
 def targets(rows: Sequence[dict[str, Any]]) -> list[Target]:

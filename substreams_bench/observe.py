@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Self
 
 from confluent_kafka import Message, TopicPartition
 
-from substreams.bench.harness import BenchError
 from substreams.config import Config
 from substreams.kafka.read import Reader
+from substreams_bench.harness import BenchError
 
 
 class Observer:
@@ -33,7 +34,7 @@ class Observer:
         self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="bench-observer")
 
-    def start(self, timeout: float = 30.0) -> Observer:
+    def start(self, timeout: float = 30.0) -> Self:
         """Start, and return once every partition was fetched to its end once: a fresh
         consumer's first fetch (metadata, connections) must not count as latency."""
         self._thread.start()
@@ -82,7 +83,7 @@ class Observer:
         self._thread.join(5)
         self._reader.close()
 
-    def __enter__(self) -> Observer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
