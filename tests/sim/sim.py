@@ -23,8 +23,8 @@ What runs (all randomness from ``random.Random(seed)``, all time from a :class:`
   :meth:`AckerService.step` does, over the log: read the acks topic ``read_committed``,
   :meth:`AckerCore.apply` per message, probe both ends every ``probe_interval_ms`` and
   name blockers with ``record_at``, :meth:`AckerCore.tick`,
-  carry out fences and evictions (the fence takes simulated time, during which the
-  sources run on, as the real blocking call lets them), then commit the notifications with
+  carry out fences and evictions (off the loop, as the service does: the fence takes
+  simulated time while the acker and the sources run on), then commit the notifications with
   a checkpoint (``state.dumps()``) atomically.  It crashes at random and restarts from its
   last checkpoint.
 
@@ -47,7 +47,7 @@ from typing import Any
 
 import substreams.acker.agent as agent_module
 from substreams.acker.agent import Register, TrackingAgent, decode_ack, encode_ack
-from substreams.acker.core import AckerCore
+from substreams.acker.core import AckerCore, Evict
 from substreams.acker.deadletter import REASON_TERMINATED
 from substreams.acker.liveness import probe_interval_ms
 from substreams.acker.state import AckerState, Blocker
@@ -520,6 +520,8 @@ class AckerShell:
                             for p in self.parts})
         self.last_probe = -10**18
         self.last_write = -10**18
+        self.evictions: list[tuple[Evict, list[int | None]]] = []
+        """Evictions whose fence runs (a restart drops them: the new core starts afresh)."""
         self.alive = True
 
     def run(self) -> Gen:
@@ -527,7 +529,7 @@ class AckerShell:
         self.start()
         while True:
             try:
-                yield from self.step()
+                self.step()
             except Crash:
                 self.alive = False
                 sim.stats["acker_crashes"] += 1
@@ -560,8 +562,9 @@ class AckerShell:
     def _position(self, p: int) -> int:
         return self.reader.positions.get((ACKS, p), self.core.state.acks_offsets.get(p, 0))
 
-    def step(self) -> Gen:
-        """:meth:`AckerService.step`: poll, apply, liveness, tick, carry out, commit."""
+    def step(self) -> None:
+        """:meth:`AckerService.step`: poll, apply, collect the fences that finished,
+        liveness, tick, carry out (fences start off the loop), commit."""
         sim, core, log = self.sim, self.core, self.sim.log
         sim.stats["steps"] += 1
         now = sim.now()
@@ -575,6 +578,7 @@ class AckerShell:
             for (_, p), session in sessions.items():  # a new session: when it joined
                 if (session.incarnation, p) not in joined:
                     joined[(session.incarnation, p)] = self._last_terminated(p)
+        self._collect()
         positions = {p: self._position(p) for p in self.parts}
         if now - self.last_probe >= probe_interval_ms(TIMEOUT_MS):
             self.last_probe = now
@@ -586,19 +590,12 @@ class AckerShell:
                 self._name(blocker)
         effects = core.tick(now, positions)
         for f in effects.fence:
-            yield 10 + sim.rng.randrange(200)  # the fence's round trips: sources run on
             sim.stats["fences"] += 1
-            sim.event(f"{self.name} fences {f.writer} ({f.why})")
-            log.fence(f.writer)
+            sim.spawn(self._fence_io(f.writer, f.why, None, [None]))
         for e in effects.evict:
-            yield 10 + sim.rng.randrange(300)
-            if e.writer:
-                log.fence(e.writer)
-            committed = "evict_at_lso" in AckerCore.reintroduced  # BUG SWITCH (rule 6)
-            upto = log.end_offsets(ACKS, [e.key[1]], committed=committed)[e.key[1]]
-            sim.event(f"{self.name} evicts {e.key} ({e.reason}): fenced {e.writer}, "
-                      f"reads to {upto}")
-            core.fenced(e.key, upto)
+            slot: list[int | None] = [None]
+            self.evictions.append((e, slot))
+            sim.spawn(self._fence_io(e.writer, e.reason, e.key[1], slot))
         evicted = [(key, core.state.sessions[key].incarnation) for key, _ in effects.evicted]
         items = list(effects.records)
         heartbeat = now - self.last_write >= ACKER_HEARTBEAT_MS
@@ -618,6 +615,33 @@ class AckerShell:
             self._evicted(key, inc)
         if sim.fault(0.004):
             raise Crash()
+
+    def _fence_io(self, writer: str, why: str, partition: int | None,
+                  slot: list[int | None]) -> Gen:
+        """A fence off the loop (``AckerService._fence_for``): it takes simulated time,
+        the acker and the sources run on meanwhile; for an eviction, then the partition's
+        high watermark, into ``slot`` for :meth:`_collect`."""
+        sim = self.sim
+        yield 10 + sim.rng.randrange(300)
+        if writer:
+            sim.log.fence(writer)
+        if partition is None:
+            sim.event(f"{self.name} fenced {writer} ({why})")
+            return
+        committed = "evict_at_lso" in AckerCore.reintroduced  # BUG SWITCH (rule 6)
+        slot[0] = sim.log.end_offsets(ACKS, [partition], committed=committed)[partition]
+        sim.event(f"{self.name} evicting on acks partition {partition} ({why}): fenced "
+                  f"{writer}, reads to {slot[0]}")
+
+    def _collect(self) -> None:
+        """``AckerService._collect``: hand the core the evictions whose fence finished."""
+        pending = []
+        for e, slot in self.evictions:
+            if slot[0] is None:
+                pending.append((e, slot))
+            else:
+                self.core.fenced(e.key, slot[0])
+        self.evictions = pending
 
     def _name(self, blocker: Blocker) -> None:
         rec = self.sim.log.record_at(ACKS, blocker.partition, blocker.offset)
