@@ -463,7 +463,15 @@ class AckerCore:
         blocker = decision.blocker
         held = f"{blocker.describe()} for over {self.live.timeout_ms} ms"
         if decision.key is not None:
-            self._begin_eviction(decision.key, f"its open transaction held {held}")
+            session = self.state.sessions[decision.key]
+            if session.incarnation == blocker.incarnation:
+                reason = f"its open transaction held {held}"
+            else:
+                reason = (f"superseded: incarnation {blocker.incarnation} took its writer and "
+                          f"its first transaction held {held}")
+            self._begin_eviction(decision.key, reason)
+            if decision.writer is not None and decision.writer != session.writer:
+                self._pending.fence.append(Fence(decision.writer, f"{held}; fencing its writer"))
         elif decision.writer is not None:
             self._pending.fence.append(Fence(
                 decision.writer, f"{held}; fencing its writer (no session of it to evict)"

@@ -27,8 +27,12 @@ Rules:
 5. *A silent blocker.*  A transaction that holds the same LSO for ``source_timeout_ms`` has a
    silent writer (a live publisher commits every batch and every seal).  If it is the current
    incarnation of a source of that partition, evictable for silence, it is evicted: the fence
-   aborts its transaction and frees the LSO.  A writer the acker can name but holds no session
-   of (it died inside its first transaction, its Register unread) is fenced.  A blocker the
+   aborts its transaction and frees the LSO.  If it is a newer incarnation than the session's
+   (it died inside its first transaction, its Register unread), its ``init_transactions``
+   fenced the session's incarnation, which can commit nothing more -- though its process, an
+   idle zombie, may heartbeat it alive forever: that session is evicted (the fence aborts the
+   newer one's transaction too).  A writer the acker can name but holds no session of is
+   fenced.  A blocker the
    acker cannot name (another program's transaction, an undecodable message) or may not evict
    (a never-evicted source) is reported, in the log and in the checkpoint that ``acker
    sources`` and the dashboard show, and waited out (its coordinator aborts it after
@@ -174,6 +178,16 @@ class Liveness:
                     verdict, out_decision = "evicted", SilentBlocker(blocker, key=held)
                 else:
                     verdict, out_decision = "reported", SilentBlocker(blocker)
+            elif (
+                held is not None and current is not None and blocker.writer
+                and not current.evicted and held not in evicting and current.evict_when_silent
+            ):
+                # A newer incarnation, dead in its first transaction: its init fenced the
+                # current one, which can commit nothing more (an idle zombie may still
+                # heartbeat it alive).  Evict the session; the fence aborts both.
+                verdict, out_decision = "evicted", SilentBlocker(
+                    blocker, key=held, writer=blocker.writer
+                )
             elif blocker.writer:
                 verdict, out_decision = "fenced", SilentBlocker(blocker, writer=blocker.writer)
             else:

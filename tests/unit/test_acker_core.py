@@ -281,3 +281,19 @@ def test_departed_sessions_are_forgotten_and_state_stays_flat() -> None:
     assert max(sizes[40:]) <= DEPARTED_KEEP_MS // 20_000 + 2, sizes
     [(reason, _)] = h.send("s0", report(500), now + 1)
     assert reason == REASON_UNREGISTERED
+
+
+def test_a_newer_incarnation_dead_in_its_first_transaction_supersedes_the_session() -> None:
+    """Its init_transactions fenced the session's incarnation (maybe an idle zombie that
+    heartbeats on): the session is evicted, not kept alive by the zombie's heartbeats."""
+    h = Harness()
+    h.register("a")
+    h.probe(0, lso=h.offsets[0], high=h.offsets[0] + 1)
+    [b] = h.core.to_name(T // 3)
+    h.core.named(b, "a", "i2", "txn.a")  # its Register, in the open transaction
+    for now in range(T // 3, T + 1, 300):
+        h.send("a", SourceHeartbeat(), now, seq=-1)  # the zombie of i1
+        h.probe(now, lso=b.offset, high=b.offset + 1)
+        assert h.tick(now).evict == []
+    [ev] = h.tick(T + 301).evict
+    assert ev.key == ("a", 0) and ev.reason.startswith("superseded: incarnation i2")
