@@ -87,7 +87,8 @@ KNOWN_ISSUE = (
     "(its heartbeat writer is not transactional, so nothing tells it or the acker of the "
     "fence).  With one acks partition the acker evicts the superseded session once the "
     "successor's first transaction has held the partition for the timeout; with several, the "
-    "shard that fences it first frees the others' partitions too.  The default schedules keep a zombie's successor fault-free until its first "
+    "shard that fences it first frees the others' partitions too.  The default schedules "
+    "keep a zombie's successor fault-free until its first "
     "commit returned; idle_zombies=True (--idle-zombies) lifts that and finds it."
 )
 """A liveness issue of the current code the simulator found (seed 905 with idle zombies)."""
