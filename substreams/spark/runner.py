@@ -13,10 +13,11 @@ in notification order.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from substreams import metrics
 from substreams.config import Config, load_config
+from substreams.control.messages import OffsetRange
 from substreams.errors import SubstreamsError
 from substreams.kafka import client
 from substreams.spark.executor import (
@@ -36,6 +38,8 @@ from substreams.spark.executor import (
     run_unit,
     run_unit_batches,
 )
+from substreams.spark.jvm_read import Decoding, jvm_unsupported
+from substreams.spark.jvm_read import records as jvm_records
 from substreams.spark.offsets import worker_logging
 from substreams.spark.operator import (
     EpochFunction,
@@ -52,6 +56,7 @@ from substreams.spark.operator import (
 )
 from substreams.spark.options import CONFIG_PICKLE, ship_config
 from substreams.spark.sink import BatchSink
+from substreams.spark.source import NOTE_COLUMN
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +74,7 @@ def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
         worker_logging()
         ctx = TaskContext.get()
         unit = ctx.partitionId() if ctx is not None else 0
-        if plan.units == DIRECT_UNITS and columnar(plan.operator):
+        if columnar(plan.operator):  # whole epochs in order (direct, or sorted by epoch)
             sums = run_unit_batches(plan, unit, batches)
         else:
             sums = run_unit(plan, unit, (row for b in batches for row in b.to_pylist()))
@@ -80,6 +85,30 @@ def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
             yield pa.RecordBatch.from_pylist([asdict(s) for s in sums], schema=schema)
 
     return task
+
+
+class JvmRead:
+    """What the JVM path of a query needs on the driver: the stream, and its writer
+    schemas (the schema topic re-read each batch: a publisher registers a new schema
+    before its first record, so before any EpochComplete that covers it)."""
+
+    def __init__(self, config: Config, substream: str, bootstrap: str, query: str) -> None:
+        from substreams.spark.schema import PayloadLayout
+
+        self.config = config
+        self.substream = substream
+        self.stream = config.substream(substream).stream
+        self.bootstrap = bootstrap
+        self.group_id = f"substreams.spark.{query}.read"
+        """Stable: Spark pools executor consumers by (group id, partition)."""
+        self.layout_struct = PayloadLayout(config.stream(self.stream)).struct()
+
+    def decoding(self) -> Decoding:
+        from substreams.streams.evolution import registry
+
+        reg = registry(self.config, self.bootstrap)
+        reg.refresh()
+        return Decoding.of(self.config, self.stream, reg.schemas(self.stream))
 
 
 class EpochBatchHandler:
@@ -104,6 +133,9 @@ class EpochBatchHandler:
         self.query_name = source_id
         self.units: int | None = None
         """Tasks of each batch's write stage; fixed for the query's life (see :func:`units`)."""
+        self.jvm: JvmRead | None = None
+        """Set when the batches hold notification rows only (source option ``read=notes``)
+        and the records are read here, by Spark's Kafka source (:meth:`jvm_batch`)."""
         self._last_batch = -1
         self._started = 0.0
         self._ran = 0.0
@@ -146,6 +178,9 @@ class EpochBatchHandler:
         op = self.operator
         self._started = time.time()
         sealed = self._begin(batch_id)
+        if self.jvm is not None:
+            self._jvm_batch(df, batch_id, sealed, self.jvm)
+            return
         if op.group_by is None:
             # Direct: the source's read tasks are the units.  Each holds whole epochs in
             # notification order, records in read order before their notification row --
@@ -167,6 +202,52 @@ class EpochBatchHandler:
             )
             rows = part.mapInArrow(_unit_task(self.plan(batch_id, units, sealed)), SUMMARY_DDL)
         sums = [Summary(**r.asDict()) for r in rows.collect()]  # summaries, not records
+        self._ran = time.time()
+        self.deliver(batch_id, sums, sealed)
+
+    def _jvm_batch(self, df: DataFrame, batch_id: int, sealed: bool, jvm: JvmRead) -> None:
+        """One batch on the JVM path: ``df`` holds the batch's notification rows (with
+        their ranges); the records are read and decoded by Spark
+        (:func:`substreams.spark.jvm_read.records`), shuffled by notification (and key),
+        sorted, and handed to the same unit tasks as the Python read's."""
+        op = self.operator
+        marks = sorted(df.collect(), key=lambda r: (r["control_offset"], r["control_index"]))
+        if sealed or not marks:
+            # A replay of a sealed batch writes nothing: its notes come from the rows alone.
+            sums = [Summary(int(r["control_offset"]), int(r["control_index"]),
+                            str(r["epoch_label"]), True, int(r["records"] or 0),
+                            int(r["sealed_at_ms"] or 0), 0, 0, False) for r in marks]
+            self._ran = time.time()
+            self.deliver(batch_id, sums, sealed)
+            return
+        units = self.units or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1)
+        log.info("batch %d: started (%d epochs, JVM read, %d units)", batch_id, len(marks), units)
+        notes = [json.loads(r[NOTE_COLUMN]) for r in marks]
+        ranges = [OffsetRange(str(a), int(b), int(c), int(d))
+                  for n in notes for a, b, c, d in n["ranges"]]
+        ours = all(r.stream == jvm.stream for r in ranges)
+        spark = df.sparkSession
+        from pyspark.sql.types import ArrayType, LongType, StructField, StructType
+
+        struct = jvm.layout_struct
+        schema = StructType([*struct.fields,
+                             StructField("until_coords", ArrayType(LongType()), True)])
+        local = [
+            (*(r[f.name] for f in struct.fields),
+             None if n["until"] is None else list(n["until"]["coords"]))
+            for r, n in zip(marks, notes, strict=True)
+        ]
+        note_df = spark.createDataFrame(local, schema)
+        rows = jvm_records(
+            spark, jvm.config, jvm.stream, jvm.substream, self.bootstrap, ranges, note_df,
+            jvm.decoding(), jvm.group_id, spans=any(n["until"] is not None for n in notes),
+        ).unionByName(note_df.drop("until_coords"))
+        part = rows.repartition(units, *partition_columns(op.group_by)).sortWithinPartitions(
+            *sort_columns(op.group_by)
+        )
+        plan = replace(self.plan(batch_id, units, sealed), verify=ours)
+        sums = [Summary(**r.asDict())
+                for r in part.mapInArrow(_unit_task(plan), SUMMARY_DDL).collect()]
         self._ran = time.time()
         self.deliver(batch_id, sums, sealed)
 
@@ -271,6 +352,7 @@ def run(
     block: bool = True,
     options: Mapping[str, str] | None = None,
     metrics_port: int | None = None,
+    read: str = "jvm",
 ) -> EpochQuery:
     """Run ``operator`` over the completed epochs of ``substream``, on the executors.
 
@@ -287,6 +369,11 @@ def run(
     planned as soon as the last one ends, and an idle query is paced by the source, whose
     ``latestOffset`` waits up to 50 ms on the control topic and returns as soon as an
     EpochComplete arrives (with a 100 ms timer, a seal waited ~40 ms more, median).
+    ``read``: ``jvm`` (default) reads and decodes each batch's records with Spark's own
+    Kafka source and ``from_avro`` (:mod:`substreams.spark.jvm_read`; the session needs
+    :func:`substreams.spark.connector.kafka_connector_conf`'s packages); ``python`` reads
+    them in the source's Python read tasks.  ``jvm`` falls back to ``python``, with a
+    warning, where the JVM cannot serve (:func:`substreams.spark.jvm_read.jvm_unsupported`).
     """
     from substreams.spark.session import register, session
 
@@ -304,6 +391,13 @@ def run(
     handler = EpochBatchHandler(op, config, output_stream, f"spark.{name}", server)
     handler.substream, handler.query_name = substream, name
     handler.units = query_units(location, spark)
+    if read not in ("jvm", "python"):
+        raise SubstreamsError(f"spark runner: read must be jvm or python, not {read!r}")
+    why_not = jvm_unsupported(config, config.substream(substream).stream)
+    if read == "jvm" and why_not is not None:
+        log.warning("spark runner: query '%s' reads in Python: %s", name, why_not)
+    elif read == "jvm":
+        handler.jvm = JvmRead(config, substream, server, name)
     handler._sink()  # the driver's SOURCE registers before any task writes
     if metrics_port is not None:
         metrics.serve(metrics_port)
@@ -317,6 +411,8 @@ def run(
         .option("markers", "true")
         .option("bootstrap", server)
     )
+    if handler.jvm is not None:
+        reader = reader.option("read", "notes")
     for key, value in (options or {}).items():
         reader = reader.option(key, value)
     writer = (
