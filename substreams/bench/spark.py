@@ -332,7 +332,8 @@ def _measure(
     acker.enter_context(acker_process(config, ctx.bootstrap))
     ctx.log("starting Spark local[2] ...")
     spark = session(
-        "substreams-bench", master="local[2]", shuffle_partitions=4, **SLOW_MACHINE, **connector
+        "substreams-bench", master="local[2]", shuffle_partitions=4, jvm_read=True,
+        **SLOW_MACHINE, **connector,
     )
     queries: list[Any] = []
     t0s: dict[int, float] = {}
@@ -768,6 +769,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         f"bench-{spec['label']}",
         master="local[2]",
         shuffle_partitions=4,
+        jvm_read=True,
         **{
             "spark.sql.streaming.numRecentProgressUpdates": "10000",
             **SLOW_MACHINE,

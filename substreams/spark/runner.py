@@ -110,6 +110,30 @@ class JvmRead:
         reg.refresh()
         return Decoding.of(self.config, self.stream, reg.schemas(self.stream))
 
+    def batch_rows(self, spark: SparkSession, marks: list[Any]) -> tuple[DataFrame, bool]:
+        """The batch's rows as the Python read would give them -- records read and decoded
+        in the JVM, then the notification rows ``marks`` (collected from the batch) -- and
+        whether every range is of the substream's own stream (counts checkable)."""
+        from pyspark.sql.types import ArrayType, LongType, StructField, StructType
+
+        notes = [json.loads(r[NOTE_COLUMN]) for r in marks]
+        ranges = [OffsetRange(str(a), int(b), int(c), int(d))
+                  for n in notes for a, b, c, d in n["ranges"]]
+        struct = self.layout_struct
+        schema = StructType([*struct.fields,
+                             StructField("until_coords", ArrayType(LongType()), True)])
+        local = [
+            (*(r[f.name] for f in struct.fields),
+             None if n["until"] is None else list(n["until"]["coords"]))
+            for r, n in zip(marks, notes, strict=True)
+        ]
+        note_df = spark.createDataFrame(local, schema)
+        rows = jvm_records(
+            spark, self.config, self.stream, self.substream, self.bootstrap, ranges, note_df,
+            self.decoding(), self.group_id, spans=any(n["until"] is not None for n in notes),
+        ).unionByName(note_df.drop("until_coords"))
+        return rows, all(r.stream == self.stream for r in ranges)
+
 
 class EpochBatchHandler:
     """The ``foreachBatch`` function (runs on the driver, keeps its sink across batches)."""
@@ -222,26 +246,7 @@ class EpochBatchHandler:
             return
         units = self.units or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1)
         log.info("batch %d: started (%d epochs, JVM read, %d units)", batch_id, len(marks), units)
-        notes = [json.loads(r[NOTE_COLUMN]) for r in marks]
-        ranges = [OffsetRange(str(a), int(b), int(c), int(d))
-                  for n in notes for a, b, c, d in n["ranges"]]
-        ours = all(r.stream == jvm.stream for r in ranges)
-        spark = df.sparkSession
-        from pyspark.sql.types import ArrayType, LongType, StructField, StructType
-
-        struct = jvm.layout_struct
-        schema = StructType([*struct.fields,
-                             StructField("until_coords", ArrayType(LongType()), True)])
-        local = [
-            (*(r[f.name] for f in struct.fields),
-             None if n["until"] is None else list(n["until"]["coords"]))
-            for r, n in zip(marks, notes, strict=True)
-        ]
-        note_df = spark.createDataFrame(local, schema)
-        rows = jvm_records(
-            spark, jvm.config, jvm.stream, jvm.substream, self.bootstrap, ranges, note_df,
-            jvm.decoding(), jvm.group_id, spans=any(n["until"] is not None for n in notes),
-        ).unionByName(note_df.drop("until_coords"))
+        rows, ours = jvm.batch_rows(df.sparkSession, marks)
         part = rows.repartition(units, *partition_columns(op.group_by)).sortWithinPartitions(
             *sort_columns(op.group_by)
         )
@@ -375,7 +380,12 @@ def run(
     them in the source's Python read tasks.  ``jvm`` falls back to ``python``, with a
     warning, where the JVM cannot serve (:func:`substreams.spark.jvm_read.jvm_unsupported`).
     """
-    from substreams.spark.session import register, session
+    from substreams.spark.session import (
+        jvm_read_available,
+        quiet_group_id_warning,
+        register,
+        session,
+    )
 
     op = as_operator(operator)
     if not isinstance(config, Config):
@@ -394,10 +404,14 @@ def run(
     if read not in ("jvm", "python"):
         raise SubstreamsError(f"spark runner: read must be jvm or python, not {read!r}")
     why_not = jvm_unsupported(config, config.substream(substream).stream)
+    if read == "jvm" and why_not is None and not jvm_read_available(spark):
+        why_not = ("the session has no Spark Kafka connector and spark-avro (create it with "
+                   "substreams.spark.session(), or submit with substreams submit)")
     if read == "jvm" and why_not is not None:
         log.warning("spark runner: query '%s' reads in Python: %s", name, why_not)
     elif read == "jvm":
         handler.jvm = JvmRead(config, substream, server, name)
+        quiet_group_id_warning(spark)
     handler._sink()  # the driver's SOURCE registers before any task writes
     if metrics_port is not None:
         metrics.serve(metrics_port)
