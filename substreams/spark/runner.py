@@ -60,6 +60,9 @@ from substreams.spark.source import NOTE_COLUMN
 
 log = logging.getLogger(__name__)
 
+SINGLE_UNIT_RECORDS = 100_000
+"""A JVM-path batch announcing at most this many records runs as one unit, without a
+shuffle (the latency of small steady-state batches); larger ones use the query's units."""
 SUMMARY_DDL = ", ".join(f"{name} {kind}" for name, kind in SUMMARY_FIELDS)
 
 
@@ -235,8 +238,13 @@ class EpochBatchHandler:
         (:func:`substreams.spark.jvm_read.records`), shuffled by notification (and key),
         sorted, and handed to the same unit tasks as the Python read's."""
         op = self.operator
+        t0 = time.perf_counter()
         marks = sorted(df.collect(), key=lambda r: (r["control_offset"], r["control_index"]))
+        t_notes = time.perf_counter()
         if sealed or not marks:
+            if marks:
+                log.info("batch %d: started (%d epochs, JVM read, a replay of a sealed batch)",
+                         batch_id, len(marks))
             # A replay of a sealed batch writes nothing: its notes come from the rows alone.
             sums = [Summary(int(r["control_offset"]), int(r["control_index"]),
                             str(r["epoch_label"]), True, int(r["records"] or 0),
@@ -244,15 +252,26 @@ class EpochBatchHandler:
             self._ran = time.time()
             self.deliver(batch_id, sums, sealed)
             return
-        units = self.units or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1)
-        log.info("batch %d: started (%d epochs, JVM read, %d units)", batch_id, len(marks), units)
+        # A small batch is one unit in one stage (no shuffle: the read tasks coalesce into
+        # one sorted task); a large one is hash-partitioned into the query's units.  The
+        # choice depends on the batch's notifications only, so a replay makes the same one.
+        total = sum(int(r["records"] or 0) for r in marks)
+        single = total <= SINGLE_UNIT_RECORDS
+        units = 1 if single else self.units or int(
+            df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1)
+        log.info("batch %d: started (%d epochs, %d records, JVM read, %d units)", batch_id,
+                 len(marks), total, units)
         rows, ours = jvm.batch_rows(df.sparkSession, marks)
-        part = rows.repartition(units, *partition_columns(op.group_by)).sortWithinPartitions(
-            *sort_columns(op.group_by)
-        )
+        t_plan = time.perf_counter()
+        placed = rows.coalesce(1) if single else rows.repartition(
+            units, *partition_columns(op.group_by))
+        part = placed.sortWithinPartitions(*sort_columns(op.group_by))
         plan = replace(self.plan(batch_id, units, sealed), verify=ours)
         sums = [Summary(**r.asDict())
                 for r in part.mapInArrow(_unit_task(plan), SUMMARY_DDL).collect()]
+        log.debug("batch %d: JVM path: notes %.0f ms, schemas + plan %.0f ms, jobs %.0f ms",
+                  batch_id, (t_notes - t0) * 1000, (t_plan - t_notes) * 1000,
+                  (time.perf_counter() - t_plan) * 1000)
         self._ran = time.time()
         self.deliver(batch_id, sums, sealed)
 
