@@ -131,10 +131,14 @@ class JvmRead:
             for r, n in zip(marks, notes, strict=True)
         ]
         note_df = spark.createDataFrame(local, schema)
+        marks_df = note_df.drop("until_coords")
+        if not any(r.stream == self.stream and r.end > r.start for r in ranges):
+            # epochs without records here: nothing to read
+            return marks_df, all(r.stream == self.stream for r in ranges)
         rows = jvm_records(
             spark, self.config, self.stream, self.substream, self.bootstrap, ranges, note_df,
             self.decoding(), self.group_id, spans=any(n["until"] is not None for n in notes),
-        ).unionByName(note_df.drop("until_coords"))
+        ).unionByName(marks_df)
         return rows, all(r.stream == self.stream for r in ranges)
 
 
