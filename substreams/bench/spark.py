@@ -577,7 +577,6 @@ def _throughput(
         {"name": f"win{w}", "stream": "s0", "kind": "tumbling", "size_ms": span // w}
         for w in windows
     ]
-    # one output stream per firm query: each reads back only its own results
     config = ctx.config(
         [("s0", 2), ("counts0", 1), ("counts1", 1), ("counts2", 1), ("counts3", 1)], subs
     )
@@ -601,7 +600,8 @@ def _throughput(
     rows = []
     for query, count, kind in runs:
         label = f"{kind}-{count}"
-        outputs = {"jvm-df": 3, "python": 2}
+        # one output stream per firm query: each reads back only its own results
+        outputs = {"python": 3, "jvm-df": 4}
         spec = {
             "label": label,
             "kind": kind,

@@ -174,3 +174,58 @@ def test_the_jvm_read_decodes_every_writer_schema_and_refuses_an_unknown_one(
     with pytest.raises(Exception, match="no registered schema of the stream has"):
         run_frames(refs, v2, w, name="jvm-evolve", spark=spark, once=True,
                    checkpoint=tmp_path / "ev", on_results=collect)
+
+
+class EpochCount(ArrowEpochOperator):
+    """One result per epoch: its record count (the unit checks it against the
+    notification's announced count before anything is written)."""
+
+    def __init__(self) -> None:
+        self.notes: list[EpochNote] = []
+
+    def on_notification(self, note: EpochNote) -> None:
+        self.notes.append(note)
+
+    def on_epoch_table(self, epoch: Any, table: Any) -> list[dict[str, Any]]:
+        return [{"epoch": int(epoch), "n": table.num_rows}]
+
+
+@pytest.mark.timeout(1800)
+def test_read_limits_bound_the_jvm_batches_of_a_1m_backlog(
+    spark: SparkSession, make_config: ConfigFactory, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+    import re
+
+    from substreams.bench.workload import open_publishers
+
+    total, windows, limit = 1_000_000, 20, 150_000
+    per = total // windows
+    config = make_config([{"name": "clicks", "partitions": 2}],
+                         [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}])
+    w, clicks = config.substreams[0].name, config.streams[0].name
+    (pub,) = open_publishers(config, clicks, ["src"], config.kafka.bootstrap,
+                             mechanisms=DIRECT, batch_size=5000)
+    try:
+        for window in range(windows):
+            for lo in range(0, per, 10_000):
+                pub.publish_many([{"user": f"u{i % 7}", "url": "/",
+                                   "ts": window * 1000 + i * 1000 // per}
+                                  for i in range(lo, lo + 10_000)])
+            pub.seal(w, window)
+        pub.flush()
+    finally:
+        pub.close()
+    wait_for_epochs(config, w, windows, timeout=300)
+    op = EpochCount()
+    caplog.set_level(logging.INFO, logger="substreams.spark.runner")
+    run(op, config, w, spark=spark, once=True, checkpoint=tmp_path / "ck",
+        query_name="jvm-limits", options={"maxRecordsPerTrigger": str(limit)})
+    started = [(int(e), int(r)) for e, r in re.findall(
+        r"batch \d+: started \((\d+) epochs, (\d+) records, JVM read", caplog.text)]
+    assert [n.time for n in op.notes] == list(range(windows))  # each once, in order
+    assert all(n.records == per and n.results == 1 for n in op.notes)
+    assert sum(r for _, r in started) == total
+    assert all(r <= limit for _, r in started), started  # whole epochs, within the limit
+    assert len(started) == -(-windows // (limit // per))
