@@ -108,6 +108,7 @@ class FrameBatchHandler:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        self.jvm.close()
 
 
 class FrameQuery:

@@ -105,13 +105,42 @@ class JvmRead:
         self.group_id = f"substreams.spark.{query}.read"
         """Stable: Spark pools executor consumers by (group id, partition)."""
         self.layout_struct = PayloadLayout(config.stream(self.stream)).struct()
+        self._decoding: Decoding | None = None
+        self._schema_seen: int | None = None
+        self._consumer: Any = None
 
     def decoding(self) -> Decoding:
+        """The writer schemas, the schema topic re-read only when its end moved (one
+        watermark request a batch instead of a consumer a batch)."""
         from substreams.streams.evolution import registry
 
-        reg = registry(self.config, self.bootstrap)
-        reg.refresh()
-        return Decoding.of(self.config, self.stream, reg.schemas(self.stream))
+        end = self._schema_end()
+        if self._decoding is None or end is None or end != self._schema_seen:
+            reg = registry(self.config, self.bootstrap)
+            reg.refresh()
+            self._decoding = Decoding.of(self.config, self.stream, reg.schemas(self.stream))
+            self._schema_seen = end
+        return self._decoding
+
+    def _schema_end(self) -> int | None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        from substreams.streams.evolution import schema_topic
+
+        try:
+            if self._consumer is None:
+                self._consumer = client.consumer(self.bootstrap, self.config)
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(schema_topic(self.config), 0), timeout=10, cached=False)
+            return int(high)
+        except KafkaException as exc:  # unknown: re-read the topic, as before
+            log.debug("schema topic end unknown (%s): re-reading it", exc)
+            return None
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
 
     def batch_rows(self, spark: SparkSession, marks: list[Any]) -> tuple[DataFrame, bool]:
         """The batch's rows as the Python read would give them -- records read and decoded
@@ -326,6 +355,8 @@ class EpochBatchHandler:
         if self.sink is not None:
             self.sink.close()
             self.sink = None
+        if self.jvm is not None:
+            self.jvm.close()
 
 
 UNITS_FILE = "substreams-units"
