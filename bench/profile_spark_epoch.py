@@ -1,13 +1,14 @@
 """Where one epoch's time goes from seal to ``on_epoch`` on the JVM read path.
 
-``python bench/profile_spark_epoch.py [--epochs N]``: an embedded broker, the acker in its
-own process and ``bench spark``'s part-(b) firm query alone (100-record epochs, paced as
-there), with the runner's DEBUG phase lines captured and summarised per phase (median,
-p90, max over the epochs after the warm-up).  Phases (wall clock, ms): ``seal -> batch``
-(acker notification, the source's ``latestOffset`` and Spark's planning up to
-``foreachBatch``), ``notes`` (the batch's notification rows collected from the source),
-``schemas + plan`` (the schema topic re-read and the batch read planned), ``jobs`` (Kafka
-read, decode, units, their commits), ``driver seal`` and ``callbacks``.
+``python bench/profile_spark_epoch.py [--epochs N] [--read jvm|python]``: an embedded
+broker, the acker in its own process and ``bench spark``'s part-(b) firm query alone
+(100-record epochs, paced as there), with the runner's DEBUG phase lines captured and
+summarised per phase (median, p90, max over the epochs after the warm-up).  Phases (wall
+clock, ms): ``seal -> batch`` (acker notification, the source's ``latestOffset`` and
+Spark's planning up to ``foreachBatch``), ``notes`` (the batch's notification rows
+collected from the source), ``schemas + plan`` (the schema topic checked and the batch read
+planned), ``jobs`` (Kafka read, decode, units, their commits), ``driver seal`` and
+``callbacks``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Lines(logging.Handler):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=21)
+    parser.add_argument("--read", choices=("jvm", "python"), default="jvm")
     args = parser.parse_args()
     lines = Lines()
     runner = logging.getLogger("substreams.spark.runner")
@@ -55,7 +57,7 @@ def main() -> None:
         work = Path(tmp)
         with KafkaCluster(work / "kafka", progress=console.print) as broker:
             ctx = BenchContext(broker.bootstrap, work, False, console, progress, broker)
-            firm, _ = _measure(ctx, args.epochs, 100, windowed=False)
+            firm, _ = _measure(ctx, args.epochs, 100, windowed=False, read=args.read)
     phases: dict[str, list[float]] = {}
     names = ("seal -> batch", "jobs (all)", "notes to driver", "driver seal", "callbacks",
              "seal -> callback")

@@ -291,6 +291,7 @@ def _measure(
     granularity: int,
     windowed: bool = True,
     notes: list[str] | None = None,
+    read: str = "jvm",
 ) -> tuple[list[float], dict[str, list[float]]]:
     from substreams.spark import EpochOperator, run
     from substreams.spark.connector import kafka_connector_conf
@@ -352,6 +353,7 @@ def _measure(
                 bootstrap=ctx.bootstrap,
                 block=False,
                 checkpoint=ctx.workdir / "ckpt-firm",
+                read=read,
             )
         )
         # The baselines read Kafka as a user without substreams would: Spark's connector,
