@@ -72,8 +72,13 @@ class BatchSink:
         ensure_commit_topic(config, stream, bootstrap)
         # Never evicted for silence: a crashed driver must hold back the output times its
         # tasks wrote in part until it is restarted and seals them (docs/design.md).
+        # Manual seals only, whatever the output substreams' seal policies: the driver seals
+        # an output time once every task committed its part, never by its own clock.
         self.publisher = Application(config, bootstrap, never_evicted(mechanisms)).publisher(
-            stream, source_id, batch_size=UNLIMITED
+            stream, source_id, batch_size=UNLIMITED,
+            seal_policies=dict.fromkeys(
+                (s.name for s in config.substreams_of(stream)), None
+            ),
         )
         # After init_transactions (which fenced any zombie): nothing of it can commit later.
         self.committed = read_commits(bootstrap, config, stream).get(source_id, -1)
