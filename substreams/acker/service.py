@@ -646,21 +646,26 @@ class AckerService:
         if self._reader is not None:
             metrics.record_lag("acker", self.name, self._reader.lag())
 
-    def _position(self, partition: int) -> int:
-        """How far the acks partition has been read: the consumer's fetch position (past
-        transaction markers) or ours (past the last message, or its end of partition)."""
+    def _positions(self) -> dict[int, int]:
+        """How far each acks partition has been read: the consumer's fetch position (past
+        transaction markers) or ours (past the last message, or its end of partition).  One
+        call for all partitions: it runs every step."""
         assert self._reader is not None
-        tp = TopicPartition(self.acks_topic, partition)
-        [fetched] = self._reader.consumer.position([tp])
-        ours: int = self._reader.positions.get((self.acks_topic, partition), 0)
-        return max(int(fetched.offset), ours)
+        fetched = self._reader.consumer.position(
+            [TopicPartition(self.acks_topic, p) for p in self.partitions]
+        )
+        ours = self._reader.positions
+        return {
+            tp.partition: max(int(tp.offset), ours.get((self.acks_topic, tp.partition), 0))
+            for tp in fetched
+        }
 
     def _liveness(self, now: int) -> dict[int, int]:
         """How far each acks partition was read; every ``probe_interval_ms`` its ends are
         asked of the broker for the core (liveness rules 2 and 4), and the blockers it wants
         named are read.  A broker that cannot answer moves no horizon (nobody is judged on
         a guess)."""
-        positions = {p: self._position(p) for p in self.partitions}
+        positions = self._positions()
         if time.monotonic() - self._last_probe < self._probe_s:
             return positions
         self._last_probe = time.monotonic()

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from substreams.config import SubstreamConfig
 from substreams.errors import SealedTimeError, SubstreamsError
@@ -120,9 +120,11 @@ class TimeAssigner:
         else:
             time_of = self.time_of
             return [time_of(p) for p in payloads]
-        if self.sealed is not None and col and min(col) <= self.sealed:
-            self._refuse(min(col))
-        return list(col)
+        if self.sealed is not None and col:
+            lowest = min(col)
+            if lowest <= self.sealed:
+                self._refuse(lowest)
+        return cast(list[Time], col)  # a fresh list already: no copy on the batch path
 
     def check(self, t: Time) -> None:
         """Raise :class:`SealedTimeError` if ``t`` is at or below a seal of this source."""
