@@ -1,4 +1,4 @@
-"""Shared fixtures: one Apache Kafka broker per test session, per-test unique topics.
+"""Shared fixtures: one Apache Kafka broker per test session, per-test unique topics; the tiers.
 
 Broker choice, in order: ``$SUBSTREAMS_BOOTSTRAP`` (any external cluster), Apache Kafka in a
 testcontainer when a Docker engine answers, else the embedded Apache Kafka (one KRaft node
@@ -30,6 +30,48 @@ from substreams.kafka.topics import ensure_topics
 # targets live in benchmarks.
 settings.register_profile("substreams", deadline=None)
 settings.load_profile("substreams")
+
+# The suite's tiers, run in this order: a broken rule fails in seconds, before any broker or
+# SparkSession starts.  Each test gets its tier's marker (``pytest -m pure`` runs the first
+# two tiers alone; ``-m "not chaos"`` skips the real-process fault drills).
+TIERS: tuple[tuple[str, str], ...] = (
+    ("pure", "rules and encodings, no broker: unit and property tests"),
+    ("sim", "the deterministic simulator over the in-memory log"),
+    ("contract", "the same Log cases against real Kafka and the in-memory log"),
+    ("integration", "real Apache Kafka, real processes"),
+    ("spark", "a real local SparkSession (slow start)"),
+    ("chaos", "SIGKILLed publishers, ackers, Spark drivers, broker nodes: what only a real "
+     "process or broker can show"),
+)
+CHAOS_MODULES = frozenset({
+    "test_publisher_crashes", "test_open_transactions", "test_acker_recovery",
+    "test_driver_kill", "test_sink_driver_kill", "test_broker_failures", "test_cluster",
+})
+"""Modules whose tests kill real processes or broker nodes (the chaos tier)."""
+
+
+def tier_of(path: Path) -> str:
+    if path.stem in CHAOS_MODULES:
+        return "chaos"
+    if path.stem == "test_log_contract":
+        return "contract"
+    folder = path.parent.name
+    return {"unit": "pure", "sim": "sim", "spark": "spark"}.get(folder, "integration")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, what in TIERS:
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    order = {name: i for i, (name, _) in enumerate(TIERS)}
+    tiers: dict[str, str] = {}
+    for item in items:
+        tiers[item.nodeid] = tier = tier_of(Path(str(item.path)))
+        item.add_marker(tier)
+    # A stable sort keeps each module's tests together (module fixtures start once).
+    items.sort(key=lambda item: order[tiers[item.nodeid]])
 
 CLICK_SCHEMA = {
     "type": "record",
