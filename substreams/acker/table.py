@@ -744,6 +744,41 @@ class SegmentTable:
             self.prune()
         return out
 
+    def oldest_unsealed(self) -> dict[str, tuple[Time, int]]:
+        """Per registered SOURCE that has not sealed every open time, the oldest open time
+        it has not sealed and when that time was first seen: of the int times the lowest
+        (they terminate in order, so it holds every later one back; found by bisection,
+        not a walk of a backlog), of the other times the one first seen earliest (ties: the
+        first in :func:`sort_key` order); of the two, the one first seen earliest.  A session
+        time counts as unsealed as in :meth:`unsealed_sources`."""
+        sources = {n: s for n, s in self.sources.items() if s.role == SOURCE and s.active}
+        out: dict[str, tuple[Time, int]] = {}
+        if not sources or not self.open:
+            return out
+        ints = self._ints
+        if ints:
+            for name, s in sources.items():
+                seal = s.int_seal()
+                i = 0 if seal is None else bisect_right(ints, seal)
+                if i < len(ints):
+                    out[name] = (ints[i], self.open[ints[i]].first_seen_ms)
+        if self._others:
+            for t, e in self.open.items():
+                if type(t) is int:
+                    continue
+                bound = t
+                if self.gap_ms is not None and type(t) is Keyed and type(t.time) is int:
+                    bound = Keyed(t.key, t.time + self.gap_ms)
+                for name, s in sources.items():
+                    if s.covers(bound):
+                        continue
+                    held = out.get(name)
+                    if held is None or (e.first_seen_ms, sort_key(t)) < (
+                        held[1], sort_key(held[0])
+                    ):
+                        out[name] = (t, e.first_seen_ms)
+        return out
+
     def unsealed_sources(self, t: Time) -> list[str]:
         if self.gap_ms is not None and type(t) is Keyed and type(t.time) is int:
             t = Keyed(t.key, t.time + self.gap_ms)  # what closes a session ending at t

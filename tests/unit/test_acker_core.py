@@ -167,7 +167,7 @@ def test_a_silent_source_is_fenced_then_evicted_after_what_it_committed() -> Non
     h.send("a", report(2), now + 2)  # committed before the fence: applied, not stale
     h.send("b", SourceHeartbeat(), now + 2, seq=-1)
     effects = h.tick(now + 3)
-    assert effects.evicted == [(("a", 0), ev.reason)]
+    assert effects.evicted == [(("a", 0), ev.reason, "silent")]
     [(topic, body)] = [(t, b) for t, b in effects.records if isinstance(b, SourceEvicted)]
     assert topic == "_control.s" and body.source == "a"
     assert h.core.state.sessions[("a", 0)].evicted and h.core.evictions == 1
