@@ -23,6 +23,7 @@ from substreams.app import Application
 from substreams.config import Config
 from substreams.errors import PublisherFencedError
 from substreams.streams.publisher import Publisher
+from substreams.ui.model import DashboardModel
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import acker, check_exactly_once, notifications
 from tests.integration.test_publisher_crashes import EPOCH, committed
@@ -90,6 +91,21 @@ def test_a_never_sealing_source_is_shown_holding_and_not_evicted_by_default(
         assert REGISTRY.get_sample_value(
             "substreams_source_oldest_unsealed_age_seconds", {**gauge, "source": "live"}
         ) == 0.0
+        board = DashboardModel(config)  # the dashboard's Sources table: the same facts
+        board.start()
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                shown = {r["source"]: r for r in board.snapshot().get("sources", ())}
+                if shown.get("holder", {}).get("holds") or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        finally:
+            board.close()
+        assert shown["holder"]["holds"] == {
+            "substream": sub, "time": "0", "since_ms": first.held.since_ms
+        }
+        assert shown["live"]["holds"] is None
         listed = subprocess.run(
             [sys.executable, "-m", "substreams", "acker", "sources", "-c", str(config.path)],
             capture_output=True, text=True, timeout=120, cwd=ROOT,
