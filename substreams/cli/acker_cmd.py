@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -33,6 +33,9 @@ from substreams.cli.options import (
 from substreams.config import Config, load_config
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
+
+if TYPE_CHECKING:
+    from substreams.acker.state import SourceLiveness
 
 timeout_option = click.option(
     "--timeout",
@@ -73,6 +76,14 @@ def _held_for(since_ms: int) -> str:
     """How long since ``since_ms``, as a duration (the "for" of a hold)."""
     s = max(0.0, time.time() - since_ms / 1000.0)
     return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s"
+
+
+def _holds(row: SourceLiveness) -> str:
+    """The time a source holds back; with its substream when it is in several."""
+    if row.held is None:
+        return "-"
+    at = format_time(row.held.time)
+    return at if len(row.substreams) == 1 else f"{at} ({row.held.substream})"
 
 
 def _hex(x: int) -> str:
@@ -376,7 +387,8 @@ def sources(config_path: str, bootstrap: str | None, name: str | None, shards: i
     for col in (("shard",) if n > 1 else ()) + (
         "source", "incarnation", "role", "substreams", "last heard", "state", "holds", "for"
     ):
-        table.add_column(col)
+        # the verdicts stay whole on a narrow terminal; the names give way
+        table.add_column(col, no_wrap=col in ("state", "for"))
     timeout = config.acker.source_timeout_ms
     written: list[str] = []
     held = Table(title="open transactions holding acks partitions (sources behind them are "
@@ -401,7 +413,7 @@ def sources(config_path: str, bootstrap: str | None, name: str | None, shards: i
                 ", ".join(row.substreams) or "-",
                 _age(row.last_seen_ms),
                 row.status,
-                "-" if row.held is None else f"{row.held.substream} {format_time(row.held.time)}",
+                _holds(row),
                 "-" if row.held is None else _held_for(row.held.since_ms),
             )
         for b in state.blockers:
