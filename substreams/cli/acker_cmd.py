@@ -387,8 +387,8 @@ def sources(config_path: str, bootstrap: str | None, name: str | None, shards: i
     for col in (("shard",) if n > 1 else ()) + (
         "source", "incarnation", "role", "substreams", "last heard", "state", "holds", "for"
     ):
-        # the verdicts stay whole on a narrow terminal; the names give way
-        table.add_column(col, no_wrap=col in ("state", "for"))
+        # names and verdicts stay whole on a narrow terminal; the rest gives way
+        table.add_column(col, no_wrap=col in ("source", "state", "for"))
     timeout = config.acker.source_timeout_ms
     written: list[str] = []
     held = Table(title="open transactions holding acks partitions (sources behind them are "
