@@ -59,7 +59,7 @@ function ago(ms) {
   const s = Math.max(0, (Date.now() - ms) / 1000);
   return s < 1 ? (s * 1000).toFixed(0) + " ms ago" : s.toFixed(1) + " s ago";
 }
-function held(ms) {  // a duration since ms: how long a source has held a time back
+function heldFor(ms) {  // a duration since ms: how long a source has held a time back
   const s = Math.max(0, (Date.now() - ms) / 1000);
   return s < 1 ? (s * 1000).toFixed(0) + " ms" : s.toFixed(1) + " s";
 }
@@ -131,8 +131,9 @@ function render(snap) {
     el("td", {}, ago(s.last_seen_ms)),
     el("td", {}, el("span", {"class": "badge " + s.status}, s.status)),
     // the oldest time it has not sealed, and for how long it has held it back
-    el("td", {"class": "holds"}, s.holds ? s.holds.substream + " " + s.holds.time : "-"),
-    el("td", {"class": "held-for"}, s.holds ? held(s.holds.since_ms) : "-")));
+    el("td", {"class": "holds"}, !s.holds ? "-" : s.substreams.length > 1
+      ? s.holds.time + " (" + s.holds.substream + ")" : s.holds.time),
+    el("td", {"class": "held-for"}, s.holds ? heldFor(s.holds.since_ms) : "-")));
   document.getElementById("sources").replaceChildren(rows.length
     ? table([...(sharded ? ["shard"] : []), "source", "incarnation", "role", "substreams",
              "last heard", "state", "holds", "for"], rows)
