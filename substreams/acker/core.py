@@ -144,7 +144,7 @@ class Evict:
     key: SessionKey
     writer: str
     reason: str
-    cause: str = SILENT
+    cause: str
     """One of :data:`EVICTION_CAUSES`."""
 
 
