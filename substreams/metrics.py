@@ -14,12 +14,14 @@ once a second; ages are computed at scrape time from the recorded timestamps.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
@@ -58,8 +60,17 @@ DEAD_LETTERS = Counter(
 )
 EVICTIONS = Counter(
     "substreams_source_evictions",
-    "Sources the acker evicted (silent too long, or by an operator).",
-    ["writer"],
+    "Sources the acker evicted, by reason: silent (too long), blocker (its open transaction "
+    "held an acks partition), unsealed (held a time unsealed for acker.unsealed_timeout_ms), "
+    "operator (evict-source).",
+    ["writer", "reason"],
+)
+OLDEST_UNSEALED_AGE = Gauge(
+    "substreams_source_oldest_unsealed_age_seconds",
+    "How long a registered source has held the oldest open time of a substream that it has "
+    "not sealed (0 when it holds none).  One series per (substream, source) registered there, "
+    "removed when the source leaves or is evicted.",
+    ["writer", "substream", "source"],
 )
 RESTARTS = Counter(
     "substreams_restarts",
@@ -145,6 +156,37 @@ class OpenTimes:
         with self._lock:
             first = self._first_seen.get(substream, 0.0)
         return 0.0 if first <= 0 else max(0.0, time.time() - first)
+
+
+class UnsealedAges:
+    """The oldest-unsealed-age gauges of one acker: like :class:`OpenTimes`, the age is
+    computed at scrape time from the hold's start the service last recorded."""
+
+    def __init__(self, writer: str) -> None:
+        self.writer = writer
+        self._since: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def update(self, registered: Iterable[tuple[str, str]], holds: Iterable[Any]) -> None:
+        """``registered``: every (substream, source) the acker waits for; ``holds``: the
+        :class:`~substreams.acker.state.Hold` s (``substream``, ``source``, ``since_ms``)."""
+        since = dict.fromkeys(registered, 0.0)
+        for h in holds:
+            since[(h.substream, h.source)] = h.since_ms / 1000.0
+        with self._lock:
+            new = since.keys() - self._since.keys()
+            gone = self._since.keys() - since.keys()
+            self._since = since
+        for sub, source in gone:
+            with contextlib.suppress(KeyError):
+                OLDEST_UNSEALED_AGE.remove(self.writer, sub, source)
+        for key in new:
+            OLDEST_UNSEALED_AGE.labels(self.writer, *key).set_function(partial(self._age, key))
+
+    def _age(self, key: tuple[str, str]) -> float:
+        with self._lock:
+            since = self._since.get(key, 0.0)
+        return 0.0 if since <= 0 else max(0.0, time.time() - since)
 
 
 def observe_notification(writer: str, substream: str, sealed_at_ms: int, now_ms: int) -> None:

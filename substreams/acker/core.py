@@ -32,7 +32,8 @@ Rules (the termination rule is :mod:`substreams.acker.table`'s, liveness is
    terminated is refused as ``terminated_time`` (its time was announced without it), a seal of
    a source not registered there as ``unregistered_source``.  Every refusal is per message:
    the rest of the message applies.
-6. *Eviction* (for silence or an operator's ``Evict``) of a live SOURCE of a segment of the
+6. *Eviction* (for silence, a silent blocker, an overdue hold or an operator's ``Evict``;
+   its *cause* is one of :data:`EVICTION_CAUSES`) of a live SOURCE of a segment of the
    partition: first its writer is fenced and the partition's high watermark asked (effect
    :class:`Evict`; the shell answers with :meth:`AckerCore.fenced`); it takes effect once the
    partition was read up to that offset (liveness rule 6): the source is unregistered from the
@@ -48,6 +49,14 @@ Rules (the termination rule is :mod:`substreams.acker.table`'s, liveness is
    ``EpochComplete``/``EpochsComplete`` (runs of at most :data:`MAX_COMPLETIONS_PER_RECORD`
    per record) with their frontier changes, in the same transaction as the state that
    accounts for them.
+9. *Holds.*  Every :func:`~substreams.acker.liveness.holds_every_ms`, each live SOURCE's
+   oldest unsealed open time per segment and since when it holds it are recomputed
+   (liveness rule 8) and kept in :attr:`AckerState.holds` for operators; with
+   ``unsealed_timeout_ms`` set, an overdue hold (liveness rule 9) evicts its source by rule 6
+   with cause ``unsealed``, unless it registered as never evicted for silence (then it is
+   warned of, once per hold).  Off by default: an eviction makes the source's later records
+   at the times then notified late (module :mod:`substreams.acker.liveness`; docs/design.md,
+   "A live source that never seals").
 """
 
 from __future__ import annotations
@@ -73,8 +82,15 @@ from substreams.acker.deadletter import (
     REASON_UNKNOWN_SUBSTREAM,
     REASON_UNREGISTERED,
 )
-from substreams.acker.liveness import Liveness, Silent, SilentBlocker, excuse_stall
-from substreams.acker.state import AckerState, Blocker, SessionKey, SourceSession
+from substreams.acker.liveness import (
+    Holds,
+    Liveness,
+    Silent,
+    SilentBlocker,
+    excuse_stall,
+    holds_every_ms,
+)
+from substreams.acker.state import AckerState, Blocker, Hold, SessionKey, SourceSession
 from substreams.acker.table import SegmentTable, Violation
 from substreams.control.messages import (
     Completion,
@@ -83,6 +99,7 @@ from substreams.control.messages import (
     SourceEvicted,
     completion,
 )
+from substreams.control.notes import format_time
 from substreams.control.progress import ProgressTracker
 from substreams.errors import ProtocolError
 from substreams.frontier import Time
@@ -98,6 +115,16 @@ DEPARTED_KEEP_MS = 600_000
 
 LIVENESS_EVERY_MS = 100
 """How often silence is judged (a session table walk): often enough next to any timeout."""
+
+SILENT = "silent"
+BLOCKER = "blocker"
+UNSEALED = "unsealed"
+OPERATOR = "operator"
+EVICTION_CAUSES = (SILENT, BLOCKER, UNSEALED, OPERATOR)
+"""Why a source was evicted, in one word (the ``reason`` label of
+``substreams_source_evictions_total``): silent for the timeout, its open transaction held
+an acks partition, it held a time unsealed for ``unsealed_timeout_ms``, an operator's
+``Evict``.  The ``SourceEvicted`` record says more, in words."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +144,8 @@ class Evict:
     key: SessionKey
     writer: str
     reason: str
+    cause: str
+    """One of :data:`EVICTION_CAUSES`."""
 
 
 @dataclass(frozen=True)
@@ -137,8 +166,9 @@ class Effects:
     fence: list[Fence] = field(default_factory=list)
     notified: list[tuple[str, list[int]]] = field(default_factory=list)
     """Per substream that notified, each time's ``sealed_at_ms`` (for the latency metric)."""
-    evicted: list[tuple[SessionKey, str]] = field(default_factory=list)
-    """Evictions that took effect: (source, acks partition), reason."""
+    evicted: list[tuple[SessionKey, str, str]] = field(default_factory=list)
+    """Evictions that took effect: (source, acks partition), reason, cause
+    (:data:`EVICTION_CAUSES`)."""
     warnings: list[str] = field(default_factory=list)
     """What an operator should read in the log."""
 
@@ -174,6 +204,7 @@ class AckerCore:
         acks_partitions: int,
         source_timeout_ms: int,
         heartbeat_ms: int,
+        unsealed_timeout_ms: int | None = None,
         state: AckerState | None = None,
     ) -> None:
         self.name = name
@@ -185,7 +216,11 @@ class AckerCore:
         self.heartbeat_ms = heartbeat_ms
         self.state = state or AckerState()
         self.live = Liveness(source_timeout_ms)
-        self.evicting: dict[SessionKey, tuple[int | None, str]] = {}
+        self.holds = Holds(unsealed_timeout_ms)
+        self._holds_every_ms = holds_every_ms(unsealed_timeout_ms)
+        self._last_held_ms: int | None = None
+        self._unsealed_warned: set[Hold] = set()
+        self.evicting: dict[SessionKey, tuple[int | None, str, str]] = {}
         self.duplicates = 0
         self.stale = 0
         self.evictions = 0
@@ -220,7 +255,7 @@ class AckerCore:
         problems: list[tuple[str, str]] = []
         if isinstance(body, EvictMessage):  # an operator's order, not a source's message
             key = (body.source, partition)
-            if self._begin_eviction(key, f"evicted by hand: {body.reason}"):
+            if self._begin_eviction(key, f"evicted by hand: {body.reason}", OPERATOR):
                 return []
             if key in self.evicting or (
                 key in self.state.sessions and self.state.sessions[key].evicted
@@ -397,12 +432,13 @@ class AckerCore:
         """The shell fenced the writer of an :class:`Evict` and read the partition's high
         watermark after it: the eviction takes effect once read up to there (rule 6)."""
         if key in self.evicting:
-            self.evicting[key] = (high, self.evicting[key][1])
+            _, reason, cause = self.evicting[key]
+            self.evicting[key] = (high, reason, cause)
 
     def _tables_of(self, partition: int) -> list[tuple[str, SegmentTable]]:
         return [(s, t) for s, t in self.state.tables.items() if self.home.get(s) == partition]
 
-    def _begin_eviction(self, key: SessionKey, reason: str) -> bool:
+    def _begin_eviction(self, key: SessionKey, reason: str, cause: str) -> bool:
         """Rule 6's first half; False if ``key`` is not a live SOURCE of a segment of its
         partition (or is on its way out already)."""
         source, partition = key
@@ -411,11 +447,11 @@ class AckerCore:
             return False
         if not any(t.is_active_source(source) for _, t in self._tables_of(partition)):
             return False
-        self.evicting[key] = (None, reason)
-        self._pending.evict.append(Evict(key, session.writer, reason))
+        self.evicting[key] = (None, reason, cause)
+        self._pending.evict.append(Evict(key, session.writer, reason, cause))
         return True
 
-    def _finish_eviction(self, key: SessionKey, reason: str) -> None:
+    def _finish_eviction(self, key: SessionKey, reason: str, cause: str) -> None:
         source, partition = key
         session = self.state.sessions[key]
         session.evicted = True
@@ -428,7 +464,7 @@ class AckerCore:
                 self.control_topics[sub],
                 SourceEvicted(sub, source, session.incarnation, session.last_seen_ms, reason),
             ))
-        self._pending.evicted.append((key, reason))
+        self._pending.evicted.append((key, reason, cause))
 
     def _judge(self, now: int) -> None:
         """Liveness rules 3 and 5, at most every :data:`LIVENESS_EVERY_MS`."""
@@ -449,7 +485,7 @@ class AckerCore:
     def _silent(self, decision: Silent) -> None:
         key = decision.key
         if decision.evict:
-            self._begin_eviction(key, f"silent for {decision.silence_ms} ms")
+            self._begin_eviction(key, f"silent for {decision.silence_ms} ms", SILENT)
         elif key not in self._kept_warned:
             self._kept_warned.add(key)
             self._pending.warnings.append(
@@ -458,6 +494,33 @@ class AckerCore:
                 "silence (a Spark query's driver), so its substreams wait for it; if it is "
                 f"gone for good: substreams acker evict-source {key[0]}"
             )
+
+    def _judge_holds(self, now: int) -> None:
+        """Rule 9, at most every :func:`holds_every_ms`."""
+        if self._last_held_ms is not None and now - self._last_held_ms < self._holds_every_ms:
+            return
+        self._last_held_ms = now
+        self.state.holds = self.holds.update(self.state.tables, now)
+        overdue: set[Hold] = set()
+        for hold, held_ms in self.holds.overdue(self.live.horizon, self.home):
+            key = (hold.source, self.home[hold.substream])
+            session = self.state.sessions.get(key)
+            if session is None or session.evicted or key in self.evicting:
+                continue
+            what = (f"held {hold.substream} time {format_time(hold.time)} unsealed for "
+                    f"{held_ms} ms (acker.unsealed_timeout_ms: {self.holds.timeout_ms})")
+            if session.evict_when_silent:
+                self._begin_eviction(key, what, UNSEALED)
+                continue
+            overdue.add(hold)
+            if hold not in self._unsealed_warned:
+                self._pending.warnings.append(
+                    f"source '{hold.source}' {what}; not evicted: it registered as never "
+                    "evicted automatically (a Spark query's driver), so its substreams wait "
+                    f"for its seals; if it is gone for good: substreams acker evict-source "
+                    f"{hold.source}"
+                )
+        self._unsealed_warned = overdue
 
     def _silent_blocker(self, decision: SilentBlocker) -> None:
         blocker = decision.blocker
@@ -469,7 +532,7 @@ class AckerCore:
             else:
                 reason = (f"superseded: incarnation {blocker.incarnation} took its writer and "
                           f"its first transaction held {held}")
-            self._begin_eviction(decision.key, reason)
+            self._begin_eviction(decision.key, reason, BLOCKER)
             if decision.writer is not None and decision.writer != session.writer:
                 self._pending.fence.append(Fence(decision.writer, f"{held}; fencing its writer"))
         elif decision.writer is not None:
@@ -487,15 +550,17 @@ class AckerCore:
     def tick(self, now: int, positions: Mapping[int, int]) -> Effects:
         """After the step's messages: liveness (given how far each partition was read),
         evictions that took effect, terminations.  Returns every effect since the last."""
-        excuse_stall(self.state.sessions, self._last_step_ms, now, self.heartbeat_ms)
+        stall = excuse_stall(self.state.sessions, self._last_step_ms, now, self.heartbeat_ms)
+        self.holds.excuse(stall)
         self._last_step_ms = now
         for p, at in positions.items():
             self.live.advance(p, at)
         self._judge(now)
-        for key, (upto, reason) in list(self.evicting.items()):
+        self._judge_holds(now)
+        for key, (upto, reason, cause) in list(self.evicting.items()):
             if upto is not None and positions[key[1]] >= upto:
                 del self.evicting[key]
-                self._finish_eviction(key, reason)
+                self._finish_eviction(key, reason, cause)
         self._terminations(now)
         if now - self._last_pruned_ms >= DEPARTED_KEEP_MS // 60:
             self._last_pruned_ms = now

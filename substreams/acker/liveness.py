@@ -42,7 +42,29 @@ Rules:
    message the incarnation committed before it was fenced is applied first, none is refused
    as stale.
 7. *The acker's own stall* (no step for over two heartbeats: a broker outage, a long pause)
-   is nobody's silence: every ``last_seen_ms`` moves on by it.
+   is nobody's silence: every ``last_seen_ms`` moves on by it, and every hold's start (rule
+   8).
+
+A live source can hold windows back as surely as a silent one: it heartbeats but never
+seals (a bug, a policy-less publisher left open, an idle one without ``idle_ms``).  Rules 1-7
+never evict it, so:
+
+8. *Holds.*  A registered SOURCE of a segment *holds* the segment's oldest open time it has
+   not sealed (:meth:`~substreams.acker.table.SegmentTable.oldest_unsealed`), *since* that
+   time was first seen -- or, if later, since this acker began watching the source there (a
+   restarted acker, a source that registered after the time opened: neither counts what came
+   before).  A hold of the same time keeps its start; a new oldest time starts afresh from
+   its own first sighting (a source that seals but lags keeps its windows' ages).  A hold is
+   reported whether or not anything is done about it: ``acker sources``, the dashboard and
+   ``substreams_source_oldest_unsealed_age_seconds`` show it.
+9. *Unsealed.*  With ``acker.unsealed_timeout_ms`` set (default: off), a hold is *overdue*
+   when its proven length -- the read horizon of the segment's acks partition minus its
+   start (rule 2: a seal committed before the horizon has been applied, so one waiting behind
+   an open transaction or in the acker's backlog never counts against its source) -- exceeds
+   the timeout.  Its source is then evicted as a silent one is (fenced first, rule 6), with
+   the reason ``unsealed``; one registered as never evicted for silence (a Spark query's
+   driver) is not, for the same reason (its output times hold its tasks' committed parts
+   until it seals them): it is warned of, once per hold.
 """
 
 from __future__ import annotations
@@ -51,7 +73,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from substreams.acker.state import Blocker, SessionKey, SourceSession
+from substreams.acker.state import Blocker, Hold, SessionKey, SourceSession
+from substreams.acker.table import SegmentTable
 
 MAX_PROBES = 4096
 """Probes kept per partition while its horizon stands still (blocked for a long time): past
@@ -202,10 +225,83 @@ class Liveness:
 def excuse_stall(
     sessions: Mapping[SessionKey, SourceSession], last_step_ms: int, now: int,
     heartbeat_ms: int,
-) -> None:
+) -> int:
     """Rule 7: a gap between two steps longer than two heartbeats moves every source's
-    ``last_seen_ms`` on by the excess."""
+    ``last_seen_ms`` on by the excess; returns the excess (0: no stall)."""
     stall = now - last_step_ms - 2 * heartbeat_ms
-    if last_step_ms and stall > 0:
-        for session in sessions.values():
-            session.last_seen_ms += stall
+    if not last_step_ms or stall <= 0:
+        return 0
+    for session in sessions.values():
+        session.last_seen_ms += stall
+    return stall
+
+
+def holds_every_ms(unsealed_timeout_ms: int | None) -> int:
+    """How often holds are recomputed (a walk of the open times that are not ints): a tenth
+    of the unsealed timeout, 100 ms to 1 s (1 s when it is off: they are only shown)."""
+    if unsealed_timeout_ms is None:
+        return 1000
+    return max(100, min(1000, unsealed_timeout_ms // 10))
+
+
+HoldKey = tuple[str, str]
+"""(substream, source)."""
+
+
+class Holds:
+    """Rules 8 and 9: which source holds which oldest unsealed time, since when, and which
+    holds are overdue.
+
+    Invariants: ``watched[k]`` is when this acker first found source ``k[1]`` registered in
+    segment ``k[0]`` (it leaves the map when the source is no longer registered there);
+    ``held`` holds the holds of the last :meth:`update`, each ``since_ms >= watched``."""
+
+    def __init__(self, unsealed_timeout_ms: int | None) -> None:
+        self.timeout_ms = unsealed_timeout_ms
+        self.watched: dict[HoldKey, int] = {}
+        self.held: dict[HoldKey, Hold] = {}
+
+    def update(self, tables: Mapping[str, SegmentTable], now: int) -> list[Hold]:
+        """Rule 8 over every segment's table at ``now``; the holds, oldest first."""
+        watched: dict[HoldKey, int] = {}
+        held: dict[HoldKey, Hold] = {}
+        for sub, table in tables.items():
+            oldest = table.oldest_unsealed()
+            for source in table.sources:
+                if not table.is_active_source(source):
+                    continue
+                key = (sub, source)
+                start = watched[key] = self.watched.get(key, now)
+                found = oldest.get(source)
+                if found is None:
+                    continue
+                t, first_seen = found
+                before = self.held.get(key)
+                if before is not None and before.time == t:
+                    held[key] = before
+                else:
+                    held[key] = Hold(sub, source, t, max(first_seen, start))
+        self.watched, self.held = watched, held
+        return sorted(held.values(), key=lambda h: (h.since_ms, h.substream, h.source))
+
+    def excuse(self, stall_ms: int) -> None:
+        """Rule 7: the acker's own stall moves every hold's start (and watch) on."""
+        if stall_ms <= 0:
+            return
+        self.watched = {k: v + stall_ms for k, v in self.watched.items()}
+        self.held = {k: replace(h, since_ms=h.since_ms + stall_ms) for k, h in self.held.items()}
+
+    def overdue(
+        self, horizon: Mapping[int, int], home: Mapping[str, int]
+    ) -> list[tuple[Hold, int]]:
+        """Rule 9: the holds proven longer than the timeout (each with its proven length),
+        judged on the read horizon of the segment's acks partition (``home``).  None when
+        the timeout is off."""
+        if self.timeout_ms is None:
+            return []
+        out: list[tuple[Hold, int]] = []
+        for hold in self.held.values():
+            seen = horizon.get(home[hold.substream])
+            if seen is not None and seen - hold.since_ms > self.timeout_ms:
+                out.append((hold, seen - hold.since_ms))
+        return out

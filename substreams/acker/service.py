@@ -239,6 +239,7 @@ class AckerService:
         self._last_write = float("-inf")
         self._heartbeat_s = config.acker.heartbeat_ms / 1000.0
         self._open_gauges = metrics.OpenTimes(self.name)
+        self._hold_gauges = metrics.UnsealedAges(self.name)
         self._gauges_due = metrics.Periodic(1.0)
 
     def _new_core(self, state: AckerState, old: AckerCore | None = None) -> AckerCore:
@@ -246,7 +247,8 @@ class AckerService:
             self.name, self.partitions, self.home, self.control_topics,
             acks_partitions=self.config.acker.acks_partitions,
             source_timeout_ms=self.config.acker.source_timeout_ms,
-            heartbeat_ms=self.config.acker.heartbeat_ms, state=state,
+            heartbeat_ms=self.config.acker.heartbeat_ms,
+            unsealed_timeout_ms=self.config.acker.unsealed_timeout_ms, state=state,
         )
         if old is not None:  # the counters are the process's, not the state's
             core.duplicates, core.stale = old.duplicates, old.stale
@@ -643,6 +645,7 @@ class AckerService:
         for sub, table in self.state.tables.items():
             oldest = metrics.first_seen_min(e.first_seen_ms for e in table.open.values())
             self._open_gauges.update(sub, len(table.open), oldest)
+        self._hold_gauges.update(self.core.holds.watched, self.state.holds)
         if self._reader is not None:
             metrics.record_lag("acker", self.name, self._reader.lag())
 
@@ -719,8 +722,8 @@ class AckerService:
             self._fences.append(self._io.submit(fence, self.bootstrap, self.config, f.writer))
         for e in effects.evict:
             self._evictions.append((e, self._io.submit(self._fence_for, e)))
-        for (source, _), reason in effects.evicted:
-            metrics.EVICTIONS.labels(self.name).inc()
+        for (source, _), reason, cause in effects.evicted:
+            metrics.EVICTIONS.labels(self.name, cause).inc()
             log.warning("source '%s' evicted (%s)", source, reason)
         for sub, sealed_at in effects.notified:
             metrics.observe_notifications(self.name, sub, sealed_at, now)

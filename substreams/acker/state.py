@@ -129,6 +129,25 @@ class Blocker:
         return cls(int(v[0]), int(v[1]), int(v[2]), v[3], v[4], v[5], bool(v[6]), str(v[7]))
 
 
+@dataclass(frozen=True)
+class Hold:
+    """A live source holding a substream's time back (liveness rule 8): ``time`` is the
+    oldest open time of ``substream`` that ``source`` has not sealed, held since ``since_ms``
+    (the acker's clock)."""
+
+    substream: str
+    source: str
+    time: Time
+    since_ms: int
+
+    def to_state(self) -> list[Any]:
+        return [self.substream, self.source, time_to_wire(self.time), self.since_ms]
+
+    @classmethod
+    def from_state(cls, v: list[Any]) -> Hold:
+        return cls(str(v[0]), str(v[1]), time_from_wire(v[2]), int(v[3]))
+
+
 @dataclass
 class AckerState:
     """Tables, frontier trackers, de-duplication counters and acks offsets."""
@@ -148,6 +167,10 @@ class AckerState:
     """Open transactions holding an acks partition's last stable offset, as the service
     found them (:mod:`substreams.acker.liveness`); in the checkpoint for ``acker sources``
     and the dashboard, never read back by the acker (a restarted one probes afresh)."""
+    holds: list[Hold] = field(default_factory=list)
+    """Per live source and substream, the oldest open time it has not sealed and since when
+    (:class:`~substreams.acker.liveness.Holds`); like ``blockers``, in the checkpoint for
+    ``acker sources`` and the dashboard and never read back by the acker."""
     retired: dict[str, Any] | None = None
     """Set in the last checkpoint of an acker whose partitions were handed over to another
     shard layout (``{"to_shards": N, "by": name}``): the state is still what its successors
@@ -195,6 +218,8 @@ class AckerState:
             doc["retired"] = self.retired
         if self.blockers:
             doc["blockers"] = [b.to_state() for b in self.blockers]
+        if self.holds:
+            doc["holds"] = [h.to_state() for h in self.holds]
         return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
 
     @classmethod
@@ -251,6 +276,7 @@ class AckerState:
             raise ProtocolError("acker checkpoint: 'retired' is not a JSON object")
         state.retired = retired
         state.blockers = [Blocker.from_state(v) for v in doc.get("blockers", ())]
+        state.holds = [Hold.from_state(v) for v in doc.get("holds", ())]
         return state
 
     def part(
@@ -299,6 +325,8 @@ class SourceLiveness:
     last_seen_ms: int
     status: str
     """live | silent (quiet for over half the eviction timeout) | left | evicted"""
+    held: Hold | None = None
+    """The oldest time it holds back (of all its substreams: the one held longest)."""
 
 
 def source_liveness(state: AckerState, written_ms: int, timeout_ms: int) -> list[SourceLiveness]:
@@ -310,6 +338,10 @@ def source_liveness(state: AckerState, written_ms: int, timeout_ms: int) -> list
         seen = latest.get(source)
         if seen is None or session.last_seen_ms > seen.last_seen_ms:
             latest[source] = session
+    held: dict[str, Hold] = {}
+    for h in state.holds:
+        if h.source not in held or h.since_ms < held[h.source].since_ms:
+            held[h.source] = h
     for source, session in sorted(latest.items()):
         roles = {st.role for t in state.tables.values() if (st := t.sources.get(source))}
         subs = [s for s, t in state.tables.items() if t.is_registered(source)]
@@ -322,6 +354,7 @@ def source_liveness(state: AckerState, written_ms: int, timeout_ms: int) -> list
         else:
             status = "live"
         out.append(SourceLiveness(
-            source, session.incarnation, sorted(roles), subs, session.last_seen_ms, status
+            source, session.incarnation, sorted(roles), subs, session.last_seen_ms, status,
+            held.get(source) if status not in ("evicted", "left") else None,
         ))
     return out

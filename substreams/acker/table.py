@@ -107,6 +107,15 @@ def _not_keyed_covered(state: SourceState, t: Time) -> bool:
     return not state._keyed_covers(t)
 
 
+def _per_key_seals(state: SourceState) -> dict[str, int]:
+    """A source's highest explicit seal per key, of the keyed seals with an int time."""
+    out: dict[str, int] = {}
+    for e in state.seals.elements():
+        if type(e) is Keyed and type(e.time) is int and e.time > out.get(e.key, e.time - 1):
+            out[e.key] = e.time
+    return out
+
+
 # -- the table ------------------------------------------------------------------------------
 
 
@@ -742,6 +751,56 @@ class SegmentTable:
         out.sort(key=lambda term: sort_key(term.time))
         if out:
             self.prune()
+        return out
+
+    def oldest_unsealed(self) -> dict[str, tuple[Time, int]]:
+        """Per registered SOURCE that has not sealed every open time, the oldest open time
+        it has not sealed and when that time was first seen: of the int times the lowest
+        (they terminate in order, so it holds every later one back; found by bisection),
+        of the other times the first that opened (``open`` keeps the order times opened
+        in); of the two, the one first seen earlier (ties: the int).  A session time counts
+        as unsealed as in :meth:`unsealed_sources`.
+
+        Why this shape: it runs about once a second over a table that may hold a backlog.
+        The int part is one bisection per source; the walk of the other times stops, per
+        source, at its first unsealed time, and checks a keyed time against the source's
+        per-key seals in a dict built once (``UpperAntichain.covers`` is a scan of every
+        per-key seal: quadratic over thousands of keys)."""
+        sources = {n: s for n, s in self.sources.items() if s.role == SOURCE and s.active}
+        out: dict[str, tuple[Time, int]] = {}
+        if not sources or not self.open:
+            return out
+        ints = self._ints
+        if ints:
+            for name, s in sources.items():
+                seal = s.int_seal()
+                i = 0 if seal is None else bisect_right(ints, seal)
+                if i < len(ints):
+                    out[name] = (ints[i], self.open[ints[i]].first_seen_ms)
+        if not self._others:
+            return out
+        waiting = {name: (s, _per_key_seals(s)) for name, s in sources.items()}
+        gap = self.gap_ms or 0
+        for t, e in self.open.items():
+            if type(t) is int:
+                continue
+            key: str | None = None
+            at = 0
+            if isinstance(t, Keyed) and isinstance(t.time, int):
+                key, at = t.key, t.time + gap  # a session's time: the bound that closes it
+            for name, (s, per_key) in list(waiting.items()):
+                if key is not None:  # covered by the keyed seal, or by the key's own
+                    upto = s.keys_upto
+                    if (upto is not None and at <= upto) or at <= per_key.get(key, at - 1):
+                        continue
+                elif s.seals.covers(t):
+                    continue
+                del waiting[name]
+                held = out.get(name)
+                if held is None or e.first_seen_ms < held[1]:
+                    out[name] = (t, e.first_seen_ms)
+            if not waiting:
+                break
         return out
 
     def unsealed_sources(self, t: Time) -> list[str]:

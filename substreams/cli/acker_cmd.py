@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -33,6 +33,9 @@ from substreams.cli.options import (
 from substreams.config import Config, load_config
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
+
+if TYPE_CHECKING:
+    from substreams.acker.state import SourceLiveness
 
 timeout_option = click.option(
     "--timeout",
@@ -67,6 +70,20 @@ def _age(at_ms: int) -> str:
         return "-"
     s = max(0.0, time.time() - at_ms / 1000.0)
     return f"{s * 1000:.0f} ms ago" if s < 1 else f"{s:.1f} s ago"
+
+
+def _held_for(since_ms: int) -> str:
+    """How long since ``since_ms``, as a duration (the "for" of a hold)."""
+    s = max(0.0, time.time() - since_ms / 1000.0)
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s"
+
+
+def _holds(row: SourceLiveness) -> str:
+    """The time a source holds back; with its substream when it is in several."""
+    if row.held is None:
+        return "-"
+    at = format_time(row.held.time)
+    return at if len(row.substreams) == 1 else f"{at} ({row.held.substream})"
 
 
 def _hex(x: int) -> str:
@@ -357,8 +374,9 @@ def peek(
 )
 def sources(config_path: str, bootstrap: str | None, name: str | None, shards: int | None
             ) -> None:
-    """List the sources the acker knows, with their liveness (from each shard's latest
-    checkpoint, at most acker.heartbeat_ms old)."""
+    """List the sources the acker knows, with their liveness and the oldest time each live
+    one has not sealed ("holds", "for": since when it holds it back), from each shard's
+    latest checkpoint, at most acker.heartbeat_ms old."""
     from substreams.acker.service import latest_state
     from substreams.acker.state import source_liveness
 
@@ -367,9 +385,10 @@ def sources(config_path: str, bootstrap: str | None, name: str | None, shards: i
     base = name or config.acker.name
     table = Table(title=f"sources of acker '{base}'" + (f" ({n} shards)" if n > 1 else ""))
     for col in (("shard",) if n > 1 else ()) + (
-        "source", "incarnation", "role", "substreams", "last heard", "state"
+        "source", "incarnation", "role", "substreams", "last heard", "state", "holds", "for"
     ):
-        table.add_column(col)
+        # names and verdicts stay whole on a narrow terminal; the rest gives way
+        table.add_column(col, no_wrap=col in ("source", "state", "for"))
     timeout = config.acker.source_timeout_ms
     written: list[str] = []
     held = Table(title="open transactions holding acks partitions (sources behind them are "
@@ -394,6 +413,8 @@ def sources(config_path: str, bootstrap: str | None, name: str | None, shards: i
                 ", ".join(row.substreams) or "-",
                 _age(row.last_seen_ms),
                 row.status,
+                _holds(row),
+                "-" if row.held is None else _held_for(row.held.since_ms),
             )
         for b in state.blockers:
             held.add_row(str(b.partition), str(b.offset), b.holder(),
@@ -401,9 +422,11 @@ def sources(config_path: str, bootstrap: str | None, name: str | None, shards: i
     Console().print(table)
     if held.row_count:
         Console().print(held)
+    unsealed = config.acker.unsealed_timeout_ms
     click.echo(
-        f"checkpoint written: {'; '.join(written)}; evicted after {timeout} ms of silence, "
-        "but 'kept' sources (a Spark query's driver), which only evict-source evicts"
+        f"checkpoint written: {'; '.join(written)}; evicted after {timeout} ms of silence"
+        + ("" if unsealed is None else f" or {unsealed} ms holding a time unsealed")
+        + ", but 'kept' sources (a Spark query's driver), which only evict-source evicts"
     )
 
 

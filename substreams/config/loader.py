@@ -92,6 +92,7 @@ _ACKER_KEYS: Final = (
     "flush_reports",
     "source_heartbeat_ms",
     "source_timeout_ms",
+    "unsealed_timeout_ms",
     "heartbeat_ms",
     "standby_timeout_ms",
     "snapshot_every",
@@ -888,6 +889,16 @@ def _acker(ctx: _Ctx, sec: _Section | None) -> AckerConfig:
         values[key] = sec.get(key, ctx.integer(1), getattr(defaults, key))
     for key in _ACKER_RETENTION_KEYS:
         values[key] = sec.get(key, ctx.retention_ms, getattr(defaults, key))
+    node = sec.value_node("unsealed_timeout_ms")
+    if node is not None and not _is_null(node):  # null, the default: off
+        key = sec.key_path("unsealed_timeout_ms")
+        value = ctx.construct(node, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ctx.error(
+                node, key, f"expected a timeout in ms or null, got {_show(value)}",
+                value=value, allowed="null (off, the default) or an integer >= 1",
+            )
+        values["unsealed_timeout_ms"] = value
     values["checkpoint_retention_bytes"] = sec.get(
         "checkpoint_retention_bytes",
         ctx.integer(MIN_CHECKPOINT_RETENTION_BYTES),

@@ -214,6 +214,12 @@ class AckerConfig:
     source_timeout_ms: int = 30000
     """A source silent for this long is evicted (fenced; the acker stops waiting for its
     seals; what it committed stays tracked).  Must exceed ``source_heartbeat_ms``."""
+    unsealed_timeout_ms: int | None = None
+    """A live source that has held a substream's oldest open time unsealed for this long is
+    evicted like a silent one (None, the default: never; see docs/design.md, "A live source
+    that never seals", for what its later records at the times then notified become).  Must
+    exceed the longest a healthy source keeps a window open: its size plus lateness (plus
+    ``idle_ms`` when idle), or how long it takes between two epoch seals."""
     heartbeat_ms: int = 500
     standby_timeout_ms: int = 3000
     """A standby takes over after this long without a heartbeat (> heartbeat_ms)."""

@@ -270,6 +270,11 @@ class DashboardModel:
                 "substreams": s.substreams,
                 "last_seen_ms": s.last_seen_ms,
                 "status": s.status,
+                "holds": None if s.held is None else {
+                    "substream": s.held.substream,
+                    "time": format_time(s.held.time),
+                    "since_ms": s.held.since_ms,
+                },
             }
             for shard in self.shards.values() if shard.state is not None
             for s in source_liveness(shard.state, shard.checkpoint_ms, acker.source_timeout_ms)

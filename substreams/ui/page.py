@@ -59,6 +59,10 @@ function ago(ms) {
   const s = Math.max(0, (Date.now() - ms) / 1000);
   return s < 1 ? (s * 1000).toFixed(0) + " ms ago" : s.toFixed(1) + " s ago";
 }
+function heldFor(ms) {  // a duration since ms: how long a source has held a time back
+  const s = Math.max(0, (Date.now() - ms) / 1000);
+  return s < 1 ? (s * 1000).toFixed(0) + " ms" : s.toFixed(1) + " s";
+}
 function table(headers, rows) {
   const t = el("table", {}, el("tr", {}, ...headers.map(h => el("th", {}, h))));
   for (const r of rows) t.append(r);
@@ -125,10 +129,14 @@ function render(snap) {
     el("td", {}, s.source), el("td", {"class": "mono"}, s.incarnation),
     el("td", {}, s.roles.join(",")), el("td", {}, s.substreams.join(", ") || "-"),
     el("td", {}, ago(s.last_seen_ms)),
-    el("td", {}, el("span", {"class": "badge " + s.status}, s.status))));
+    el("td", {}, el("span", {"class": "badge " + s.status}, s.status)),
+    // the oldest time it has not sealed, and for how long it has held it back
+    el("td", {"class": "holds"}, !s.holds ? "-" : s.substreams.length > 1
+      ? s.holds.time + " (" + s.holds.substream + ")" : s.holds.time),
+    el("td", {"class": "held-for"}, s.holds ? heldFor(s.holds.since_ms) : "-")));
   document.getElementById("sources").replaceChildren(rows.length
-    ? table([...(sharded ? ["shard"] : []),
-             "source", "incarnation", "role", "substreams", "last heard", "state"], rows)
+    ? table([...(sharded ? ["shard"] : []), "source", "incarnation", "role", "substreams",
+             "last heard", "state", "holds", "for"], rows)
     : el("div", {"class": "muted"}, "no registered source"));
   // Open transactions holding an acks partition's last stable offset (a dead publisher's):
   // the sources behind one are not judged silent until it ends.

@@ -295,7 +295,7 @@ def test_a_source_idle_on_one_shard_is_not_evicted_there(make_config: ConfigFact
         assert listed.returncode == 0, listed.stderr
         rows = [line.split("│") for line in listed.stdout.splitlines() if "only-a" in line]
         assert sorted(r[1].strip() for r in rows) == ["0", "1"], listed.stdout
-        assert all(r[-2].strip() == "live" for r in rows), listed.stdout
+        assert all("live" in (c.strip() for c in r) for r in rows), listed.stdout
         assert "shard0of2" in listed.stdout and "shard1of2" in listed.stdout
         assert [n.time for n in got] == [0, t]
         assert zero.service.evictions == 0 and one.service.evictions == 0

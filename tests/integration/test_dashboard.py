@@ -98,8 +98,11 @@ def test_a_new_epoch_appears_in_the_browser(
             publish_epoch(pub, sub, 2, seal=False)
             [cells] = wait.until(lambda b: rows(b, f'{card} tr.open-time[data-time="2"]'))
             assert cells[1:4] == ["0 (balanced)", "1", "src"]
-            [source] = wait.until(lambda b: rows(b, 'tr.source[data-source="src"]'))
-            assert source[-1] == "live"
+            # it has not sealed epoch 2: it holds it ("holds", "for" after "state")
+            [source] = wait.until(lambda b: [
+                r for r in rows(b, 'tr.source[data-source="src"]') if r[-2] == "2"
+            ])
+            assert source[-3] == "live" and source[-1].endswith("s"), source  # "N ms" or "N.N s"
             assert "alive" in browser.find_element(By.ID, "acker").text
             script = "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent);"
             assert wait.until(

@@ -599,7 +599,7 @@ class AckerShell:
             slot: list[int | None] = [None]
             self.evictions.append((e, slot))
             sim.spawn(self._fence_io(e.writer, e.reason, e.key[1], slot))
-        evicted = [(key, core.state.sessions[key].incarnation) for key, _ in effects.evicted]
+        evicted = [(key, core.state.sessions[key].incarnation) for key, *_ in effects.evicted]
         items = list(effects.records)
         heartbeat = now - self.last_write >= ACKER_HEARTBEAT_MS
         if not items and not heartbeat:

@@ -37,7 +37,9 @@ class Harness:
     """One core owning acks partitions ``owned`` of ``n``, substreams s (home 0) and o
     (home 1), fed messages with increasing offsets per partition."""
 
-    def __init__(self, n: int = 1, owned: tuple[int, ...] = (0,)) -> None:
+    def __init__(
+        self, n: int = 1, owned: tuple[int, ...] = (0,), unsealed: int | None = None
+    ) -> None:
         state = AckerState()
         home = {"s": 0, "o": 1 % n}
         for sub in home:
@@ -45,7 +47,8 @@ class Harness:
                 state.ensure(sub, 100)
         self.core = AckerCore(
             "a", owned, home, {s: f"_control.{s}" for s in home if home[s] in owned},
-            acks_partitions=n, source_timeout_ms=T, heartbeat_ms=200, state=state,
+            acks_partitions=n, source_timeout_ms=T, heartbeat_ms=200,
+            unsealed_timeout_ms=unsealed, state=state,
         )
         self.offsets = dict.fromkeys(owned, 0)
         self.seq: dict[tuple[str, str], int] = {}
@@ -167,7 +170,7 @@ def test_a_silent_source_is_fenced_then_evicted_after_what_it_committed() -> Non
     h.send("a", report(2), now + 2)  # committed before the fence: applied, not stale
     h.send("b", SourceHeartbeat(), now + 2, seq=-1)
     effects = h.tick(now + 3)
-    assert effects.evicted == [(("a", 0), ev.reason)]
+    assert effects.evicted == [(("a", 0), ev.reason, "silent")]
     [(topic, body)] = [(t, b) for t, b in effects.records if isinstance(b, SourceEvicted)]
     assert topic == "_control.s" and body.source == "a"
     assert h.core.state.sessions[("a", 0)].evicted and h.core.evictions == 1
@@ -297,3 +300,135 @@ def test_a_newer_incarnation_dead_in_its_first_transaction_supersedes_the_sessio
         assert h.tick(now).evict == []
     [ev] = h.tick(T + 301).evict
     assert ev.key == ("a", 0) and ev.reason.startswith("superseded: incarnation i2")
+
+
+# -- rule 9: holds and the unsealed timeout ------------------------------------------------
+
+U = 2000
+
+
+def run_holder(h: Harness, until: int, *, every: int = 100) -> list[Effects]:
+    """'a' writes and seals epochs 0, 1, 2 (one every 300 ms from 0), 'b' heartbeats and
+    never seals; everything read at each probe.  The effects of every tick up to ``until``
+    (stops after the first eviction begins)."""
+    out = []
+    for now in range(0, until, every):
+        if now % 300 == 0 and now // 300 <= 2:
+            e = now // 300
+            h.send("a", report(e, 1, at=e), now)
+            h.send("a", seal(e, now), now)
+        if now % 300 == 0:
+            h.send("b", SourceHeartbeat(), now, seq=-1)
+            h.send("a", SourceHeartbeat(), now, seq=-1)
+        h.probe(now)
+        out.append(h.tick(now))
+        if out[-1].evict:
+            break
+    return out
+
+
+def test_a_live_source_that_never_seals_holds_the_oldest_time_since_it_opened() -> None:
+    h = Harness()
+    h.register("a")
+    h.register("b")
+    effects = run_holder(h, 6000)
+    assert not any(e.evict for e in effects)  # off by default
+    assert [n for e in effects for n in notified(e)] == []
+    [hold] = h.core.state.holds  # 'a' sealed all it wrote: it holds nothing
+    assert (hold.substream, hold.source, hold.time, hold.since_ms) == ("s", "b", 0, 0)
+
+
+def test_an_overdue_hold_evicts_its_source_then_the_held_times_are_notified_in_order() -> None:
+    h = Harness(unsealed=U)
+    h.register("a")
+    h.register("b")
+    effects = run_holder(h, 6000)
+    [ev] = effects[-1].evict
+    evicted_at = (len(effects) - 1) * 100
+    assert U < evicted_at <= U + 1000  # the time opened at 0; judged at most every 200 ms
+    assert ev.key == ("b", 0) and ev.writer == "txn.b" and ev.cause == "unsealed"
+    assert "held s time 0 unsealed for" in ev.reason and "unsealed_timeout_ms: 2000" in ev.reason
+    h.core.fenced(("b", 0), h.offsets[0])
+    done = h.tick(evicted_at + 1)
+    assert done.evicted == [(("b", 0), ev.reason, "unsealed")]
+    assert notified(done) == [(0, 1), (1, 1), (2, 1)]  # in order, 'a''s records only
+    [body] = [b for _, b in done.records if isinstance(b, SourceEvicted)]
+    assert body.source == "b" and body.reason == ev.reason
+    assert h.tick(evicted_at + 500).evict == [] and h.core.state.holds == []
+
+
+def test_a_hold_is_judged_on_the_read_horizon_not_the_clock() -> None:
+    """A seal waiting behind another transaction's open one (the LSO held) is not read
+    yet: the horizon stands still, so the hold is not proven overdue, however long."""
+    h = Harness(unsealed=U)
+    h.register("a")
+    h.register("b")
+    h.send("a", report(0), 0)
+    h.send("a", seal(0), 0)
+    h.probe(0)
+    for now in range(100, 20_000, 100):  # then a transaction holds the partition
+        h.probe(now, lso=h.offsets[0], high=h.offsets[0] + 1 + now // 100)
+        assert h.tick(now).evict == [], now
+    assert h.core.state.holds[0].source == "b"
+
+
+def test_a_hold_starts_when_the_acker_starts_watching() -> None:
+    """A source that registers after a time opened, and an acker that restarts, count
+    nothing from before they could see the hold."""
+    h = Harness(unsealed=U)
+    h.register("a")
+    h.send("a", report(0), 0)
+    h.probe(0)
+    h.tick(0)
+    h.register("b", now=5000)
+    h.probe(5000)
+    h.tick(5000)
+    [hold] = [x for x in h.core.state.holds if x.source == "b"]
+    assert hold.time == 0 and hold.since_ms == 5000
+    assert h.tick(5000 + U).evict == []
+    restarted = AckerCore(
+        "a", (0,), {"s": 0, "o": 0}, {"s": "_control.s"}, acks_partitions=1,
+        source_timeout_ms=T, heartbeat_ms=200, unsealed_timeout_ms=U, state=h.core.state,
+    )
+    restarted.started(9000)
+    restarted.probed(0, 9000, h.offsets[0], h.offsets[0], h.offsets[0])
+    restarted.tick(9000, dict(h.offsets))
+    assert {x.source: x.since_ms for x in restarted.state.holds} == {"a": 9000, "b": 9000}
+
+
+def test_the_acker_s_own_stall_moves_every_hold_on() -> None:
+    h = Harness(unsealed=U)
+    h.core.started(1000)
+    h.register("b", now=1000)
+    h.send("b", report(0), 1000)
+    h.probe(1000)
+    h.tick(1000)
+    assert h.core.state.holds[0].since_ms == 1000
+    h.send("b", SourceHeartbeat(), 11_000, seq=-1)
+    h.probe(11_000)  # a 10 s gap between two steps: 9.6 s of it excused
+    assert h.tick(11_000).evict == []
+    assert h.core.holds.held[("s", "b")].since_ms == 1000 + 10_000 - 400
+    for now in range(11_100, 20_000, 100):  # the rest of it counts
+        h.send("b", SourceHeartbeat(), now, seq=-1)
+        h.probe(now)
+        if h.tick(now).evict:
+            break
+    assert 10_600 + U < now <= 10_600 + U + 300
+
+
+def test_a_never_evicted_source_that_holds_a_time_is_warned_of_not_evicted() -> None:
+    h = Harness(unsealed=U)
+    h.register("a")
+    h.register("driver", evict_when_silent=False)
+    h.send("a", report(0), 0)
+    h.send("a", seal(0), 0)
+    warnings = []
+    for now in range(0, 8000, 100):
+        h.send("driver", SourceHeartbeat(), now, seq=-1)
+        h.send("a", SourceHeartbeat(), now, seq=-1)
+        h.probe(now)
+        effects = h.tick(now)
+        assert effects.evict == []
+        warnings += effects.warnings
+    assert len(warnings) == 1
+    assert "'driver' held s time 0 unsealed" in warnings[0] and "never evicted" in warnings[0]

@@ -994,3 +994,15 @@ def test_session_substreams_need_the_acker(project: Path) -> None:
     assert (err.key, err.value) == ("substreams[0].mechanism", "punctuations")
     assert err.line == line_of(text, "    mechanism:")
     assert "a session substream is tracked by the acker" in str(err)
+
+
+def test_the_unsealed_timeout_is_off_by_default_and_a_positive_integer(project: Path) -> None:
+    assert load(project, STREAM).acker.unsealed_timeout_ms is None
+    assert load(project, STREAM + "acker:\n  unsealed_timeout_ms: null\n").acker \
+        .unsealed_timeout_ms is None
+    assert load(project, STREAM + "acker:\n  unsealed_timeout_ms: 60000\n").acker \
+        .unsealed_timeout_ms == 60000
+    for bad, value in (("0", 0), ("'1m'", "1m"), ("true", True)):
+        err = fail(project, STREAM + f"acker:\n  unsealed_timeout_ms: {bad}\n")
+        assert (err.line, err.key, err.value) == (6, "acker.unsealed_timeout_ms", value)
+        assert err.allowed == "null (off, the default) or an integer >= 1"

@@ -7,13 +7,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from substreams.acker.liveness import (
+    Holds,
     Liveness,
     Silent,
     SilentBlocker,
     excuse_stall,
+    holds_every_ms,
     probe_interval_ms,
 )
-from substreams.acker.state import Blocker, SourceSession
+from substreams.acker.state import AckerState, Blocker, Hold, SourceSession
+from substreams.acker.table import SOURCE, STAGE, SegmentTable, Violation
+from substreams.frontier import Keyed, Time, sort_key
 
 T = 3000
 
@@ -141,3 +145,125 @@ def test_the_horizon_never_passes_an_unread_write(steps: list[tuple[int, int, in
         # and it is the latest such probe
         passed = [t for t, hw in seen if hw <= position]
         assert horizon == (max(passed) if passed else None)
+
+
+# -- rules 8 and 9: holds ----------------------------------------------------------------
+
+
+def table_of(*sources: str, gap_ms: int | None = None) -> SegmentTable:
+    table = SegmentTable("s", gap_ms)
+    for name in sources:
+        table.register(name, SOURCE)
+    return table
+
+
+def test_a_source_holds_its_oldest_unsealed_time_since_it_opened() -> None:
+    table = table_of("a", "b")
+    table.register("stage", STAGE)  # stages never seal: they hold nothing
+    table.report(3, 0, 1, 1, (), 100)
+    table.report(1, 0, 1, 1, (), 200)  # out of order: the lowest, opened later
+    table.seal("a", 1, 0, 250)
+    holds = Holds(None)
+    assert holds.update({"s": table}, 50) == [Hold("s", "a", 3, 100), Hold("s", "b", 1, 200)]
+    table.seal("b", 1, 0, 300)
+    table.report(2, 0, 1, 1, (), 300)
+    assert holds.update({"s": table}, 400) == [Hold("s", "a", 2, 300), Hold("s", "b", 2, 300)]
+    table.seal("a", 5, 0, 500)
+    assert holds.update({"s": table}, 500) == [Hold("s", "b", 2, 300)]  # 'a' holds nothing
+    assert set(holds.watched) == {("s", "a"), ("s", "b")}
+    table.unregister("b")
+    assert holds.update({"s": table}, 600) == [] and set(holds.watched) == {("s", "a")}
+
+
+def test_a_hold_starts_no_earlier_than_the_watch_and_keeps_its_start() -> None:
+    table = table_of("a")
+    table.report(0, 0, 1, 1, (), 100)
+    holds = Holds(1000)
+    [h] = holds.update({"s": table}, 5000)  # first seen by this acker at 5 s
+    assert h.since_ms == 5000
+    holds.excuse(700)
+    assert holds.update({"s": table}, 6000) == [Hold("s", "a", 0, 5700)]
+    table.report(1, 0, 1, 1, (), 6000)
+    table.seal("a", 0, 0, 6100)  # a new oldest time: its own first sighting (or the watch)
+    assert holds.update({"s": table}, 6200) == [Hold("s", "a", 1, 6000)]
+
+
+def test_a_hold_is_overdue_only_on_the_read_horizon_and_only_when_on() -> None:
+    table = table_of("a")
+    table.report(0, 0, 1, 1, (), 100)
+    for timeout, horizon, overdue in [
+        (None, 10_000, []), (1000, 1100, []), (1000, 1101, [1001]), (1000, None, [])
+    ]:
+        holds = Holds(timeout)
+        holds.update({"s": table}, 100)
+        seen = {} if horizon is None else {0: horizon}
+        assert [ms for _, ms in holds.overdue(seen, {"s": 0})] == overdue
+
+
+def test_holds_every_and_the_checkpoint_round_trip() -> None:
+    assert holds_every_ms(None) == 1000 and holds_every_ms(2000) == 200
+    assert holds_every_ms(500) == 100 and holds_every_ms(60_000) == 1000
+    state = AckerState(holds=[Hold("s", "a", Keyed("k", 3), 7), Hold("t", "b", (1, 2), 8)])
+    assert AckerState.loads(state.dumps(), {}, 100).holds == state.holds
+    assert excuse_stall(sessions(a=0), 1000, 1300, 200) == 0
+
+
+def reference_oldest(table: SegmentTable, source: str) -> tuple[Time, int] | None:
+    """The rule as stated, from :meth:`SegmentTable.unsealed_sources` alone: the lowest
+    unsealed int time, the first unsealed other time to open; the one first seen earlier
+    (ties: the int)."""
+    unsealed = [t for t in table.open if source in table.unsealed_sources(t)]  # opening order
+    if not unsealed:
+        return None
+    ints = [t for t in unsealed if type(t) is int]
+    others = [t for t in unsealed if type(t) is not int]
+    best = min(ints, key=sort_key) if ints else others[0]
+    if ints and others and table.open[others[0]].first_seen_ms < table.open[best].first_seen_ms:
+        best = others[0]
+    return best, table.open[best].first_seen_ms
+
+
+@st.composite
+def table_ops(draw: st.DrawFn) -> tuple[int | None, list[tuple[str, str, Time]]]:
+    """Reports, seals, keyed seals and terminations of ints, pairs and keyed times (keyed
+    only in a session table)."""
+    gap = draw(st.sampled_from([None, None, 3]))
+    keyed = st.builds(Keyed, st.sampled_from(["k", "q"]), st.integers(0, 9))
+    pairs = st.tuples(st.integers(0, 3), st.integers(0, 3))
+    times: st.SearchStrategy[Time] = keyed if gap is not None else st.one_of(
+        st.integers(0, 9), keyed, pairs
+    )
+    op = st.tuples(
+        st.sampled_from(["report", "seal", "seal_keys", "terminate"]),
+        st.sampled_from(["a", "b", "c"]),
+        times,
+    )
+    return gap, draw(st.lists(op, max_size=40))
+
+
+@settings(max_examples=300, deadline=None)
+@given(table_ops())
+def test_oldest_unsealed_is_the_stated_rule(
+    case: tuple[int | None, list[tuple[str, str, Time]]],
+) -> None:
+    """Whatever the reports, seals and terminations: per source, the time the bisection
+    and the walk find is the one the rule names from ``unsealed_sources`` alone."""
+    gap, ops = case
+    table = table_of("a", "b", "c", gap_ms=gap)
+    for i, (kind, source, t) in enumerate(ops):
+        now = i // 2  # two operations a millisecond: times first seen at the same moment
+        try:
+            if kind == "report":
+                table.report(t, 0, 1, 1, (), now)
+            elif kind == "seal":
+                table.seal(source, t, now, now)
+            elif kind == "seal_keys":
+                if isinstance(t, Keyed) and isinstance(t.time, int):
+                    table.seal_keys(source, t.time, now)
+            else:
+                table.terminations()
+        except Violation:
+            pass
+        got = table.oldest_unsealed()
+        for name in ("a", "b", "c"):
+            assert got.get(name) == reference_oldest(table, name), (name, ops[: i + 1])
