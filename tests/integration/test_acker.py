@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from substreams.acker.agent import (
+from substreams.acker.deadletter import read_dead_letters
+from substreams.acker.protocol import (
     AckBlock,
     AckBlockV2,
     AckEntry,
@@ -27,7 +28,6 @@ from substreams.acker.agent import (
     acks_partition,
     encode_ack,
 )
-from substreams.acker.deadletter import read_dead_letters
 from substreams.acker.service import AckerFencedError, AckerService, checkpoint_topic
 from substreams.app import Application
 from substreams.config import Config

@@ -46,10 +46,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import substreams.acker.agent as agent_module
-from substreams.acker.agent import Register, TrackingAgent, decode_ack, encode_ack
+from substreams.acker.agent import TrackingAgent
 from substreams.acker.core import AckerCore, Evict
 from substreams.acker.deadletter import REASON_TERMINATED
 from substreams.acker.liveness import probe_interval_ms
+from substreams.acker.protocol import Register, decode_ack, encode_ack
 from substreams.acker.state import AckerState, Blocker
 from substreams.acker.table import SOURCE
 from substreams.control.messages import completions
