@@ -11,10 +11,11 @@ AckReport and Unregister parts of the segments mapped to it, with a sequence num
 own (the acker counts per (source, partition)); heartbeats go to every partition the source
 registered in.
 
-Commit and report are one: the agent owns no producer.  Its writer (a transactional
-:class:`~substreams.streams.publisher.Publisher`) takes the aggregated messages just before it
-commits (:meth:`TrackingAgent.take`) and writes them to the acks topic *inside the same
-transaction* as the records they cover; the acker reads the acks topic ``read_committed``.
+Commit and report are one: the agent owns no producer.  Its writer's
+:class:`~substreams.acker.tracker.Tracker` takes the aggregated messages just before the
+writer commits (:meth:`TrackingAgent.take`) and hands them to it to write to the acks topic
+*inside the same transaction* as the records they cover; the acker reads the acks topic
+``read_committed``.
 So a crash at any point either loses both the records and their reports (an aborted
 transaction) or neither, and a seal is visible exactly when the records written before it
 are.  There is no flush timer: a report is useless before its records are visible.
