@@ -70,6 +70,9 @@ STAGE = "STAGE"
 
 @dataclass(frozen=True, slots=True)
 class Register:
+    """The writer joins ``substreams`` (in its first commit): the acker counts its reports,
+    and for a SOURCE waits for its seals, from this message on."""
+
     substreams: tuple[str, ...]
     role: str = SOURCE
     writer: str = ""
@@ -80,11 +83,17 @@ class Register:
 
 @dataclass(frozen=True, slots=True)
 class Unregister:
+    """The writer leaves (in its last commit, after its last reports): as if it sealed
+    everything."""
+
     substreams: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class AckEntry:
+    """The reports of one (substream, time) since the writer's previous commit: their XOR,
+    how many, the records delivered to terminal streams and their offset ranges."""
+
     substream: str
     time: Time
     xor: int
@@ -95,6 +104,9 @@ class AckEntry:
 
 @dataclass(frozen=True, slots=True)
 class SealEntry:
+    """No more records from this source at times ``<= time`` (applied after the report's
+    entries and columns)."""
+
     substream: str
     time: Time
     sealed_at_ms: int
@@ -265,6 +277,8 @@ _LAYOUT = (("times", "q"), ("xors", "q"), ("records", "i"), ("reports", "i"),
 
 @dataclass(frozen=True, slots=True)
 class AckReport:
+    """What one commit of a writer reports and seals (one per acks partition it touches)."""
+
     entries: tuple[AckEntry, ...]
     seals: tuple[SealEntry, ...] = ()
     columns: tuple[AckBlock, ...] = ()
@@ -297,6 +311,9 @@ AckBody = Register | Unregister | AckReport | SourceHeartbeat | Evict
 
 @dataclass(frozen=True, slots=True)
 class AckMessage:
+    """One record of the acks topic: who sent it (source, incarnation), its sequence number
+    in the acks partition (-1: a heartbeat), and what it says."""
+
     source: str
     seq: int
     sent_at_ms: int
