@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from substreams.acker.deadletter import write_late_record
-from substreams.acker.hook import AckerHook
+from substreams.acker.tracker import source_tracker
 from substreams.config import Config, SealPolicy
 from substreams.control.direct import DirectProgress
 from substreams.control.notifications import Notifications
@@ -32,9 +32,9 @@ from substreams.streams.publisher import Mechanisms, Publisher
 __all__ = ["DIRECT", "TRACKED", "UNTRACKED", "Application", "Mechanisms", "never_evicted"]
 
 TRACKED: Mechanisms = MappingProxyType(
-    {"acker": AckerHook, "punctuations": PunctuationHook}
+    {"acker": source_tracker, "punctuations": PunctuationHook}
 )
-"""Production: the acker's reports and seals, in-band punctuations."""
+"""Production: the acker's tracker (reports, seals, heartbeats), in-band punctuations."""
 
 DIRECT: Mechanisms = MappingProxyType(
     {"acker": DirectProgress, "punctuations": DirectProgress}
@@ -54,10 +54,10 @@ def never_evicted(mechanisms: Mechanisms) -> Mechanisms:
     after its tasks committed, so evicting a crashed driver would let the time terminate
     with the tasks that happened to commit.  Such a source waits to be restarted (or is
     evicted by hand: ``substreams acker evict-source``)."""
-    if mechanisms.get("acker") is not AckerHook:
+    if mechanisms.get("acker") is not source_tracker:
         return mechanisms
     return MappingProxyType(
-        {**mechanisms, "acker": partial(AckerHook, evict_when_silent=False)}
+        {**mechanisms, "acker": partial(source_tracker, evict_when_silent=False)}
     )
 
 

@@ -41,7 +41,9 @@ from typing import Any, Protocol
 
 from confluent_kafka import TopicPartition
 
-from substreams.acker.agent import (
+from substreams.acker.core import announce, apply_block
+from substreams.acker.handler import CommandHandler
+from substreams.acker.protocol import (
     AckBlock,
     AckEntry,
     AckMessage,
@@ -54,8 +56,6 @@ from substreams.acker.agent import (
     segment_partition,
     split_body,
 )
-from substreams.acker.core import announce, apply_block
-from substreams.acker.handler import CommandHandler
 from substreams.acker.service import AckerService, relax_gc
 from substreams.acker.state import AckerState
 from substreams.app import Application
@@ -211,7 +211,7 @@ def step_alone(
         for value in raw[at:at + per_step]:
             body = decode_ack(value, headers).body
             assert isinstance(body, AckReport)
-            for got in body.all_blocks():
+            for got in body.columns:
                 columns = got.unpack()  # the service's shape check
                 assert not isinstance(columns, str), columns
                 apply_block(table, tracker, columns, now)

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from substreams.acker.agent import segment_partition
+from substreams.acker.protocol import segment_partition
 from substreams.acker.service import AckerService, checkpoint_topic, transactional_id
 from substreams.acker.state import AckerState, SourceSession
 from substreams.acker.table import SOURCE

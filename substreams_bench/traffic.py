@@ -233,7 +233,7 @@ def run_punctuations(ctx: BenchContext, case: Case) -> dict[str, int]:
 
 
 def run_acker(ctx: BenchContext, case: Case) -> dict[str, int]:
-    from substreams.acker.agent import (
+    from substreams.acker.protocol import (
         AckReport,
         Register,
         SourceHeartbeat,

@@ -11,10 +11,11 @@ AckReport and Unregister parts of the segments mapped to it, with a sequence num
 own (the acker counts per (source, partition)); heartbeats go to every partition the source
 registered in.
 
-Commit and report are one: the agent owns no producer.  Its writer (a transactional
-:class:`~substreams.streams.publisher.Publisher`) takes the aggregated messages just before it
-commits (:meth:`TrackingAgent.take`) and writes them to the acks topic *inside the same
-transaction* as the records they cover; the acker reads the acks topic ``read_committed``.
+Commit and report are one: the agent owns no producer.  Its writer's
+:class:`~substreams.acker.tracker.Tracker` takes the aggregated messages just before the
+writer commits (:meth:`TrackingAgent.take`) and hands them to it to write to the acks topic
+*inside the same transaction* as the records they cover; the acker reads the acks topic
+``read_committed``.
 So a crash at any point either loses both the records and their reports (an aborted
 transaction) or neither, and a seal is visible exactly when the records written before it
 are.  There is no flush timer: a report is useless before its records are visible.
@@ -27,434 +28,34 @@ source (sequence numbers, registration) by incarnation and ignores anything else
 
 from __future__ import annotations
 
-import sys
 import time
-import zlib
-from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from functools import cache
+from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby, islice, repeat
-from operator import add, le, lt
+from operator import add, lt
 from typing import NamedTuple, cast
 
-from substreams.acker.table import SOURCE
+from substreams.acker.protocol import (
+    SOURCE,
+    AckBlock,
+    AckBody,
+    AckEntry,
+    AckMessage,
+    AckReport,
+    Register,
+    SealEntry,
+    SourceHeartbeat,
+    Unregister,
+    ack_headers,
+    now_ms,
+    pack_column,
+    segment_partition,
+    split_body,
+)
 from substreams.config import Config
-from substreams.control.messages import OffsetRange, protocol_converter
+from substreams.control.messages import OffsetRange
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
-from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time
 from substreams.streams.records import SentRecord
-from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
-from substreams.streams.wire import Converter
-
-# -- the acks-topic protocol as types ---------------------------------------------------------
-
-
-
-@dataclass(frozen=True, slots=True)
-class Register:
-    substreams: tuple[str, ...]
-    role: str = SOURCE
-    writer: str = ""
-    """The source's transactional id (fenced when the source is evicted)."""
-    evict_when_silent: bool = True
-    """False: only an operator's ``evict-source`` evicts it, never silence (a Spark driver)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Unregister:
-    substreams: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class AckEntry:
-    substream: str
-    time: Time
-    xor: int
-    records: int
-    reports: int
-    ranges: tuple[OffsetRange, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SealEntry:
-    substream: str
-    time: Time
-    sealed_at_ms: int
-    all_keys: bool = False
-    """The keyed seal: ``time`` is an event time T covering ``Keyed(k, t <= T)`` for every k."""
-
-
-_BIG_ENDIAN = sys.byteorder == "big"
-assert array("i").itemsize == 4 and array("q").itemsize == 8  # the wire widths
-
-
-def _column(typecode: str, data: bytes) -> array[int] | None:
-    """A packed column (little-endian), or None if ``data`` is not a whole number of items."""
-    col = array(typecode)
-    if len(data) % col.itemsize:
-        return None
-    col.frombytes(data)
-    if _BIG_ENDIAN:
-        col.byteswap()
-    return col
-
-
-def _pack(typecode: str, values: Iterable[int]) -> bytes:
-    """``values`` as a packed little-endian column (OverflowError if one does not fit)."""
-    col = array(typecode, values)
-    if _BIG_ENDIAN:
-        col.byteswap()
-    return col.tobytes()
-
-
-class Columns(NamedTuple):
-    """A block's columns, unpacked and checked (what the acker applies; arrays from an
-    :class:`AckBlock`, tuples from a version 2 block)."""
-
-    times: Sequence[int]
-    xors: Sequence[int]
-    """Empty: every xor is 0."""
-    records: Sequence[int]
-    reports: Sequence[int]
-    range_counts: Sequence[int]
-    streams: tuple[str, ...]
-    stream_index: Sequence[int]
-    partitions: Sequence[int]
-    starts: Sequence[int]
-    ends: Sequence[int]
-
-
-@dataclass(frozen=True, slots=True)
-class AckBlock:
-    """``AckEntry``s of one substream at int times, as packed columns (Avro ``AckColumns``).
-
-    Why: at one record per time (granularity 1) a report holds one entry per record.  Version
-    2 sent them as arrays of longs plus one ``OffsetRange`` record per range, and decoding
-    that (fastavro builds a dict per range, the converter an ``OffsetRange``) was the largest
-    cost of the acker's step.  Each column is now one ``bytes`` (little-endian; see
-    ``substreams/avro/ack.avsc``), unpacked with one copy (:meth:`unpack`), and the ranges
-    are four columns with the stream names once.  Invariants (:meth:`unpack` checks them, the
-    acker dead-letters a block breaking them): ``times``, ``records``, ``reports``,
-    ``range_counts`` have n items, ``xors`` too or none (every xor 0); ``stream_index``,
-    ``partitions``, ``starts``, ``ends`` have ``sum(range_counts)`` items, the entries'
-    ranges in order; every stream index is < ``len(streams)``, every start <= its end."""
-
-    substream: str
-    times: bytes
-    xors: bytes
-    records: bytes
-    reports: bytes
-    range_counts: bytes
-    streams: tuple[str, ...]
-    stream_index: bytes
-    partitions: bytes
-    starts: bytes
-    ends: bytes
-
-    @classmethod
-    def pack(
-        cls,
-        substream: str,
-        times: Iterable[int],
-        xors: Iterable[int],
-        records: Iterable[int],
-        reports: Iterable[int],
-        range_counts: Iterable[int],
-        ranges: Iterable[OffsetRange],
-    ) -> AckBlock:
-        """A block from per-entry values and the entries' ranges in order (``xors`` may be
-        empty: every xor 0)."""
-        index: dict[str, int] = {}
-        streams: list[str] = []
-        sidx: list[int] = []
-        parts: list[int] = []
-        starts: list[int] = []
-        ends: list[int] = []
-        for r in ranges:
-            i = index.get(r.stream)
-            if i is None:
-                i = index[r.stream] = len(streams)
-                streams.append(r.stream)
-            sidx.append(i)
-            parts.append(r.partition)
-            starts.append(r.start)
-            ends.append(r.end)
-        return cls(
-            substream, _pack("q", times), _pack("q", xors), _pack("i", records),
-            _pack("i", reports), _pack("i", range_counts), tuple(streams), _pack("i", sidx),
-            _pack("i", parts), _pack("q", starts), _pack("q", ends),
-        )
-
-    def unpack(self) -> Columns | str:
-        """The columns, or what breaks the invariants (the acker's dead-letter detail)."""
-        where = f"block of substream '{self.substream}'"
-        cols = []
-        for name, code in _LAYOUT:
-            col = _column(code, getattr(self, name))
-            if col is None:
-                return f"{where}: column {name} is not a whole number of {code!r} items"
-            cols.append(col)
-        times, xors, records, reports, counts, sidx, parts, starts, ends = cols
-        n = len(times)
-        if not (len(records) == len(reports) == len(counts) == n):
-            return (f"{where}: {n} times but {len(records)} records, {len(reports)} reports "
-                    f"and {len(counts)} range counts")
-        if xors and len(xors) != n:
-            return f"{where}: {n} times but {len(xors)} xors"
-        if counts and min(counts) < 0:
-            return f"{where}: a negative range count"
-        m = sum(counts)
-        if not (len(sidx) == len(parts) == len(starts) == len(ends) == m):
-            return (f"{where}: range counts sum to {m}, but {len(sidx)} stream indexes, "
-                    f"{len(parts)} partitions, {len(starts)} starts and {len(ends)} ends")
-        if m and (min(sidx) < 0 or max(sidx) >= len(self.streams)):
-            return f"{where}: a stream index outside the {len(self.streams)} streams"
-        if m and min(parts) < 0:
-            return f"{where}: a negative partition"
-        if not all(map(le, starts, ends)):
-            return f"{where}: a range whose start is after its end"
-        return Columns(times, xors, records, reports, counts, self.streams, sidx, parts,
-                       starts, ends)
-
-    def problem(self) -> str | None:
-        """What breaks the invariants, or None."""
-        cols = self.unpack()
-        return cols if isinstance(cols, str) else None
-
-    def entries(self) -> Iterator[AckEntry]:
-        """The block as the entries it stands for (for readers that count or show them);
-        a malformed block (see :meth:`unpack`) raises ValueError."""
-        c = self.unpack()
-        if isinstance(c, str):
-            raise ValueError(c)
-        at = 0
-        xors = c.xors or (0,) * len(c.times)
-        for t, x, rec, rep, n in zip(c.times, xors, c.records, c.reports, c.range_counts,
-                                     strict=True):
-            yield AckEntry(self.substream, t, x, rec, rep, tuple(
-                OffsetRange(c.streams[c.stream_index[i]], c.partitions[i], c.starts[i],
-                            c.ends[i])
-                for i in range(at, at + n)
-            ))
-            at += n
-
-
-_LAYOUT = (("times", "q"), ("xors", "q"), ("records", "i"), ("reports", "i"),
-           ("range_counts", "i"), ("stream_index", "i"), ("partitions", "i"), ("starts", "q"),
-           ("ends", "q"))
-"""Each packed column of :class:`AckBlock` and its item type."""
-
-
-@dataclass(frozen=True, slots=True)
-class AckBlockV2:
-    """Version 2's block (Avro ``AckBlock``): the same entries with the ranges as
-    ``OffsetRange`` records.  Only read (acks written before the upgrade; "Batched
-    completions" in docs/design.md), and applied through the same :class:`Columns`."""
-
-    substream: str
-    times: tuple[int, ...]
-    xors: tuple[int, ...]
-    records: tuple[int, ...]
-    reports: tuple[int, ...]
-    range_counts: tuple[int, ...]
-    ranges: tuple[OffsetRange, ...]
-
-    def unpack(self) -> Columns | str:
-        """As :meth:`AckBlock.unpack` (the same invariants, ``ranges`` holding
-        ``sum(range_counts)`` items)."""
-        where = f"block of substream '{self.substream}'"
-        n = len(self.times)
-        if not (len(self.records) == len(self.reports) == len(self.range_counts) == n):
-            return (f"{where}: {n} times but {len(self.records)} records, "
-                    f"{len(self.reports)} reports and {len(self.range_counts)} range counts")
-        if self.xors and len(self.xors) != n:
-            return f"{where}: {n} times but {len(self.xors)} xors"
-        if any(c < 0 for c in self.range_counts) or sum(self.range_counts) != len(self.ranges):
-            return (f"{where}: range counts sum to {sum(self.range_counts)}, "
-                    f"{len(self.ranges)} ranges")
-        if any(r.partition < 0 for r in self.ranges):
-            return f"{where}: a negative partition"
-        if any(r.start > r.end for r in self.ranges):
-            return f"{where}: a range whose start is after its end"
-        streams = tuple(dict.fromkeys(r.stream for r in self.ranges))
-        index = {s: i for i, s in enumerate(streams)}
-        rs = self.ranges
-        return Columns(
-            self.times, self.xors, self.records, self.reports, self.range_counts, streams,
-            tuple(index[r.stream] for r in rs), tuple(r.partition for r in rs),
-            tuple(r.start for r in rs), tuple(r.end for r in rs),
-        )
-
-    def problem(self) -> str | None:
-        cols = self.unpack()
-        return cols if isinstance(cols, str) else None
-
-    def entries(self) -> Iterator[AckEntry]:
-        at = 0
-        xors = self.xors or (0,) * len(self.times)
-        for t, x, rec, rep, n in zip(self.times, xors, self.records, self.reports,
-                                     self.range_counts, strict=True):
-            yield AckEntry(self.substream, t, x, rec, rep, self.ranges[at:at + n])
-            at += n
-
-
-@dataclass(frozen=True, slots=True)
-class AckReport:
-    entries: tuple[AckEntry, ...]
-    seals: tuple[SealEntry, ...] = ()
-    columns: tuple[AckBlock, ...] = ()
-    """Entries at int times of substreams with many of them, as packed columns (applied
-    with ``entries``, before ``seals``)."""
-    blocks: tuple[AckBlockV2, ...] = ()
-    """Version 2's blocks (only in acks written before the upgrade; applied like
-    ``columns``, before them)."""
-
-    def all_blocks(self) -> tuple[AckBlockV2 | AckBlock, ...]:
-        """``blocks`` and then ``columns``, in the order the acker applies them."""
-        return (*self.blocks, *self.columns) if self.blocks else self.columns
-
-    def all_entries(self) -> Iterator[AckEntry]:
-        """``entries`` and then every block's entries."""
-        yield from self.entries
-        for block in self.all_blocks():
-            yield from block.entries()
-
-
-@dataclass(frozen=True, slots=True)
-class SourceHeartbeat:
-    """Liveness.  Sent outside the source's transactions (an idle source commits nothing),
-    so it carries no sequence number the acker checks: only its incarnation counts."""
-
-
-@dataclass(frozen=True, slots=True)
-class Evict:
-    """An operator's order to evict ``source`` (the sender is the operator, not a source)."""
-
-    source: str
-    reason: str
-
-
-AckBody = Register | Unregister | AckReport | SourceHeartbeat | Evict
-
-
-@dataclass(frozen=True, slots=True)
-class AckMessage:
-    source: str
-    seq: int
-    sent_at_ms: int
-    body: AckBody
-    incarnation: str = ""
-
-    def substreams(self) -> set[str]:
-        """The substreams this message concerns (for traffic accounting)."""
-        b = self.body
-        if isinstance(b, Register | Unregister):
-            return set(b.substreams)
-        if isinstance(b, AckReport):
-            return ({e.substream for e in b.entries} | {s.substream for s in b.seals}
-                    | {k.substream for k in b.all_blocks()})
-        return set()
-
-
-@cache
-def _converter() -> Converter:
-    return protocol_converter("ack")
-
-
-def encode_ack(msg: AckMessage) -> bytes:
-    conv = _converter()
-    return protocol_codec("ack").encode(conv.root_encoder(AckMessage)(msg))
-
-
-def ack_headers() -> list[tuple[str, bytes]]:
-    return protocol_codec("ack").headers()
-
-
-def decode_ack(value: bytes, headers: Iterable[tuple[str, bytes]] | None) -> AckMessage:
-    """Decode one acks-topic value; :class:`ProtocolError` if it is not an AckMessage
-    written with our schema (missing/wrong fingerprint, garbage)."""
-    fp = dict(headers or ()).get(HEADER_FINGERPRINT)
-    if fp is None:
-        raise ProtocolError("ack message without a schema fingerprint header")
-    try:
-        conv = _converter()
-        msg: AckMessage = conv.root_decoder(AckMessage)(
-            protocol_codec("ack").decode(value, fp)
-        )
-        return msg
-    except SubstreamsError as exc:
-        raise ProtocolError(str(exc)) from exc
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ProtocolError(f"ack message is malformed: {exc}") from exc
-
-
-def acks_partition(source: str, partitions: int) -> int:
-    """The *home* partition of a name (a source before sharding; kept for tools that write
-    one message somewhere deterministic)."""
-    return zlib.crc32(source.encode()) % partitions
-
-
-def segment_partition(substream: str, partitions: int) -> int:
-    """The acks partition of every message about acker substream (segment) ``substream``."""
-    return zlib.crc32(substream.encode()) % partitions
-
-
-def shard_partitions(shard: int, shards: int, partitions: int) -> tuple[int, ...]:
-    """The acks partitions shard ``shard`` of ``shards`` owns (static: ``p % shards``)."""
-    if not 0 <= shard < shards <= partitions:
-        raise SubstreamsError(
-            f"acker shard {shard} of {shards} over {partitions} acks partitions: need "
-            "0 <= shard < shards <= acker.acks_partitions"
-        )
-    return tuple(p for p in range(partitions) if p % shards == shard)
-
-
-def split_body(body: AckBody, partition_of: Callable[[str], int]) -> list[tuple[int, AckBody]]:
-    """``body`` cut into one part per acks partition (in partition order), each holding
-    what concerns the segments of that partition; a body about no substream (heartbeat,
-    evict) is returned as is under partition -1 (the caller decides where it goes)."""
-    if isinstance(body, Register):
-        groups: dict[int, list[str]] = {}
-        for sub in body.substreams:
-            groups.setdefault(partition_of(sub), []).append(sub)
-        return [(p, Register(tuple(subs), body.role, body.writer, body.evict_when_silent))
-                for p, subs in sorted(groups.items())]
-    if isinstance(body, Unregister):
-        groups = {}
-        for sub in body.substreams:
-            groups.setdefault(partition_of(sub), []).append(sub)
-        return [(p, Unregister(tuple(subs))) for p, subs in sorted(groups.items())]
-    if isinstance(body, AckReport):
-        entries: dict[int, list[AckEntry]] = {}
-        seals: dict[int, list[SealEntry]] = {}
-        blocks: dict[int, list[AckBlock]] = {}
-        v2: dict[int, list[AckBlockV2]] = {}
-        for e in body.entries:
-            entries.setdefault(partition_of(e.substream), []).append(e)
-        for s in body.seals:
-            seals.setdefault(partition_of(s.substream), []).append(s)
-        for k in body.columns:
-            blocks.setdefault(partition_of(k.substream), []).append(k)
-        for b in body.blocks:
-            v2.setdefault(partition_of(b.substream), []).append(b)
-        return [
-            (p, AckReport(
-                tuple(entries.get(p, ())), tuple(seals.get(p, ())), tuple(blocks.get(p, ())),
-                tuple(v2.get(p, ())),
-            ))
-            for p in sorted(entries.keys() | seals.keys() | blocks.keys() | v2.keys())
-        ]
-    return [(-1, body)]
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-# -- the agent --------------------------------------------------------------------------------
-
 
 _NO_TIME = object()
 """Equal to no time: the "previous time" before the first record of a batch."""
@@ -524,16 +125,16 @@ def _block(sub: str, items: list[tuple[int, _Agg]]) -> AckBlock:
     xors = [agg.xor for _, agg in items]
     return AckBlock(
         sub,
-        _pack("q", [t for t, _ in items]),
-        _pack("q", xors) if any(xors) else b"",
-        _pack("i", [agg.records for _, agg in items]),
-        _pack("i", [agg.reports for _, agg in items]),
-        _pack("i", counts),
+        pack_column("q", [t for t, _ in items]),
+        pack_column("q", xors) if any(xors) else b"",
+        pack_column("i", [agg.records for _, agg in items]),
+        pack_column("i", [agg.reports for _, agg in items]),
+        pack_column("i", counts),
         tuple(streams),
-        _pack("i", sidx),
-        _pack("i", parts),
-        _pack("q", starts),
-        _pack("q", ends),
+        pack_column("i", sidx),
+        pack_column("i", parts),
+        pack_column("q", starts),
+        pack_column("q", ends),
     )
 
 
@@ -578,11 +179,11 @@ def _column_block(sub: str, batches: list[_Columns]) -> tuple[AckBlock, int] | N
     ints = cast(Sequence[int], times)
     if not all(map(lt, ints, islice(ints, 1, None))):
         return None
-    ones = _pack("i", (1,)) * n
+    ones = pack_column("i", (1,)) * n
     return AckBlock(
-        sub, _pack("q", ints), b"", ones, _pack("i", (2,)) * n, ones,
-        (stream,), bytes(4 * n), _pack("i", parts), _pack("q", offsets),
-        _pack("q", map(add, offsets, repeat(1))),
+        sub, pack_column("q", ints), b"", ones, pack_column("i", (2,)) * n, ones,
+        (stream,), bytes(4 * n), pack_column("i", parts), pack_column("q", offsets),
+        pack_column("q", map(add, offsets, repeat(1))),
     ), 2 * n
 
 

@@ -12,7 +12,7 @@ Rules (the termination rule is :mod:`substreams.acker.table`'s, liveness is
 :mod:`substreams.acker.liveness`'s, both applied here):
 
 1. *Ownership.*  The core owns the acks partitions it was given and the segments (substreams)
-   whose home partition (:func:`~substreams.acker.agent.segment_partition`) is one of them; a
+   whose home partition (:func:`~substreams.acker.protocol.segment_partition`) is one of them; a
    message about another segment is refused as ``unknown_substream`` (it was written for
    another ``acks_partitions`` layout, and applying it could reorder it against the segment's
    own partition).
@@ -64,17 +64,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from substreams.acker.agent import (
-    AckReport,
-    Columns,
-    Register,
-    SourceHeartbeat,
-    Unregister,
-    decode_ack,
-)
-from substreams.acker.agent import (
-    Evict as EvictMessage,
-)
 from substreams.acker.deadletter import (
     REASON_MALFORMED,
     REASON_STALE,
@@ -89,6 +78,17 @@ from substreams.acker.liveness import (
     SilentBlocker,
     excuse_stall,
     holds_every_ms,
+)
+from substreams.acker.protocol import (
+    AckReport,
+    Columns,
+    Register,
+    SourceHeartbeat,
+    Unregister,
+    decode_ack,
+)
+from substreams.acker.protocol import (
+    Evict as EvictMessage,
 )
 from substreams.acker.state import AckerState, Blocker, Hold, SessionKey, SourceSession
 from substreams.acker.table import SegmentTable, Violation
@@ -382,7 +382,7 @@ class AckerCore:
                     trackers[e.substream].activate(e.time)
             except Violation as v:
                 problems.append((REASON_TERMINATED, v.reason))
-        for block in body.all_blocks():
+        for block in body.columns:
             table = self._table_for(source, block.substream, partition, problems)
             if table is None:
                 continue

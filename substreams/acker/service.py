@@ -23,7 +23,7 @@ duplicated or reordered; acks applied after the last checkpoint are simply repla
 
 Shards (docs/design.md, "Sharded ackers"): with ``shards=N`` this instance is shard ``shard``
 and owns the acks partitions ``p % N == shard`` and only the segments mapped to them
-(:func:`~substreams.acker.agent.segment_partition`); its name, and so its checkpoint topic,
+(:func:`~substreams.acker.protocol.segment_partition`); its name, and so its checkpoint topic,
 transactional id, chain writer and standby, is ``<name>.shard<i>of<N>``.  A shard that has
 no checkpoint of its own yet, or whose own was retired, and is given ``from_shards=M`` takes
 its partitions over from the shards of the M-shard layout that owned them
@@ -53,18 +53,18 @@ from confluent_kafka import OFFSET_END, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from substreams import metrics
-from substreams.acker.agent import (
-    Register,
-    decode_ack,
-    segment_partition,
-    shard_partitions,
-)
 from substreams.acker.core import AckerCore, Effects, Evict
 from substreams.acker.deadletter import (
     DeadLetter,
     DeadLetterWriter,
 )
 from substreams.acker.liveness import probe_interval_ms
+from substreams.acker.protocol import (
+    Register,
+    decode_ack,
+    segment_partition,
+    shard_partitions,
+)
 from substreams.acker.state import AckerState, AckerView, Blocker
 from substreams.acker.table import Segment, acker_segments
 from substreams.config import Config

@@ -1,13 +1,16 @@
 """A configured Python stage: consume a stream, transform, publish, and report to the acker.
 
-Why the stage reports RCV(input) XOR SND(outputs) as one unit (``report_many``): the acker
-must never see the input received before its outputs were sent, or the XOR of the time
-could reach zero while outputs are still in flight.  The unit is written inside the outputs'
-transaction (one acks message per step), so it becomes visible exactly with the outputs.
-Outputs keep the input record's times (the substream a record belongs to does not change
-along the pipeline), so the acker's table for that time covers the whole segment.  When the
-output stream is terminal in a segment (no stage reads it) the stage is the sink's writer:
-its delivery callbacks add RCV(output), the record count and the offsets, written with them.
+Why the stage reports RCV(input) XOR SND(outputs) as one unit: the acker must never see the
+input received before its outputs were sent, or the XOR of the time could reach zero while
+outputs are still in flight.  Its output publisher's :class:`~substreams.acker.tracker.
+Tracker` (role STAGE) aggregates both -- the outputs' SNDs as they are published, the
+input's RCV after its transform (:meth:`~substreams.acker.tracker.Tracker.received`) -- and
+writes them inside the outputs' transaction (one acks message per step), so they become
+visible exactly with the outputs.  Outputs keep the input record's times (the substream a
+record belongs to does not change along the pipeline), so the acker's table for that time
+covers the whole segment.  When the output stream is terminal in a segment (no stage reads
+it) the stage is the sink's writer: the outputs' delivery reports their SND and RCV at once,
+with the record count and the offsets.
 
 The stage registers with role STAGE: it never seals, and the acker does not wait for it to.
 A cycle (``input == output``) needs nothing special: the transform must stop emitting at
@@ -34,62 +37,21 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from substreams import metrics
-from substreams.acker.agent import TrackingAgent
 from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter, DeadLetterWriter
-from substreams.acker.hook import write_agent
-from substreams.acker.table import STAGE, acker_segments
+from substreams.acker.protocol import STAGE
+from substreams.acker.table import acker_segments
+from substreams.acker.tracker import Tracker
 from substreams.config import Config, StageConfig
 from substreams.errors import DecodeError, SubstreamsError
-from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.read import Reader
 from substreams.streams.listener import StreamDecoder
-from substreams.streams.publisher import Publisher, PublishHook
-from substreams.streams.records import Entry, SentRecord
+from substreams.streams.publisher import Publisher
+from substreams.streams.records import Entry
 
 log = logging.getLogger(__name__)
 
 Transform = Callable[[Entry], Iterable[Mapping[str, Any]]]
-
-
-class _StageHook(PublishHook):
-    """The stage's reports in its output transaction: terminal-stream RCVs of the outputs
-    from their delivery callbacks, and everything the agent aggregated before the commit."""
-
-    wants_delivery = True
-
-    def __init__(self, agent: TrackingAgent, substreams: list[str]) -> None:
-        self.agent = agent
-        self.substreams = substreams
-
-    def on_send(self, record: SentRecord) -> None:
-        pass
-
-    def on_delivered(self, record: SentRecord, offset: int) -> None:
-        for s in self.substreams:
-            t = record.times.get(s)
-            if t is not None:
-                self.agent.delivered(
-                    s, t, record.tracking_id, record.stream, record.partition, offset
-                )
-
-    def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
-        """Stages do not seal: their outputs keep their inputs' times."""
-
-    def seal_keys(self, publisher: Publisher, substream: str, upto: int) -> None:
-        """Stages do not seal."""
-
-    def before_commit(self, publisher: Publisher) -> None:
-        write_agent(publisher, self.agent)
-
-    def on_commit(self, publisher: Publisher) -> None:
-        pass
-
-    def close(self, publisher: Publisher) -> None:
-        pass
-
-    def abort(self, publisher: Publisher) -> None:
-        self.agent.discard()
 
 
 def stage_config(config: Config, name: str) -> StageConfig:
@@ -121,19 +83,20 @@ class Stage:
         self.source_id = f"stage.{name}"
         segments = [s for s in acker_segments(config).values() if self.stage.input in s.streams]
         self.substreams = [s.substream for s in segments]
-        terminal = [s.substream for s in segments if self.stage.output in s.terminal]
         # batch_size: the stage commits its outputs itself, once per input batch.
         self.output = Publisher(
             config,
             self.stage.output,
             self.source_id,
             bootstrap=self.bootstrap,
-            mechanisms={},  # the stage's own hook (below) reports for every substream
+            mechanisms={},  # the stage's own tracker (below) reports for every substream
             batch_size=1 << 62,
         )
-        self.agent = TrackingAgent(config, self.source_id, self.output.incarnation)
-        self.agent.register(self.substreams, STAGE)
-        self.output.add_hook(_StageHook(self.agent, terminal))
+        self.tracker = Tracker(
+            config, self.stage.output, self.source_id, self.output.incarnation,
+            self.substreams, STAGE, inherited_times=True,
+        )
+        self.output.add_hook(self.tracker)
         self.output.commit()  # the Register, before any report
         self.out_partitions = self.output.partitions
         self.decoder = StreamDecoder(config, self.stage.input)
@@ -192,20 +155,19 @@ class Stage:
             if not isinstance(entry, Entry):
                 continue
             n += 1
-            tracked = [(s, entry.times[s]) for s in subs if s in entry.times]
-            reports: list[tuple[str, Time, int]] = []
             partition = entry.partition % self.out_partitions
             for payload in self.transform(entry):
-                rec = self.output.publish(
+                # its SND (or, to a terminal output, SND+RCV on delivery): the tracker's
+                self.output.publish(
                     payload, partition=partition, times=entry.times, check_order=False
                 )
                 self.emitted += 1
                 self._records_out.inc()
-                reports.extend((s, t, rec.tracking_id) for s, t in tracked)
-            reports.extend((s, t, entry.tracking_id) for s, t in tracked)
             # Written with the outputs' commit: RCV(input) then means "done with, outputs
-            # durable", and a terminal output's SND meets its RCV inside the agent.
-            self.agent.report_many(reports)
+            # durable", and it travels in the same report as the outputs' SNDs.
+            self.tracker.received(
+                (s, entry.times[s], entry.tracking_id) for s in subs if s in entry.times
+            )
         if msgs:  # also a batch of only dead letters / punctuations: not read again
             self.output.send_offsets(
                 [TopicPartition(self.stage.input, p, o) for p, o in self._positions.items()],
@@ -246,8 +208,7 @@ class Stage:
         log.info("stage '%s' stopped after %d records in, %d out, %d dead letters",
                  self.stage.name, self.processed, self.emitted, self.dead_letters)
         try:
-            self.agent.unregister(self.substreams)
-            self.output.close()
+            self.output.close()  # the tracker's Unregister goes with the final commit
             if self._dlq is not None:
                 self._dlq.close()
         finally:

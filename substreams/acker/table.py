@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from substreams.acker.protocol import SOURCE as SOURCE  # the roles are the protocol's
+from substreams.acker.protocol import STAGE as STAGE
 from substreams.config import Config
 from substreams.control.messages import OffsetRange, offset_range
 from substreams.frontier import (
@@ -63,9 +65,6 @@ from substreams.frontier import (
     time_to_wire,
 )
 from substreams.frontier.sessions import by_key, run_members
-
-SOURCE = "SOURCE"
-STAGE = "STAGE"
 
 # -- topology -------------------------------------------------------------------------------
 

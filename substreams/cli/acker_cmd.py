@@ -438,7 +438,7 @@ def sources(config_path: str, bootstrap: str | None, name: str | None, shards: i
 def evict_source(config_path: str, bootstrap: str | None, source: str, reason: str) -> None:
     """Evict SOURCE now: the acker fences it and stops waiting for its seals (what it
     committed stays tracked; a SourceEvicted record goes on the control topics)."""
-    from substreams.acker.agent import AckMessage, Evict, ack_headers, encode_ack
+    from substreams.acker.protocol import AckMessage, Evict, ack_headers, encode_ack
     from substreams.kafka import client
 
     config = load_config(config_path)

@@ -10,7 +10,7 @@ several sources or stages.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from substreams.control.io import ControlWriter, now_ms
 from substreams.control.messages import ControlBody, OffsetRange
@@ -18,17 +18,19 @@ from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.frontier import Keyed, Time, less_equal, sort_key
 from substreams.frontier.sessions import by_key, closed_runs
-from substreams.streams.publisher import Publisher, PublishHook
+from substreams.streams.publisher import Ending, Publisher, PublishHook, Write
 from substreams.streams.records import SentRecord
 
 
 class DirectProgress(PublishHook):
     """A :class:`~substreams.streams.publisher.PublishHook` writing control records itself."""
 
+    wants_send = True
     wants_delivery = True
 
     def __init__(self, publisher: Publisher, substreams: Sequence[str]) -> None:
         config = publisher.config
+        self.stream = publisher.stream
         self.substreams = list(substreams)
         self.topics = {s: config.acker.control_topic(s) for s in self.substreams}
         self.trackers = {
@@ -41,62 +43,75 @@ class DirectProgress(PublishHook):
             config,
         )
         self.writer.recover()
-        self.sent: dict[str, dict[Time, int]] = {s: {} for s in self.substreams}
+        self.counts: dict[str, dict[Time, int]] = {s: {} for s in self.substreams}
         self.spans: dict[str, dict[Time, dict[int, tuple[int, int]]]] = {
             s: {} for s in self.substreams
         }
         self.gaps = {s: config.substream(s).gap_ms for s in self.substreams}
         self._sealed: list[tuple[str, Time, bool]] = []
 
-    def on_send(self, record: SentRecord) -> None:
+    def sent(self, records: Sequence[SentRecord]) -> None:
         for s in self.substreams:
-            t = record.times[s]
-            self.sent[s][t] = self.sent[s].get(t, 0) + 1
+            sent = self.counts[s]
+            for record in records:
+                t = record.times[s]
+                sent[t] = sent.get(t, 0) + 1
 
-    def on_delivered(self, record: SentRecord, offset: int) -> None:
+    def delivered(
+        self,
+        records: Sequence[SentRecord],
+        partitions: Sequence[int],
+        offsets: Sequence[int],
+        times: Mapping[str, Sequence[Time]],
+    ) -> None:
         for s in self.substreams:
-            spans = self.spans[s].setdefault(record.times[s], {})
-            lo, hi = spans.get(record.partition, (offset, offset + 1))
-            spans[record.partition] = (min(lo, offset), max(hi, offset + 1))
+            by_time = self.spans[s]
+            for record, offset in zip(records, offsets, strict=True):
+                spans = by_time.setdefault(record.times[s], {})
+                lo, hi = spans.get(record.partition, (offset, offset + 1))
+                spans[record.partition] = (min(lo, offset), max(hi, offset + 1))
 
-    def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
+    def seal(self, substream: str, time: Time, every_key: bool) -> Sequence[Write]:
         """Complete every time <= ``time`` this source wrote, and ``time`` itself, once the
-        records written before the seal are committed (:meth:`on_commit`)."""
-        self._sealed.append((substream, time, False))
+        records written before the seal are committed (:meth:`ended`); ``every_key``: the
+        sessions the keyed seal closes (session substreams; this source is the only one, so
+        its own times are all there is) or every key up to ``time``."""
+        self._sealed.append((substream, time, every_key))
+        return ()
 
-    def seal_keys(self, publisher: Publisher, substream: str, upto: int) -> None:
-        """Complete the sessions the keyed seal closes (session substreams; this source is
-        the only one, so its own times are all there is) or every key up to ``upto``."""
-        self._sealed.append((substream, upto, True))
+    def before_commit(self, last: bool) -> Sequence[Write]:
+        """Nothing to add to the transaction: the announcements follow its commit."""
+        return ()
 
-    def before_commit(self, publisher: Publisher) -> None:
-        """Nothing to add to the transaction."""
+    def ended(self, how: Ending) -> None:
+        """Announce what the commit sealed; let go of the control writer at the end."""
+        if how != "aborted":
+            sealed, self._sealed = self._sealed, []
+            for substream, time, all_keys in sealed:
+                if all_keys:
+                    assert type(time) is int
+                    self._announce_keys(substream, time)
+                else:
+                    self._announce(substream, time)
+        if how != "committed":
+            self.writer.close()
 
-    def on_commit(self, publisher: Publisher) -> None:
-        sealed, self._sealed = self._sealed, []
-        for substream, time, all_keys in sealed:
-            if all_keys:
-                assert type(time) is int
-                self._announce_keys(publisher, substream, time)
-            else:
-                self._announce(publisher, substream, time)
-
-    def _ranges(self, publisher: Publisher, substream: str, t: Time) -> list[OffsetRange]:
+    def _ranges(self, substream: str, t: Time) -> list[OffsetRange]:
         spans = self.spans[substream].pop(t, {})
-        return [OffsetRange(publisher.stream, p, lo, hi) for p, (lo, hi) in sorted(spans.items())]
+        return [OffsetRange(self.stream, p, lo, hi) for p, (lo, hi) in sorted(spans.items())]
 
-    def _announce(self, publisher: Publisher, substream: str, time: Time) -> None:
-        sent = self.sent[substream]
+    def _announce(self, substream: str, time: Time) -> None:
+        sent = self.counts[substream]
         due = sorted({t for t in sent if less_equal(t, time)} | {time}, key=sort_key)
         tracker = self.trackers[substream]
         bodies: list[ControlBody] = []
         for t in due:
-            ranges = self._ranges(publisher, substream, t)
+            ranges = self._ranges(substream, t)
             bodies += tracker.complete(t, ranges, sent.pop(t, 0), now_ms())
         self._write(substream, bodies)
 
-    def _announce_keys(self, publisher: Publisher, substream: str, upto: int) -> None:
-        sent = self.sent[substream]
+    def _announce_keys(self, substream: str, upto: int) -> None:
+        sent = self.counts[substream]
         gap = self.gaps[substream]
         tracker = self.trackers[substream]
         bodies: list[ControlBody] = []
@@ -111,7 +126,7 @@ class DirectProgress(PublishHook):
         )
         for members in closed:
             first, last = members[0], members[-1]
-            ranges = [r for m in members for r in self._ranges(publisher, substream, m)]
+            ranges = [r for m in members for r in self._ranges(substream, m)]
             records = sum(sent.pop(m) for m in members)
             until = last if gap is not None else None
             bodies += tracker.complete(
@@ -122,9 +137,3 @@ class DirectProgress(PublishHook):
     def _write(self, substream: str, bodies: list[ControlBody]) -> None:
         self.writer.write([(self.topics[substream], b) for b in bodies])
         TRAFFIC.add(CONTROL_WRITTEN, substream, len(bodies))
-
-    def close(self, publisher: Publisher) -> None:
-        self.writer.close()
-
-    def abort(self, publisher: Publisher) -> None:
-        self.writer.close()

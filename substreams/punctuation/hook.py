@@ -3,80 +3,99 @@
 Why every partition, every time: a consumer task knows that a time is over in its partitions
 only once every producer has said so *in each of them* (punctuations travel in-band, ordered
 with the data), so a seal costs P x Q messages for P producers and Q partitions -- the
-baseline's price that the acker avoids.  Why inside the publisher's transaction: the
-publisher commits its records first (``Publisher.seal`` flushes), then the punctuations are
-committed, so in every partition a SEAL follows every record the producer wrote before it.
+baseline's price that the acker avoids.  Why inside the publisher's transaction: the hook
+hands its punctuations to the publisher, which writes them into the open transaction after
+the records written so far (a SEAL at the seal, REGISTER with the first commit, UNREGISTER
+with the last), so in every partition a SEAL follows every record the producer wrote before
+it and is visible exactly with them.
 """
 
 from __future__ import annotations
 
 import time as _time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from substreams.control.traffic import PUNCTUATION_WRITTEN, TRAFFIC
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.punctuation.aligner import Punctuation, PunctuationKind
-from substreams.streams.publisher import Publisher, PublishHook
+from substreams.streams.publisher import Ending, Publisher, PublishHook, Write
 from substreams.streams.records import SentRecord
-from substreams.streams.schemas import protocol_codec
+from substreams.streams.schemas import TYPE_PUNCTUATION, protocol_codec
+
+REGISTER: PunctuationKind = "REGISTER"
+SEAL: PunctuationKind = "SEAL"
+UNREGISTER: PunctuationKind = "UNREGISTER"
 
 
 class PunctuationHook(PublishHook):
     """Rides along a publisher for its substreams whose mechanism is ``punctuations``."""
 
+    wants_send = False
     wants_delivery = False
 
     def __init__(self, publisher: Publisher, substreams: Iterable[str]) -> None:
         self.substreams = list(substreams)
+        self.stream = publisher.stream
+        self.source = publisher.source_id
+        self.partitions = publisher.partitions
         self.codec = protocol_codec("punctuation")
+        self.headers = self.codec.headers(TYPE_PUNCTUATION)
+        self._pending: list[Write] = []
+        """Written by the next commit (the REGISTERs: the publisher's first, before any
+        record)."""
         for name in self.substreams:
-            self._write_all(publisher, "REGISTER", name, None)
-        publisher.flush()
+            self._pending += self._all(REGISTER, name, None)
 
-    def on_send(self, record: SentRecord) -> None:
+    def sent(self, records: Sequence[SentRecord]) -> None:
         """Nothing to do per record: punctuations only mark ends."""
 
-    def on_delivered(self, record: SentRecord, offset: int) -> None:
+    def delivered(
+        self,
+        records: Sequence[SentRecord],
+        partitions: Sequence[int],
+        offsets: Sequence[int],
+        times: Mapping[str, Sequence[Time]],
+    ) -> None:
         """Nothing to do per record: punctuations only mark ends."""
 
     def register(self, publisher: Publisher, substream: str, start: Time | None) -> None:
         """Re-register with a start time: this producer writes no time that is not ``>= start``
-        any more (a late joiner then does not hold back times the others already sealed)."""
+        any more (a late joiner then does not hold back times the others already sealed).
+        The REGISTER goes in a transaction of its own, after the records written so far."""
         self._check(substream)
         publisher.flush()
-        self._write_all(publisher, "REGISTER", substream, start)
-        publisher.flush()
+        self._pending += self._all(REGISTER, substream, start)
+        publisher.commit()
 
-    def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
+    def seal(self, substream: str, time: Time, every_key: bool) -> Sequence[Write]:
         """SEAL ``time`` into every partition, in the open transaction: after the records
-        written so far, committed with them."""
+        written so far, committed with them.  A keyed seal is refused: a punctuation names
+        one time, and the aligner has no "every key" form (per_key substreams with
+        punctuations are sealed key by key)."""
+        if every_key:
+            raise SubstreamsError(
+                f"substream '{substream}' uses punctuations: seal each key with seal(); keyed "
+                "seals (every key up to a time) need mechanism: acker"
+            )
         self._check(substream)
-        self._write_all(publisher, "SEAL", substream, time)
+        return self._all(SEAL, substream, time)
 
-    def seal_keys(self, publisher: Publisher, substream: str, upto: int) -> None:
-        """Refused: a punctuation names one time, and the aligner has no "every key" form
-        (per_key substreams with punctuations are sealed key by key)."""
-        raise SubstreamsError(
-            f"substream '{substream}' uses punctuations: seal each key with seal(); keyed "
-            "seals (every key up to a time) need mechanism: acker"
-        )
+    def before_commit(self, last: bool) -> Sequence[Write]:
+        """The pending REGISTERs; with ``last``, UNREGISTER: this producer no longer holds
+        back any time (after its last records, in every partition)."""
+        if last:
+            for name in self.substreams:
+                self._pending += self._all(UNREGISTER, name, None)
+        out, self._pending = self._pending, []
+        return out
 
-    def before_commit(self, publisher: Publisher) -> None:
-        """Nothing to add to the transaction."""
-
-    def on_commit(self, publisher: Publisher) -> None:
-        """Nothing to announce: punctuations travel in-band."""
-
-    def close(self, publisher: Publisher) -> None:
-        """UNREGISTER: this producer no longer holds back any time."""
-        for name in self.substreams:
-            self._write_all(publisher, "UNREGISTER", name, None)
-        publisher.flush()
-
-    def abort(self, publisher: Publisher) -> None:
-        """Nothing to undo: punctuations written in the dropped transaction vanish with it,
-        and no UNREGISTER is written (an aborted producer still holds its times back)."""
+    def ended(self, how: Ending) -> None:
+        """Nothing to announce (punctuations travel in-band) nor to undo: punctuations
+        written in a dropped transaction vanish with it, and no UNREGISTER is written (an
+        aborted producer still holds its times back)."""
+        if how == "aborted":
+            self._pending = []
 
     def _check(self, substream: str) -> None:
         if substream not in self.substreams:
@@ -85,18 +104,15 @@ class PunctuationHook(PublishHook):
                 f"(punctuation substreams here: {', '.join(self.substreams) or 'none'})"
             )
 
-    def _write_all(
-        self, publisher: Publisher, kind: PunctuationKind, substream: str, time: Time | None
-    ) -> None:
-        headers = publisher.punctuation_headers()
+    def _all(self, kind: PunctuationKind, substream: str, time: Time | None) -> list[Write]:
+        """One punctuation into every partition of the stream."""
         value = self.codec.encode(
             Punctuation(
-                kind, publisher.source_id, substream, time, -1, sent_at_ms=int(_time.time() * 1000)
+                kind, self.source, substream, time, -1, sent_at_ms=int(_time.time() * 1000)
             ).to_wire()
         )
-        for partition in range(publisher.partitions):
-            publisher.produce_service(value, partition, headers)
-        TRAFFIC.add(PUNCTUATION_WRITTEN, substream, publisher.partitions)
+        TRAFFIC.add(PUNCTUATION_WRITTEN, substream, self.partitions)
+        return [Write(self.stream, value, p, self.headers) for p in range(self.partitions)]
 
 
 def hook_of(publisher: Publisher, substream: str) -> PunctuationHook:

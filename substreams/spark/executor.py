@@ -32,12 +32,10 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from substreams.acker.agent import TrackingAgent, acks_partition
-from substreams.acker.hook import write_agent
-from substreams.acker.table import STAGE, Segment
+from substreams.acker.protocol import STAGE, acks_partition
+from substreams.acker.tracker import Tracker
 from substreams.config import Config
 from substreams.errors import SubstreamsError
-from substreams.frontier import Time
 from substreams.kafka.read import Reader
 from substreams.spark.operator import (
     ArrowEpochOperator,
@@ -50,8 +48,7 @@ from substreams.spark.operator import (
     groups,
     summaries,
 )
-from substreams.streams.publisher import Publisher, PublishHook
-from substreams.streams.records import SentRecord
+from substreams.streams.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -89,46 +86,6 @@ def unit_group(driver_source: str, unit: int) -> str:
     return f"substreams.{driver_source}.w{unit}"
 
 
-class _UnitHook(PublishHook):
-    """A unit's reports to the acker, in its transaction: registered as a STAGE; a
-    record of a terminal stream is sent and delivered at once (count and offset), one of a
-    stream some stage reads is sent (its reader receives it)."""
-
-    def __init__(self, agent: TrackingAgent, terminal: list[str], sent: list[str]) -> None:
-        self.agent = agent
-        self.terminal = terminal
-        self.sent = sent
-        self.wants_delivery = bool(terminal)
-
-    def on_send(self, record: SentRecord) -> None:
-        if self.sent:
-            self.agent.report_many((s, record.times[s], record.tracking_id) for s in self.sent)
-
-    def on_delivered(self, record: SentRecord, offset: int) -> None:
-        for s in self.terminal:
-            self.agent.sent_and_delivered(
-                s, record.times[s], record.stream, record.partition, offset
-            )
-
-    def seal(self, publisher: Publisher, substream: str, time: Time) -> None:
-        raise SubstreamsError("a Spark write unit does not seal: its driver does")
-
-    def seal_keys(self, publisher: Publisher, substream: str, upto: int) -> None:
-        raise SubstreamsError("a Spark write unit does not seal: its driver does")
-
-    def before_commit(self, publisher: Publisher) -> None:
-        write_agent(publisher, self.agent)
-
-    def on_commit(self, publisher: Publisher) -> None:
-        pass
-
-    def close(self, publisher: Publisher) -> None:
-        self.agent.unregister(self.terminal + self.sent)
-
-    def abort(self, publisher: Publisher) -> None:
-        self.agent.discard()
-
-
 def check_output(config: Config, stream: str) -> None:
     """Refuse an output stream whose substreams executors cannot keep firm: punctuations
     need every producer's punctuation in every partition, and units come and go."""
@@ -162,12 +119,9 @@ class UnitWriter:
         try:
             subs = [s.name for s in config.substreams_of(stream)]
             if subs:
-                terminal = [s for s in subs if stream in Segment.of(config, s).terminal]
-                agent = TrackingAgent(config, self.source_id, self.publisher.incarnation)
-                agent.register(subs, STAGE)
-                self.publisher.add_hook(
-                    _UnitHook(agent, terminal, [s for s in subs if s not in terminal])
-                )
+                self.publisher.add_hook(Tracker(
+                    config, stream, self.source_id, self.publisher.incarnation, subs, STAGE,
+                ))
                 self.publisher.commit()  # the Register, before any report
             self.reader = Reader(
                 bootstrap, config, name=f"spark unit '{self.source_id}'",

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
+from typing import Any, Concatenate, Literal, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
@@ -43,7 +43,7 @@ from substreams.streams.evolution import register_stream
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.policy import PolicySeal, SealClock
 from substreams.streams.records import SentRecord
-from substreams.streams.schemas import TYPE_PUNCTUATION, Codec, envelope_schema, protocol_codec
+from substreams.streams.schemas import Codec, envelope_schema
 from substreams.streams.ticker import Ticker
 from substreams.streams.times import TimeAssigner
 
@@ -113,101 +113,74 @@ def transactional_id(stream: str, source_id: str) -> str:
     return f"substreams.pub.{stream}.{source_id}"
 
 
+class Write(NamedTuple):
+    """A record a hook hands its publisher to write into the open transaction (the hook
+    itself calls no broker: what it returns is written with the records it is about)."""
+
+    topic: str
+    value: bytes
+    partition: int
+    headers: list[tuple[str, bytes]] | None = None
+
+
+Ending = Literal["committed", "closed", "aborted"]
+"""How a transaction of the publisher ended: committed; committed as the last one (the
+publisher closed); or dropped, the publisher released (an abort, or a close that failed)."""
+
+
 class PublishHook(Protocol):
-    """A substream mechanism riding along a publisher (punctuations or acker tracking).
+    """A substream mechanism riding along a publisher: the acker's tracker, punctuations,
+    direct progress.  Five methods, each needed by some mechanism (docs/design.md, "The
+    tracker and the ack protocol"):
 
-    ``on_delivered`` runs in the commit, after every delivery callback of its records and
-    before ``before_commit`` (the record is not visible yet; ``publish`` and
-    ``publish_many`` alike collect the offsets with one callback per batch and hand them
-    over there); ``seal`` runs inside the open transaction, before the commit that makes
-    the seal effective (in-band punctuations are written there); ``before_commit`` runs
-    last inside every transaction, after every delivery callback of its records, and may
-    write into it (:meth:`Publisher.produce_aside`: the acker's reports travel with the
-    records they cover); ``on_commit`` runs after every commit (out-of-band mechanisms
-    announce what just became visible); ``abort`` runs when the publisher drops its open
-    transaction and is released: the hook forgets what that transaction held and lets go
-    of its resources, announcing nothing (a source that aborted has not sealed; its open
-    times stay open, as after a crash).  ``wants_delivery``: whether ``on_delivered`` does
-    anything (delivery callbacks are only installed for hooks that need the offsets);
-    ``wants_send`` (optional, default true): whether ``on_send``/``on_send_many`` do
-    anything (false: the publisher skips the call per record, e.g. an acker hook whose
-    substreams are all terminal and reported on delivery).
+    * ``sent(records)`` -- before the records are produced, in the open transaction (one
+      call per ``publish_many`` batch, a 1-tuple per ``publish``): the acker's SND of a
+      record some stage reads; direct progress counts records per time.
+    * ``delivered(records, partitions, offsets, times)`` -- in the commit, after every
+      delivery callback of the transaction's records and before ``before_commit``: each
+      record with its partition and offset, and for the substreams in ``times`` each
+      record's time as a column (a hook that tracks per time can skip the records).  The
+      sequences are the hook's to keep, not to change.  The acker's SND+RCV of a record of
+      a terminal stream with its offset range; direct progress's ranges.
+    * ``seal(substream, time, every_key)`` -- inside the open transaction, after the records
+      written so far, before the commit that makes the seal effective; ``every_key``: the
+      keyed seal (``time`` is an event time, every key up to it).  Returns what to write
+      there at once (punctuations: a SEAL into every partition); the acker keeps the seal
+      for its next report, direct progress announces it after the commit.
+    * ``before_commit(last)`` -- last inside every transaction, after every delivery
+      callback: returns what to write into it (the acker's Register, reports, seals and,
+      when ``last`` -- the publisher's final commit --, Unregister; punctuations'
+      REGISTER and UNREGISTER).  So nothing a hook says is visible before, or without, the
+      records it covers.
+    * ``ended(how)`` -- after every transaction (:data:`Ending`): out-of-band mechanisms
+      announce what just became visible (direct progress); on ``closed``/``aborted`` the
+      hook lets go of its resources, and an abort forgets what the dropped transaction held,
+      announcing nothing (a source that aborted has not sealed; its times stay open, as
+      after a crash).
 
-    ``on_send_many`` / ``on_delivered_many`` are the batch forms
-    (:meth:`Publisher.publish_many`, and ``publish`` calls in a row for
-    ``on_delivered_many``): one call per batch instead of one per record.
-    ``on_send_many`` runs before any record of the batch is produced; ``on_delivered_many``
-    runs in the commit, after every delivery callback and before ``before_commit``, with
-    the batch's delivered records and their offsets.  The publisher calls it through
-    ``on_delivered_columns``, which adds the columns it holds (partitions, a time column)
-    so that a hook tracking per time needs no Python object per record.  The
-    defaults fall back to the per-record methods, so a hook that only has those keeps
-    working (the publisher also falls back for a hook object that does not inherit them).
+    ``wants_send`` / ``wants_delivery``: whether ``sent`` / ``delivered`` do anything (false:
+    the publisher skips them, and installs no delivery callback for a hook that needs no
+    offsets).
     """
 
+    wants_send: bool
     wants_delivery: bool
 
-    def on_send(self, record: SentRecord) -> None: ...
+    def sent(self, records: Sequence[SentRecord]) -> None: ...
 
-    def on_delivered(self, record: SentRecord, offset: int) -> None: ...
-
-    def on_send_many(self, records: Sequence[SentRecord]) -> None:
-        for record in records:
-            self.on_send(record)
-
-    def on_delivered_many(self, records: Sequence[SentRecord], offsets: Sequence[int]) -> None:
-        for record, offset in zip(records, offsets, strict=True):
-            self.on_delivered(record, offset)
-
-    def on_delivered_columns(
+    def delivered(
         self,
         records: Sequence[SentRecord],
         partitions: Sequence[int],
         offsets: Sequence[int],
         times: Mapping[str, Sequence[Time]],
-    ) -> None:
-        """``on_delivered_many`` with the columns the publisher holds anyway: each record's
-        partition and, for the substreams in ``times``, each record's time (a hook that
-        tracks per time can then skip the records).  The sequences are the hook's to keep,
-        not to change."""
-        self.on_delivered_many(records, offsets)
+    ) -> None: ...
 
-    def seal(self, publisher: Publisher, substream: str, time: Time) -> None: ...
+    def seal(self, substream: str, time: Time, every_key: bool) -> Sequence[Write]: ...
 
-    def seal_keys(self, publisher: Publisher, substream: str, upto: int) -> None: ...
+    def before_commit(self, last: bool) -> Sequence[Write]: ...
 
-    def before_commit(self, publisher: Publisher) -> None: ...
-
-    def on_commit(self, publisher: Publisher) -> None: ...
-
-    def close(self, publisher: Publisher) -> None: ...
-
-    def abort(self, publisher: Publisher) -> None: ...
-
-
-def _send_each(hook: PublishHook, records: Sequence[SentRecord]) -> None:
-    """``on_send_many`` of a hook object that does not inherit the protocol's default."""
-    for record in records:
-        hook.on_send(record)
-
-
-def _deliver_each(
-    hook: PublishHook, records: Sequence[SentRecord], offsets: Sequence[int]
-) -> None:
-    """``on_delivered_many`` of a hook object that does not inherit the protocol's default."""
-    for record, offset in zip(records, offsets, strict=True):
-        hook.on_delivered(record, offset)
-
-
-def _deliver_columns(
-    many: Callable[[Sequence[SentRecord], Sequence[int]], None],
-    records: Sequence[SentRecord],
-    partitions: Sequence[int],
-    offsets: Sequence[int],
-    times: Mapping[str, Sequence[Time]],
-) -> None:
-    """``on_delivered_columns`` of a hook object without it: its ``on_delivered_many``."""
-    many(records, offsets)
+    def ended(self, how: Ending) -> None: ...
 
 
 DeliveredColumns = Callable[
@@ -302,10 +275,11 @@ class Publisher:
         self._hooks: dict[str, PublishHook] = {}
         self._hook_list: list[PublishHook] = []
         self._delivery_hooks: list[PublishHook] = []
-        self._send_one: list[Callable[[SentRecord], None]] = []
-        """The ``on_send`` of the hooks that want it (``wants_send``)."""
-        self._send_many: list[Callable[[Sequence[SentRecord]], None]] = []
-        self._delivered_columns: list[DeliveredColumns] = []
+        self._sent: list[Callable[[Sequence[SentRecord]], None]] = []
+        """The ``sent`` of the hooks that want it (``wants_send``)."""
+        self._delivered: list[DeliveredColumns] = []
+        self._closing = False
+        """The final commit is under way (the hooks' ``before_commit(last=True)``)."""
         self._batches: list[
             tuple[list[SentRecord], list[int], dict[int, list[int]], dict[str, list[Time]]]
         ] = []
@@ -406,17 +380,11 @@ class Publisher:
 
     def _attach(self, hook: PublishHook) -> None:
         self._hook_list.append(hook)
-        if getattr(hook, "wants_send", True):
-            self._send_one.append(hook.on_send)
-            send_many = getattr(hook, "on_send_many", None)
-            self._send_many.append(send_many or partial(_send_each, hook))
+        if hook.wants_send:
+            self._sent.append(hook.sent)
         if hook.wants_delivery:
             self._delivery_hooks.append(hook)
-            columns = getattr(hook, "on_delivered_columns", None)
-            if columns is None:
-                many = getattr(hook, "on_delivered_many", None) or partial(_deliver_each, hook)
-                columns = partial(_deliver_columns, many)
-            self._delivered_columns.append(columns)
+            self._delivered.append(hook.delivered)
 
     def _release(self) -> None:
         with _ACQUIRED_LOCK:
@@ -518,8 +486,10 @@ class Publisher:
             self._last_order_key = order_key
         record = SentRecord(self.stream, partition, order_key, tracking_id, assigned)
         self._begin()
-        for on_send in self._send_one:
-            on_send(record)
+        if self._sent:
+            one = (record,)
+            for sent in self._sent:
+                sent(one)
         if self._delivery_hooks:
             # Like a batch (see publish_many): one shared callback, the hooks see the
             # record with its offset in the commit (no closure per record).
@@ -559,8 +529,8 @@ class Publisher:
         raises wrote nothing and left the publisher as it was.  A batch never spans two
         transactions (the commit every ``batch_size`` records comes after it).  ``keys``,
         ``partitions`` and ``times`` are per record (as ``publish``'s ``key``,
-        ``partition`` and ``times``); hooks see the batch once (``on_send_many``,
-        ``on_delivered_many``).  Records late only under ``late: dead_letter`` policies go
+        ``partition`` and ``times``); hooks see the batch once (``sent``,
+        ``delivered``).  Records late only under ``late: dead_letter`` policies go
         to the dead-letter topic and the others are written (the returned list keeps the
         input's order; the late ones have ``dead_lettered`` set)."""
         if self._closed:
@@ -604,8 +574,8 @@ class Publisher:
         stream = self.stream
         records = list(map(partial(SentRecord, stream), parts, order_keys, tracking_ids, assigned))
         self._begin()
-        for send_many in self._send_many:
-            send_many(records)
+        for sent in self._sent:
+            sent(records)
         if self._delivery_hooks:
             # One callback for the batch, not one object per record: the records' offsets
             # are collected per partition and matched to the records in ``_deliver_batches``
@@ -898,14 +868,6 @@ class Publisher:
                 key=key, partition=partition, headers=headers, on_delivery=on_delivery,
             )
 
-    def produce_service(
-        self, value: bytes, partition: int, headers: list[tuple[str, bytes]]
-    ) -> None:
-        """Write a service record (a punctuation) into the open transaction."""
-        self._begin()
-        self._produce(value, partition, None, headers)
-        self._pending += 1
-
     def produce_aside(
         self,
         topic: str,
@@ -923,15 +885,22 @@ class Publisher:
             produce, self._producer, topic, value, key=key, partition=partition, headers=headers
         )
 
+    def _write(self, writes: Sequence[Write]) -> None:
+        """A hook's writes, into the open transaction (after the records written so far)."""
+        if writes:
+            self._begin()
+            for w in writes:
+                self._guard(
+                    produce, self._producer, w.topic, w.value,
+                    partition=w.partition, headers=w.headers,
+                )
+
     def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
         """Commit a reader's input positions inside the open transaction (Kafka's
         exactly-once read-process-write): they become the group's committed offsets exactly
         when this publisher's records do."""
         self._begin()
         self._guard(self._producer.send_offsets_to_transaction, offsets, group_metadata, 30)
-
-    def punctuation_headers(self) -> list[tuple[str, bytes]]:
-        return protocol_codec("punctuation").headers(TYPE_PUNCTUATION)
 
     @_locked
     def flush(self, patience: float = client.COMMIT_PATIENCE_S) -> None:
@@ -947,9 +916,10 @@ class Publisher:
                 # Every delivery callback (offsets) before the hooks' last word.
                 self._guard(client.flush_producer, self._producer, what, patience)
                 self._deliver_batches()
+            last = self._closing
             try:
                 for hook in self._hook_list:
-                    hook.before_commit(self)
+                    self._write(hook.before_commit(last))
             except KafkaException:
                 # Refused because the transaction already failed (a record's delivery timed
                 # out during an outage: "Erroneous state").  The commit names the real error
@@ -961,8 +931,9 @@ class Publisher:
             self._pending = 0
             self._seal_pending = False
             self._committed_at = time.monotonic()
+            how: Ending = "closed" if last else "committed"
             for hook in self._hook_list:
-                hook.on_commit(self)
+                hook.ended(how)
 
     def _deliver_batches(self) -> None:
         """Hand every ``publish_many`` batch of the transaction to the delivery hooks, once
@@ -988,8 +959,8 @@ class Publisher:
                 offsets = [next(its[parts[i]]) for i in kept]
                 parts = [parts[i] for i in kept]
                 columns = {name: [col[i] for i in kept] for name, col in columns.items()}
-            for delivered_columns in self._delivered_columns:
-                delivered_columns(records, parts, offsets, columns)
+            for delivered in self._delivered:
+                delivered(records, parts, offsets, columns)
 
     @_locked
     def commit(self, patience: float = client.COMMIT_PATIENCE_S) -> None:
@@ -1018,7 +989,7 @@ class Publisher:
         so that many fine-grained seals share one transaction."""
         hook = self._hook_for(substream)
         self._begin()
-        hook.seal(self, substream, time)
+        self._write(hook.seal(substream, time, False))
         self.assigners[substream].seal(time)  # from now on a record at or below it is refused
         if commit:
             self.flush()
@@ -1040,7 +1011,7 @@ class Publisher:
         if not assigner.seals_keys_anew(upto):
             return
         self._begin()
-        hook.seal_keys(self, substream, upto)
+        self._write(hook.seal(substream, upto, True))
         assigner.seal_keys(upto)  # only a seal the mechanism took is a promise
         if commit:
             self.flush()
@@ -1066,17 +1037,20 @@ class Publisher:
     def _close(self) -> None:
         if self._closed:
             return
+        self._closing = True
+        told = False
         try:
-            for hook in self._hook_list:
-                hook.close(self)
             if self._hook_list:
-                self.commit()
+                self.commit()  # the hooks' last words: before_commit(last=True)
             else:
                 self.flush()
+            told = True
             self._producer.flush(10)
         finally:
             self._closed = True
             self.ticker.close()
+            if not told:  # the final commit failed: the hooks let go, announcing nothing
+                self._end_hooks()
             self._release()
 
     def abort(self) -> None:
@@ -1103,10 +1077,15 @@ class Publisher:
             self._closed = True
             self._batches = []
             self._singles = None
-            for hook in self._hook_list:
-                with contextlib.suppress(SubstreamsError, KafkaException):
-                    hook.abort(self)
+            self._end_hooks()
             self._release()
+
+    def _end_hooks(self) -> None:
+        """Every hook told its publisher is released with its transaction dropped (never
+        raises: it runs while another exception may be on its way)."""
+        for hook in self._hook_list:
+            with contextlib.suppress(SubstreamsError, KafkaException):
+                hook.ended("aborted")
 
     def __enter__(self) -> Publisher:
         return self

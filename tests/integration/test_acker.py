@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from substreams.acker.agent import (
+from substreams.acker.deadletter import read_dead_letters
+from substreams.acker.protocol import (
     AckBlock,
-    AckBlockV2,
     AckEntry,
     AckMessage,
     AckReport,
@@ -27,7 +27,6 @@ from substreams.acker.agent import (
     acks_partition,
     encode_ack,
 )
-from substreams.acker.deadletter import read_dead_letters
 from substreams.acker.service import AckerFencedError, AckerService, checkpoint_topic
 from substreams.app import Application
 from substreams.config import Config
@@ -39,14 +38,6 @@ from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.frontier import Time, sort_key
 from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
-from substreams.streams.schemas import (
-    HEADER_FINGERPRINT,
-    HEADER_TYPE,
-    TYPE_DATA,
-    Codec,
-    protocol_codec,
-    raw_schema,
-)
 from tests.conftest import ConfigFactory
 
 FAST = {"heartbeat_ms": 200, "flush_ms": 2}
@@ -359,12 +350,11 @@ def test_malformed_acks_are_dead_lettered_and_the_acker_keeps_running(
     assert all(d.topic == topic and d.offset >= 0 for d in letters)
 
 
-def test_a_malformed_block_is_dead_lettered_and_v2_blocks_still_apply(
+def test_a_malformed_block_is_dead_lettered_and_good_blocks_apply(
     make_config: ConfigFactory,
 ) -> None:
-    """A columnar block (ack schema v3) whose stream index is out of range is dead-lettered
-    as malformed, with the reason, and applies nothing; a good block after it applies; a
-    block written with the previous schema (v2, an old publisher) applies like one."""
+    """A columnar block whose stream index is out of range is dead-lettered as malformed,
+    with the reason, and applies nothing; the good blocks after it apply."""
     config = make_config(
         [{"name": "clicks", "partitions": 1}],
         [{"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}],
@@ -387,16 +377,7 @@ def test_a_malformed_block_is_dead_lettered_and_v2_blocks_still_apply(
     send(1, Register((sub,)))
     send(2, AckReport((), (), (bad,)))
     send(3, AckReport((), (SealEntry(sub, 2, 5),), (block([1, 2]),)))
-    # what an old publisher wrote: the v2 schema, its fingerprint in the header
-    old = Codec(raw_schema("ack.v2"), union_names=True)
-    v2 = AckBlockV2(sub, (3, 4), (), (1, 1), (2, 2), (1, 1),
-                    (OffsetRange(stream, 0, 3, 4), OffsetRange(stream, 0, 4, 5)))
-    datum = protocol_codec("ack").decode(encode_ack(AckMessage(
-        "a", 4, 0, AckReport((), (SealEntry(sub, 4, 6),), (), (v2,)))))
-    name, report = datum["body"]
-    report.pop("columns")
-    send(4, None, old.encode(datum | {"body": (name, report)}),
-         [(HEADER_FINGERPRINT, old.fingerprint_hex), (HEADER_TYPE, TYPE_DATA)])
+    send(4, AckReport((), (SealEntry(sub, 4, 6),), (block([3, 4]),)))
     producer.flush(10)
     with acker(config):
         got = wait_notifications(config, sub, 4)

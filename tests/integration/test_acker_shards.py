@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from substreams.acker.agent import segment_partition
+from substreams.acker.protocol import segment_partition
 from substreams.app import Application
 from substreams.config import Config
 from substreams.control.io import read_control

@@ -22,15 +22,6 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
-from substreams.acker.agent import (
-    AckEntry,
-    AckMessage,
-    AckReport,
-    Register,
-    ack_headers,
-    decode_ack,
-    encode_ack,
-)
 from substreams.acker.client import AckerClient
 from substreams.acker.commands import (
     AllowCompaction,
@@ -41,6 +32,15 @@ from substreams.acker.commands import (
     encode_command,
 )
 from substreams.acker.deadletter import read_dead_letters
+from substreams.acker.protocol import (
+    AckEntry,
+    AckMessage,
+    AckReport,
+    Register,
+    ack_headers,
+    decode_ack,
+    encode_ack,
+)
 from substreams.acker.table import SOURCE
 from substreams.app import Application
 from substreams.config import Config

@@ -9,7 +9,7 @@ from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
 from substreams import metrics
-from substreams.acker.agent import ack_headers
+from substreams.acker.protocol import ack_headers
 from substreams.acker.service import AckerService
 from substreams.app import Application
 from substreams.control.traffic import Traffic

@@ -19,8 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from substreams.acker.agent import segment_partition
 from substreams.acker.deadletter import read_dead_letters
+from substreams.acker.protocol import segment_partition
 from substreams.app import Application
 from substreams.config import Config
 from substreams.control.io import read_control

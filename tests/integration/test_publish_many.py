@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from substreams.errors import (
 )
 from substreams.frontier import Time
 from substreams.streams.listener import Listener
+from substreams.streams.publisher import Ending, Write
 from substreams.streams.records import Entry, SentRecord
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import FAST, acker, check_exactly_once, verify_chains
@@ -161,50 +163,50 @@ def test_a_fenced_publisher_cannot_commit_a_batch(make_config: ConfigFactory) ->
         assert [e.payload["url"] for e in read_all(listener)] == ["/a", "/b"]
 
 
-class PerRecordHook:
-    """A hook written before #16: no batch methods, not derived from ``PublishHook``."""
+class CountingHook:
+    """A hook that keeps what the publisher tells it."""
 
+    wants_send = True
     wants_delivery = True
 
     def __init__(self) -> None:
-        self.sent: list[SentRecord] = []
-        self.delivered: list[tuple[SentRecord, int]] = []
+        self.seen: list[SentRecord] = []
+        self.offsets: list[tuple[SentRecord, int]] = []
         self.commits = 0
 
-    def on_send(self, record: SentRecord) -> None:
-        self.sent.append(record)
+    def sent(self, records: Sequence[SentRecord]) -> None:
+        self.seen.extend(records)
 
-    def on_delivered(self, record: SentRecord, offset: int) -> None:
-        self.delivered.append((record, offset))
+    def delivered(
+        self, records: Sequence[SentRecord], partitions: Sequence[int],
+        offsets: Sequence[int], times: Mapping[str, Sequence[Time]],
+    ) -> None:
+        self.offsets.extend(zip(records, offsets, strict=True))
 
-    def seal(self, *args: object) -> None: ...
+    def seal(self, substream: str, time: Time, every_key: bool) -> Sequence[Write]:
+        return ()
 
-    def seal_keys(self, *args: object) -> None: ...
-
-    def before_commit(self, publisher: object) -> None:
+    def before_commit(self, last: bool) -> Sequence[Write]:
         # every delivery of the transaction is known before the hook's last word
-        assert len(self.delivered) == len(self.sent)
+        assert len(self.offsets) == len(self.seen)
+        return ()
 
-    def on_commit(self, publisher: object) -> None:
-        self.commits += 1
-
-    def close(self, publisher: object) -> None: ...
-
-    def abort(self, publisher: object) -> None: ...
+    def ended(self, how: Ending) -> None:
+        self.commits += how != "aborted"
 
 
-def test_a_per_record_hook_sees_each_record_of_a_batch_once(make_config: ConfigFactory) -> None:
+def test_a_hook_sees_each_record_of_a_batch_once(make_config: ConfigFactory) -> None:
     config = make_config([{"name": "clicks", "partitions": 3}])
     stream = config.streams[0].name
-    hook = PerRecordHook()
+    hook = CountingHook()
     with Application(config).publisher(stream, "src", batch_size=7) as pub:
-        pub.add_hook(hook)  # type: ignore[arg-type]
+        pub.add_hook(hook)
         records = pub.publish_many([click(i, f"/{i}") for i in range(10)])
         records += pub.publish_many([click(10 + i, f"/{10 + i}") for i in range(5)])
-    assert hook.sent == records
-    assert [r for r, _ in hook.delivered] == records
+    assert hook.seen == records
+    assert [r for r, _ in hook.offsets] == records
     with Listener(config, stream) as listener:
         entries = [e for e in read_all(listener) if isinstance(e, Entry)]
     where = {(e.partition, e.index): e.tracking_id for e in entries}
-    assert {(r.partition, o): r.tracking_id for r, o in hook.delivered} == where
+    assert {(r.partition, o): r.tracking_id for r, o in hook.offsets} == where
     assert hook.commits == 2  # the 10-record batch went out whole, then close() committed

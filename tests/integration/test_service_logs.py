@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from substreams.acker.agent import AckMessage, Evict, ack_headers, acks_partition, encode_ack
+from substreams.acker.protocol import AckMessage, Evict, ack_headers, acks_partition, encode_ack
 from substreams.acker.stage import Stage
 from substreams.app import Application
 from substreams.frontier import Time

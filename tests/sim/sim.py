@@ -2,16 +2,17 @@
 and an acker over the in-memory log on a simulated clock, then the firm bound's checks.
 
 Why: every rule that carries the guarantees is in pure code (:class:`AckerCore`, the
-:class:`TrackingAgent`, :class:`MemoryLog`), so thousands of crash schedules can run in the
+source's :class:`Tracker`, :class:`MemoryLog`), so thousands of crash schedules can run in the
 time one kill test takes, and a failing one replays exactly from its seed.
 
 What runs (all randomness from ``random.Random(seed)``, all time from a :class:`SimClock`):
 
 * *Sources* (2-4), each incarnation a generator stepped by the scheduler: it takes its
   transactional id (fencing its predecessor), registers in its first transaction, publishes
-  1-3 records per epoch to random data partitions with the real agent's reports (per record
-  or as columns), seals each epoch in the transaction of its records or a later one,
-  heartbeats through a non-transactional writer when idle, and closes (Unregister).  Faults,
+  1-3 records per epoch to random data partitions with the real tracker's reports (with the
+  publisher's time columns or without), seals each epoch in the transaction of its records
+  or a later one, heartbeats through a non-transactional writer when idle, and closes
+  (Unregister).  Faults,
   at every step that can fail: a crash before a produce, between produce and commit (dying
   inside the transaction: it holds the last stable offset until fenced or timed out), right
   after a commit returned; a long pause (silent: evicted); a *zombie* (frozen while a new
@@ -46,17 +47,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import substreams.acker.agent as agent_module
-from substreams.acker.agent import Register, TrackingAgent, decode_ack, encode_ack
 from substreams.acker.core import AckerCore, Evict
 from substreams.acker.deadletter import REASON_TERMINATED
 from substreams.acker.liveness import probe_interval_ms
+from substreams.acker.protocol import Register, decode_ack, encode_ack
 from substreams.acker.state import AckerState, Blocker
 from substreams.acker.table import SOURCE
+from substreams.acker.tracker import Tracker
 from substreams.control.messages import completions
 from substreams.errors import ProtocolError
 from substreams.kafka.clock import SimClock
 from substreams.kafka.log import FencedError
 from substreams.kafka.memory import MemoryLog, MemoryReader, MemoryTransactionalWriter
+from substreams.streams.records import SentRecord
 
 DATA = "clicks"
 ACKS = "acks"
@@ -189,7 +192,9 @@ class Sim:
         self.log = MemoryLog(self.clock, marker_delay_ms=rng.choice((0, 0, 5)))
         self.acks_partitions = rng.choice((1, 2))
         self.config: Any = SimpleNamespace(
-            acker=SimpleNamespace(acks_topic=ACKS, acks_partitions=self.acks_partitions)
+            acker=SimpleNamespace(acks_topic=ACKS, acks_partitions=self.acks_partitions),
+            stages=(),  # every substream's segment: the data topic alone, terminal
+            substream=lambda name: SimpleNamespace(stream=DATA),
         )
         self.log.create_topics({DATA: DATA_PARTITIONS, ACKS: self.acks_partitions})
         self.fault_limit = fault_limit
@@ -298,19 +303,18 @@ class Sim:
         if previous:
             src.unlive.add(previous)
         writer = self.log.transactional_writer(src.txid, timeout_ms=TXN_TIMEOUT_MS)
-        agent = TrackingAgent(self.config, src.name, inc)
-        agent.register(SUBS, SOURCE, src.txid, True)
+        tracker = Tracker(self.config, DATA, src.name, inc, SUBS, SOURCE, writer=src.txid)
         done = self.committed_max.get(src.name, -1)
         # a client that came back after an eviction starts past what terminated meanwhile
         frontier = min(n[-1].time if n else -1 for n in self.notes.values())
         start = max(done, frontier) + 1
         self.event(f"{inc} starts at epoch {start} (took {src.txid}; committed up to {done})")
-        me = Incarnation(self, src, inc, writer, agent)
+        me = Incarnation(self, src, inc, writer, tracker)
         self.spawn(me.heartbeats(), SOURCE_HEARTBEAT_MS)
         try:
             if start > 0:
                 for sub in SUBS:
-                    agent.seal(sub, start - 1)
+                    tracker.seal(sub, start - 1, False)
             yield from me.commit()  # the Register (and the re-seal) first
             for e in range(start, src.epochs):
                 for k in range(rng.randint(1, 3)):
@@ -320,13 +324,12 @@ class Sim:
                     if rng.random() < 0.3:
                         yield from me.commit()
                 for sub in SUBS:
-                    agent.seal(sub, e)
+                    tracker.seal(sub, e, False)
                 if rng.random() < 0.7:
                     yield from me.commit()
                 yield rng.randrange(60)
             yield from me.commit()
-            agent.unregister(SUBS)
-            yield from me.commit()
+            yield from me.commit(last=True)  # the Unregister
             me.alive = False
             self.finish(src)
             self.event(f"{inc} closed")
@@ -344,15 +347,16 @@ class Sim:
 
 
 class Incarnation:
-    """A source incarnation's process: its writer, agent, open transaction and faults."""
+    """A source incarnation's process: its writer, tracker, open transaction and faults."""
 
     def __init__(self, sim: Sim, src: Source, inc: str, writer: MemoryTransactionalWriter,
-                 agent: TrackingAgent) -> None:
+                 tracker: Tracker) -> None:
         self.sim = sim
         self.src = src
         self.inc = inc
         self.writer = writer
-        self.agent = agent
+        self.tracker = tracker
+        self.agent = tracker.agent
         self.in_txn = False
         self.alive = True
         self.paused = False
@@ -419,12 +423,9 @@ class Incarnation:
         self.call("produce", lambda: self.writer.produce(DATA, p, value))
         self.epochs.append(e)
 
-    def produce_ack(self, partition: int, value: bytes) -> None:
-        self.call("produce acks", lambda: self.writer.produce(
-            ACKS, partition, value, headers=self.agent.headers))
-
-    def commit(self) -> Gen:
-        """Report what was delivered, write the agent's messages, commit."""
+    def commit(self, last: bool = False) -> Gen:
+        """Report what was delivered, write the tracker's messages, commit (``last``: the
+        publisher's final commit, with the Unregister)."""
         sim, rng = self.sim, self.sim.rng
         yield from self.point("before commit")
         if not self.in_txn:
@@ -433,18 +434,17 @@ class Incarnation:
         delivered = self.call("flush", self.writer.flush)
         if delivered:
             times = self.epochs
-            if rng.random() < 0.5:
-                for sub in SUBS:
-                    self.agent.sent_and_delivered_columns(
-                        sub, DATA, times, [r.partition for r in delivered],
-                        [r.offset for r in delivered],
-                    )
-            else:
-                for sub in SUBS:
-                    for t, r in zip(times, delivered, strict=True):
-                        self.agent.sent_and_delivered(sub, t, DATA, r.partition, r.offset)
-        for partition, msg in self.agent.take():
-            self.produce_ack(partition, encode_ack(msg))
+            records = [SentRecord(DATA, r.partition, t, 0, dict.fromkeys(SUBS, t))
+                       for t, r in zip(times, delivered, strict=True)]
+            # the publisher's time columns (publish_many), or none (the tracker builds them)
+            columns = dict.fromkeys(SUBS, times) if rng.random() < 0.5 else {}
+            self.tracker.delivered(
+                records, [r.partition for r in delivered], [r.offset for r in delivered],
+                columns,
+            )
+        for w in self.tracker.before_commit(last):
+            self.call("produce acks", lambda w=w: self.writer.produce(
+                w.topic, w.partition, w.value, headers=w.headers))
         yield rng.randrange(30)  # the transaction is open: it holds the LSO meanwhile
         yield from self.point("after produce, before commit")
         self.call("commit", self.writer.commit)

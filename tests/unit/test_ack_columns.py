@@ -1,9 +1,8 @@
-"""AckBlock's packed columns (ack schema v3): the upgrade from v2 blocks and the shape checks.
+"""AckBlock's packed columns: the round trip, the equivalence with entries, the shape checks.
 
-A block written with the previous schema (``ack.v2.avsc``: arrays of longs and one
-``OffsetRange`` record per range) must still decode and apply exactly like the same block
-written as columns; a block whose columns break the invariants must be refused with a
-reason (the acker dead-letters it), never raise and never half-apply.
+A block must decode to what was packed and apply exactly like its entries one by one; a
+block whose columns break the invariants must be refused with a reason (the acker
+dead-letters it), never raise and never half-apply.
 """
 
 from __future__ import annotations
@@ -11,14 +10,15 @@ from __future__ import annotations
 import json
 from array import array
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from substreams.acker.agent import (
+from substreams.acker.core import apply_block
+from substreams.acker.protocol import (
     AckBlock,
-    AckBlockV2,
+    AckEntry,
     AckMessage,
     AckReport,
     Columns,
@@ -26,11 +26,10 @@ from substreams.acker.agent import (
     decode_ack,
     encode_ack,
 )
-from substreams.acker.core import apply_block
-from substreams.acker.table import SOURCE, SegmentTable
+from substreams.acker.table import SOURCE, SegmentTable, Violation
 from substreams.control.messages import OffsetRange
 from substreams.control.progress import ProgressTracker
-from substreams.streams.schemas import HEADER_FINGERPRINT, Codec, protocol_codec, raw_schema
+from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
 
 ranges = st.builds(
     OffsetRange, st.sampled_from(["s", "t", "u"]), st.integers(0, 3), st.integers(0, 50),
@@ -39,33 +38,26 @@ ranges = st.builds(
 
 
 @st.composite
-def v2_blocks(draw: st.DrawFn) -> AckBlockV2:
+def entry_lists(draw: st.DrawFn) -> list[AckEntry]:
+    """One substream's entries at int times, as a block holds them (xors all 0 or not)."""
     n = draw(st.integers(1, 10))
     ts = draw(st.lists(st.integers(0, 12), min_size=n, max_size=n))
-    xs = draw(st.one_of(st.just([]), st.lists(st.sampled_from([0, 0, 1, -5, 2**62]),
-                                              min_size=n, max_size=n)))
-    counts = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
-    rs = draw(st.lists(ranges, min_size=sum(counts), max_size=sum(counts)))
+    xs = draw(st.one_of(st.just([0] * n), st.lists(st.sampled_from([0, 0, 1, -5, 2**62]),
+                                                   min_size=n, max_size=n)))
+    rs = [tuple(draw(st.lists(ranges, max_size=3))) for _ in range(n)]
     recs = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
     reps = draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
-    return AckBlockV2("x", tuple(ts), tuple(xs), tuple(recs), tuple(reps), tuple(counts),
-                      tuple(rs))
+    return [AckEntry("x", t, x, rec, rep, r)
+            for t, x, rec, rep, r in zip(ts, xs, recs, reps, rs, strict=True)]
 
 
-def as_columns(b: AckBlockV2) -> AckBlock:
-    return AckBlock.pack(b.substream, b.times, b.xors, b.records, b.reports, b.range_counts,
-                         b.ranges)
-
-
-def written_with_v2(block: AckBlockV2, seal: int) -> bytes:
-    """An AckReport with ``block`` as the previous schema (v2) wrote it."""
-    old = Codec(raw_schema("ack.v2"), union_names=True)
-    datum = protocol_codec("ack").decode(encode_ack(AckMessage(
-        "src", 1, 0, AckReport((), (SealEntry("x", seal, 3),), (), (block,)), "inc"
-    )))
-    name, report = datum["body"]
-    assert report.pop("columns") == []
-    return old.encode(datum | {"body": (name, report)})
+def packed(entries: list[AckEntry]) -> AckBlock:
+    xors = [e.xor for e in entries]
+    return AckBlock.pack(
+        "x", [cast(int, e.time) for e in entries], xors if any(xors) else [],
+        [e.records for e in entries], [e.reports for e in entries],
+        [len(e.ranges) for e in entries], [r for e in entries for r in e.ranges],
+    )
 
 
 def applied(columns: Columns, seal: int) -> tuple[Any, ...]:
@@ -82,33 +74,40 @@ def applied(columns: Columns, seal: int) -> tuple[Any, ...]:
     return refused, active, state, table.terminations()
 
 
-@settings(max_examples=150, deadline=None)
-@given(v2_blocks(), st.integers(0, 12))
-def test_a_block_written_with_the_v2_schema_applies_like_the_columnar_one(
-    block: AckBlockV2, seal: int,
-) -> None:
-    """Upgrade: acks an old publisher wrote (v2 fingerprint) decode with the v2 block in
-    ``AckReport.blocks``, and unpack and apply exactly like the same block as columns."""
-    v2 = written_with_v2(block, seal)
-    old_fp = Codec(raw_schema("ack.v2")).fingerprint_hex
-    assert old_fp != protocol_codec("ack").fingerprint_hex
-    got = decode_ack(v2, [(HEADER_FINGERPRINT, old_fp)])
-    body = got.body
-    assert isinstance(body, AckReport) and body.columns == ()
-    assert body.blocks == (block,)
-    old_cols, new_cols = block.unpack(), as_columns(block).unpack()
-    assert not isinstance(old_cols, str) and not isinstance(new_cols, str)
-    assert list(block.entries()) == list(as_columns(block).entries())
-    assert applied(old_cols, seal) == applied(new_cols, seal)
-
-
-@given(v2_blocks())
-def test_columns_round_trip_through_the_wire(block: AckBlockV2) -> None:
-    new = as_columns(block)
-    msg = AckMessage("src", 1, 0, AckReport((), (), (new,)), "inc")
+@given(entry_lists())
+def test_columns_round_trip_through_the_wire(entries: list[AckEntry]) -> None:
+    """A block packed from entries decodes to the same block and expands to those entries."""
+    block = packed(entries)
+    msg = AckMessage("src", 1, 0, AckReport((), (SealEntry("x", 3, 3),), (block,)), "inc")
     fp = protocol_codec("ack").fingerprint_hex
     assert decode_ack(encode_ack(msg), [(HEADER_FINGERPRINT, fp)]) == msg
-    assert list(new.entries()) == list(block.entries())
+    assert list(block.entries()) == entries
+
+
+@settings(max_examples=100, deadline=None)
+@given(entry_lists(), st.integers(0, 12))
+def test_a_block_applies_like_its_entries_one_by_one(
+    entries: list[AckEntry], seal: int,
+) -> None:
+    """The columns path (``apply_block``) leaves the table as the entries applied one at a
+    time would (same refusals, state and terminations)."""
+    cols = packed(entries).unpack()
+    assert not isinstance(cols, str)
+    table, tracker = SegmentTable("x"), ProgressTracker("x", 3)
+    table.register("src", SOURCE)
+    table.seal("src", 2, 1, 1)
+    table.terminations()
+    refused = []
+    for e in entries:
+        try:
+            if table.report(e.time, e.xor, e.records, e.reports, e.ranges, 7):
+                tracker.activate(e.time)
+        except Violation as v:
+            refused.append(v.reason)
+    table.seal("src", seal, 3, 8)
+    state = json.loads(json.dumps(table.to_state()))
+    active = sorted(json.dumps(t, sort_keys=True) for t in tracker.to_state()["active"])
+    assert applied(cols, seal) == (refused, active, state, table.terminations())
 
 
 def pack(typecode: str, values: list[int]) -> bytes:
@@ -164,20 +163,3 @@ def test_unpack_never_raises_and_what_it_accepts_holds_the_invariants(
     assert all(0 <= i < len(cols.streams) for i in cols.stream_index)
     assert all(lo <= hi for lo, hi in zip(cols.starts, cols.ends, strict=True))
     list(block.entries())  # well-formed: expands without error
-
-
-def test_a_v2_block_is_held_to_the_same_rules() -> None:
-    """What v3 refuses, a v2 block (an old publisher's) must not get through either."""
-    r = OffsetRange("s", 0, 0, 1)
-    cases = [
-        (AckBlockV2("x", (1, 2), (), (1,), (1, 1), (1, 1), (r, r)), "2 times but 1 records"),
-        (AckBlockV2("x", (1,), (3, 4), (1,), (1,), (1,), (r,)), "1 times but 2 xors"),
-        (AckBlockV2("x", (1,), (), (1,), (1,), (2,), (r,)), "range counts sum to 2"),
-        (AckBlockV2("x", (1,), (), (1,), (1,), (1,), (replace(r, partition=-1),)),
-         "negative partition"),
-        (AckBlockV2("x", (1,), (), (1,), (1,), (1,), (replace(r, start=2),)),
-         "start is after its end"),
-    ]
-    for block, reason in cases:
-        problem = block.unpack()
-        assert isinstance(problem, str) and reason in problem, (block, problem)

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from substreams.acker.agent import (
+from substreams.acker.core import AckerCore, Effects
+from substreams.acker.deadletter import (
+    REASON_MALFORMED,
+    REASON_STALE,
+    REASON_TERMINATED,
+    REASON_UNKNOWN_SUBSTREAM,
+    REASON_UNREGISTERED,
+)
+from substreams.acker.protocol import (
     AckEntry,
     AckMessage,
     AckReport,
@@ -18,14 +26,6 @@ from substreams.acker.agent import (
     Unregister,
     ack_headers,
     encode_ack,
-)
-from substreams.acker.core import AckerCore, Effects
-from substreams.acker.deadletter import (
-    REASON_MALFORMED,
-    REASON_STALE,
-    REASON_TERMINATED,
-    REASON_UNKNOWN_SUBSTREAM,
-    REASON_UNREGISTERED,
 )
 from substreams.acker.state import AckerState
 from substreams.control.messages import OffsetRange, SourceEvicted, completions

@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from substreams.acker import core
-from substreams.acker.agent import AckBlock
 from substreams.acker.core import announce, apply_block
+from substreams.acker.protocol import AckBlock
 from substreams.acker.table import SOURCE, STAGE, SegmentTable, Violation
 from substreams.control.messages import OffsetRange
 from substreams.control.progress import ProgressTracker

@@ -15,15 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import substreams.acker.agent as agent_module
-from substreams.acker.agent import (
+from substreams.acker.agent import TrackingAgent
+from substreams.acker.protocol import (
     AckBlock,
-    AckBlockV2,
     AckEntry,
     AckReport,
     Register,
     SealEntry,
     SourceHeartbeat,
-    TrackingAgent,
     Unregister,
     segment_partition,
     shard_partitions,
@@ -75,13 +74,12 @@ def test_split_report_keeps_every_entry_in_its_segment_partition(
         tuple(AckEntry(s, t, x, 1, 1, (OffsetRange("d", 0, t, t + 1),)) for s, t, x in es),
         tuple(SealEntry(s, t, 0, k) for s, t, k in ss),
         tuple(AckBlock.pack(s, (t,), (x % 2**63,), (1,), (1,), (0,), ()) for s, t, x in es[::3]),
-        tuple(AckBlockV2(s, (t,), (x,), (1,), (1,), (0,), ()) for s, t, x in es[1::3]),
     )
     parts = split_body(body, lambda s: segment_partition(s, partitions))
     assert [p for p, _ in parts] == sorted({p for p, _ in parts})  # one part per partition
     for p, part in parts:
         assert isinstance(part, AckReport)
-        assert part.entries or part.seals or part.columns or part.blocks
+        assert part.entries or part.seals or part.columns
         assert all(segment_partition(e.substream, partitions) == p for e in part.entries)
         assert all(segment_partition(s.substream, partitions) == p for s in part.seals)
     # Nothing lost, nothing added, order kept within each partition.
@@ -95,9 +93,6 @@ def test_split_report_keeps_every_entry_in_its_segment_partition(
         ]
         assert list(part.columns) == [
             k for k in body.columns if segment_partition(k.substream, partitions) == p
-        ]
-        assert list(part.blocks) == [
-            k for k in body.blocks if segment_partition(k.substream, partitions) == p
         ]
     assert sum(len(b.entries) for _, b in parts if isinstance(b, AckReport)) == len(es)
 

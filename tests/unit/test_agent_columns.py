@@ -17,14 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from substreams.acker import agent as agent_module
-from substreams.acker.agent import (
-    AckMessage,
-    AckReport,
-    SealEntry,
-    TrackingAgent,
-    decode_ack,
-    encode_ack,
-)
+from substreams.acker.agent import TrackingAgent
+from substreams.acker.protocol import AckMessage, AckReport, SealEntry, decode_ack, encode_ack
 from substreams.acker.table import SOURCE, SegmentTable, Violation
 from substreams.frontier import Time
 from substreams.streams.records import SentRecord

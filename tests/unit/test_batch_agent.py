@@ -8,7 +8,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from substreams.acker.agent import BLOCK_MIN, AckBlock, AckReport, TrackingAgent
+from substreams.acker.agent import BLOCK_MIN, TrackingAgent
+from substreams.acker.protocol import AckBlock, AckReport
 from substreams.acker.table import SOURCE, SegmentTable, Violation
 from substreams.control.messages import OffsetRange
 from substreams.streams.records import SentRecord

@@ -19,17 +19,6 @@ from confluent_kafka import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from substreams.acker.agent import (
-    AckEntry,
-    AckMessage,
-    AckReport,
-    Evict,
-    Register,
-    SealEntry,
-    ack_headers,
-    decode_ack,
-    encode_ack,
-)
 from substreams.acker.commands import (
     AllowCompaction,
     Command,
@@ -48,6 +37,17 @@ from substreams.acker.commands import (
     encode_command,
     encode_response,
     response_headers,
+)
+from substreams.acker.protocol import (
+    AckEntry,
+    AckMessage,
+    AckReport,
+    Evict,
+    Register,
+    SealEntry,
+    ack_headers,
+    decode_ack,
+    encode_ack,
 )
 from substreams.acker.state import STATE_VERSION, AckerState
 from substreams.acker.table import SOURCE

@@ -1,18 +1,18 @@
 """A source may register as never evicted for silence (a Spark query's driver): the flag
-travels on the wire, survives the acker's checkpoint, is read as "evictable" from what
-the previous schema and older checkpoints wrote, and is chosen by the composition root."""
+travels on the wire, survives the acker's checkpoint, is read as "evictable" from older
+checkpoints, and is chosen by the composition root."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from substreams.acker.agent import AckMessage, Register, decode_ack, encode_ack, split_body
-from substreams.acker.hook import AckerHook
+from substreams.acker.protocol import AckMessage, Register, decode_ack, encode_ack, split_body
 from substreams.acker.state import SourceSession
 from substreams.acker.table import SOURCE, STAGE
+from substreams.acker.tracker import source_tracker
 from substreams.app import DIRECT, TRACKED, UNTRACKED, never_evicted
-from substreams.streams.schemas import HEADER_FINGERPRINT, Codec, protocol_codec, raw_schema
+from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
 
 names = st.text("abcxyz.", min_size=1, max_size=8)
 
@@ -30,19 +30,6 @@ def test_register_round_trips_with_its_eviction_flag(
     assert {p.evict_when_silent for _, p in parts if isinstance(p, Register)} == {evict}
 
 
-def test_a_register_written_with_the_previous_schema_is_evictable() -> None:
-    """Upgrade: a publisher still on ack schema v3 sends no flag; the acker reads the
-    default (evictable), i.e. what that publisher meant."""
-    old = Codec(raw_schema("ack.v3"), union_names=True)
-    assert old.fingerprint_hex != protocol_codec("ack").fingerprint_hex
-    datum = {
-        "source": "src", "incarnation": "inc", "seq": 0, "sent_at_ms": 5,
-        "body": ("substreams.Register", {"substreams": ["s"], "role": "SOURCE", "writer": "t"}),
-    }
-    got = decode_ack(old.encode(datum), [(HEADER_FINGERPRINT, old.fingerprint_hex)])
-    assert got.body == Register(("s",), SOURCE, "t", True)
-
-
 @given(st.booleans(), st.booleans())
 def test_source_session_state_round_trips(evicted: bool, evict_when_silent: bool) -> None:
     s = SourceSession("inc", 7, 1000, "txn", evicted, evict_when_silent)
@@ -53,11 +40,12 @@ def test_a_checkpoint_from_before_the_flag_reads_as_evictable() -> None:
     assert SourceSession.from_state(["inc", 7, 1000, "txn", False]).evict_when_silent
 
 
-def test_never_evicted_only_changes_the_acker_hook() -> None:
+def test_never_evicted_only_changes_the_acker_tracker() -> None:
     pinned = never_evicted(TRACKED)
     assert pinned["punctuations"] is TRACKED["punctuations"]
     factory = pinned["acker"]
-    assert factory is not AckerHook
+    assert factory is not source_tracker
+    assert getattr(factory, "func", None) is source_tracker
     assert getattr(factory, "keywords", None) == {"evict_when_silent": False}
-    # No acker hook to tell: the same mechanisms.
+    # No acker tracker to tell: the same mechanisms.
     assert never_evicted(DIRECT) is DIRECT and never_evicted(UNTRACKED) is UNTRACKED

@@ -101,7 +101,7 @@ def test_offsets_matched_per_partition_equal_per_record_callbacks(
     pub = Publisher.__new__(Publisher)
     column = [10 * i for i in range(len(parts))]  # a time column rides along
     pub._batches = [(records, parts, got, {"ep": column})]  # type: ignore[list-item]
-    pub._delivered_columns = [
+    pub._delivered = [
         lambda r, q, o, t: seen.append((list(r), list(q), list(o), dict(t)))
     ]
     pub._deliver_batches()
@@ -138,28 +138,26 @@ def test_a_refused_record_stops_the_batch_and_says_where(n: int, data: st.DataOb
     assert [p[1] for p in producer.produced] == values[:bad]
 
 
-def test_hooks_that_want_no_send_are_not_called_per_record() -> None:
-    """``wants_send = False`` (an acker hook whose substreams are all terminal): the
-    publisher keeps neither its ``on_send`` nor its ``on_send_many``; a hook without the
-    attribute is called as before."""
+def test_hooks_that_want_no_send_or_delivery_are_not_called() -> None:
+    """``wants_send = False`` (an acker tracker whose substreams are all terminal) and
+    ``wants_delivery = False``: the publisher keeps neither ``sent`` nor ``delivered`` of
+    such a hook (no call per record, no delivery callback), and those of the others."""
 
     class Hook:
-        wants_delivery = False
+        def __init__(self, wants_send: bool, wants_delivery: bool) -> None:
+            self.wants_send = wants_send
+            self.wants_delivery = wants_delivery
 
-        def __init__(self, wants_send: bool | None) -> None:
-            if wants_send is not None:
-                self.wants_send = wants_send
+        def sent(self, records: Any) -> None: ...
 
-        def on_send(self, record: Any) -> None: ...
-
-        def on_send_many(self, records: Any) -> None: ...
+        def delivered(self, *columns: Any) -> None: ...
 
     pub = Publisher.__new__(Publisher)
-    pub._hook_list, pub._send_one, pub._send_many = [], [], []
-    pub._delivery_hooks, pub._delivered_columns = [], []
-    quiet, plain, loud = Hook(False), Hook(None), Hook(True)
-    for hook in (quiet, plain, loud):
+    pub._hook_list, pub._sent, pub._delivery_hooks, pub._delivered = [], [], [], []
+    quiet, sender, deliverer = Hook(False, False), Hook(True, False), Hook(False, True)
+    for hook in (quiet, sender, deliverer):
         pub._attach(hook)  # type: ignore[arg-type]
-    assert pub._send_one == [plain.on_send, loud.on_send]
-    assert pub._send_many == [plain.on_send_many, loud.on_send_many]
-    assert pub._hook_list == [quiet, plain, loud]
+    assert pub._sent == [sender.sent]
+    assert pub._delivered == [deliverer.delivered]
+    assert pub._delivery_hooks == [deliverer]
+    assert pub._hook_list == [quiet, sender, deliverer]
