@@ -15,7 +15,6 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import (
@@ -254,6 +253,3 @@ def fence(bootstrap: str, config: Config | None, transactional_id: str) -> None:
     fencer.init_transactions(30)
     fencer.flush(1)
 
-
-def headers_dict(headers: list[tuple[str, bytes]] | None) -> Mapping[str, bytes]:
-    return {k: v for k, v in headers or ()}

@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from substreams.spark.source import SubstreamsDataSource
 
+# Process-wide: a SparkSession is the JVM's, shared by every caller in this driver process.
 _REGISTERED: set[int] = set()
 
 
