@@ -117,15 +117,13 @@ def _tracker(
     config: Config, bootstrap: str, sub: SubstreamConfig, report: DemoReport
 ) -> Iterator[None]:
     """The substream's progress writer in a thread: the acker, or the punctuation aligner."""
-    from substreams.acker.service import AckerService
-    from substreams.punctuation.service import PunctuationAligner
-
+    app = Application(config, bootstrap)
     stop = threading.Event()
     if sub.mechanism == "acker":
-        service = AckerService(config, bootstrap)
+        service = app.acker()
         thread = threading.Thread(target=service.run, args=(stop,), name="acker", daemon=True)
     else:
-        aligner = PunctuationAligner(config, sub.name, bootstrap=bootstrap)
+        aligner = app.aligner(sub.name)
         report.tracker = "punctuation aligner"
         thread = threading.Thread(target=aligner.run, args=(stop,), name="aligner", daemon=True)
     thread.start()

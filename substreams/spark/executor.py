@@ -32,8 +32,8 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from substreams.acker.protocol import STAGE, acks_partition
-from substreams.acker.tracker import Tracker
+from substreams.acker.protocol import acks_partition
+from substreams.acker.tracker import stage_writer
 from substreams.config import Config
 from substreams.errors import SubstreamsError
 from substreams.kafka.read import Reader
@@ -48,7 +48,6 @@ from substreams.spark.operator import (
     groups,
     summaries,
 )
-from substreams.streams.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -111,18 +110,12 @@ class UnitWriter:
         self.group = unit_group(driver_source, unit)
         self.marker_tp = TopicPartition(commit_topic(stream), 0)
         # Fences every earlier attempt of this unit before the marker is trusted.
-        self.publisher = Publisher(
-            config, stream, self.source_id, bootstrap=bootstrap, mechanisms={},
-            batch_size=UNLIMITED,
+        self.publisher, _ = stage_writer(
+            config, stream, self.source_id, [s.name for s in config.substreams_of(stream)],
+            bootstrap=bootstrap, batch_size=UNLIMITED,
         )
         self.reader: Reader | None = None
         try:
-            subs = [s.name for s in config.substreams_of(stream)]
-            if subs:
-                self.publisher.add_hook(Tracker(
-                    config, stream, self.source_id, self.publisher.incarnation, subs, STAGE,
-                ))
-                self.publisher.commit()  # the Register, before any report
             self.reader = Reader(
                 bootstrap, config, name=f"spark unit '{self.source_id}'",
                 **{"group.id": self.group},
