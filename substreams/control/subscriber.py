@@ -46,6 +46,7 @@ from substreams.control.traffic import CONTROL_READ, TRAFFIC
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Antichain, Time
 from substreams.kafka import client
+from substreams.kafka.clock import Deadline
 from substreams.kafka.read import Reader
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
@@ -268,11 +269,10 @@ class Subscriber:
         """Events that became available within ``timeout`` seconds (possibly none)."""
         if self._closed:
             raise SubstreamsError("poll() on a closed subscriber")
-        deadline = _time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
-            remaining = max(0.0, deadline - _time.monotonic())
-            events = self._step(min(remaining, 0.1))
-            if events or _time.monotonic() >= deadline:
+            events = self._step(deadline.left(cap=0.1))
+            if events or deadline.passed:
                 return events
 
     def events(self, idle_timeout: float | None = None) -> Iterator[Event]:
