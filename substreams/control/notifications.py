@@ -12,7 +12,7 @@ time and no other, whatever was written since).
 
 from __future__ import annotations
 
-import time as _time
+import math
 from collections.abc import Iterator
 
 from substreams.config import Config
@@ -81,16 +81,13 @@ class Notifications:
         )
 
     def __iter__(self) -> Iterator[EpochNote]:
-        idle_since = _time.monotonic()
+        idle = Deadline(math.inf if self.idle_timeout is None else self.idle_timeout)
         while True:
             notes = self.poll(0.2)
             if notes:
-                idle_since = _time.monotonic()
+                idle.restart()
                 yield from notes
-            elif (
-                self.idle_timeout is not None
-                and _time.monotonic() - idle_since >= self.idle_timeout
-            ):
+            elif idle.passed:
                 return
 
     def close(self) -> None:

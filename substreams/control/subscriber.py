@@ -18,6 +18,7 @@ reader has passed the ranges it names (so no record of a time follows its comple
 
 from __future__ import annotations
 
+import math
 import time as _time
 from collections import defaultdict, deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -277,13 +278,13 @@ class Subscriber:
 
     def events(self, idle_timeout: float | None = None) -> Iterator[Event]:
         """Iterate events; with ``idle_timeout`` stop after that long without one."""
-        idle_since = _time.monotonic()
+        idle = Deadline(math.inf if idle_timeout is None else idle_timeout)
         while True:
             batch = self.poll(0.2)
             if batch:
-                idle_since = _time.monotonic()
+                idle.restart()
                 yield from batch
-            elif idle_timeout is not None and _time.monotonic() - idle_since >= idle_timeout:
+            elif idle.passed:
                 return
 
     def __iter__(self) -> Iterator[Event]:

@@ -62,3 +62,10 @@ def test_transient_kafka_errors() -> None:
     assert not transient(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
     assert transient(KafkaException(KafkaError(KafkaError._TIMED_OUT, retriable=True)))
     assert not transient(ValueError("x")) and not transient(KafkaException())
+
+
+def test_a_deadline_of_infinity_never_passes() -> None:
+    clock = SimClock()
+    d = Deadline(float("inf"), clock)
+    clock.advance(1e9)
+    assert not d.passed and d.left(cap=0.2) == 0.2
