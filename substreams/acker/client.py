@@ -166,9 +166,14 @@ class AckerClient:
         raise self._unavailable(limit, self.ackers)
 
     def _unavailable(self, limit: float, names: Sequence[str]) -> AckerUnavailableError:
-        who = "no acker" if len(names) != 1 else f"acker '{names[0]}'"
+        if len(names) == 1 and not self._any_name:
+            who = f"acker '{names[0]}' did not answer"
+        elif len(names) > 1:
+            who = f"no acker answered (asked: {', '.join(names)})"
+        else:
+            who = "no acker answered"
         return AckerUnavailableError(
-            f"{who} answered within {limit:g} s on topic '{self.command_topic}'; "
+            f"{who} within {limit:g} s on topic '{self.command_topic}'; "
             "is `substreams acker run` running?"
         )
 
