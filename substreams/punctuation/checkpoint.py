@@ -23,8 +23,8 @@ What it holds:
   something wrote the control topic without a checkpoint (an older aligner) and the
   checkpoint is not used;
 - ``dead_from``: a dead-letter-topic offset at or before every dead letter of a record
-  past ``positions`` (the offset after this aligner's last delivered one): read from there,
-  a restart does not dead-letter a record twice.
+  past ``positions`` (the first such one the aligner knows, else the offset after the last
+  dead letter it knows): read from there, a restart does not dead-letter a record twice.
 """
 
 from __future__ import annotations

@@ -89,9 +89,11 @@ class PunctuationAligner:
         self.recovered_from: AlignerCheckpoint | None = None
         """The checkpoint the last start-up continued from (None: a full replay)."""
         self._announced: set[Time] = set()
-        self._dead: set[DeadKey] = set()
-        self._dead_from = 0
-        """The dead-letter offset after the last of ours delivered (see the checkpoint)."""
+        self._dead: dict[DeadKey, int] = {}
+        """Records dead-lettered (read back or written since), with their dead letter's
+        offset: a restart must read from the lowest of those past the checkpoint's positions."""
+        self._dead_end = 0
+        """The dead-letter offset after the last one known (read back or delivered)."""
         self._saved_positions: dict[int, int] | None = None
         self._last_heartbeat = time.monotonic()
         self._first_seen: dict[Time, int] = {}  # open times -> when first seen (a gauge)
@@ -165,7 +167,8 @@ class PunctuationAligner:
         found = last if mine(last[1]) else find_last(
             self.bootstrap, self.checkpoint_topic, mine, self.config
         )
-        return None if found is None else found[1].body  # type: ignore[return-value]
+        body = None if found is None else found[1].body
+        return body if isinstance(body, Checkpoint) else None
 
     def _restore(self, ckpt: AlignerCheckpoint) -> None:
         """Continue from ``ckpt``: its aligner and tracker, the data topic from its
@@ -186,7 +189,6 @@ class PunctuationAligner:
             self.substream, ckpt.tracker, self.config.acker.snapshot_every
         )
         self._announced = set(ckpt.announced)
-        self._dead_from = ckpt.dead_from
         self._saved_positions = dict(ckpt.positions)
         self.recovered_from = ckpt
 
@@ -203,17 +205,20 @@ class PunctuationAligner:
                 self._announced.add(body.time)
                 self.tracker.complete(body.time, body.ranges, body.records, body.sealed_at_ms)
 
-    def _read_dead_letters(self, start: int, timeout: float = 10.0) -> set[DeadKey]:
-        seen: set[DeadKey] = set()
+    def _read_dead_letters(self, start: int, timeout: float = 10.0) -> dict[DeadKey, int]:
+        seen: dict[DeadKey, int] = {}
+        self._dead_end = max(self._dead_end, start)
         topic = self.dead_letter_topic
         with Reader(self.bootstrap, self.config, [TopicPartition(topic, 0, start)],
                     name=f"dead-letter topic '{topic}'") as reader:
             try:
                 for msg in reader.iter_to_end(timeout):
+                    self._dead_end = max(self._dead_end, msg.offset() + 1)
                     try:
                         d = json.loads(msg.value() or b"")
                         if d.get("substream") == self.substream:
-                            seen.add((str(d["stream"]), int(d["partition"]), int(d["offset"])))
+                            key = (str(d["stream"]), int(d["partition"]), int(d["offset"]))
+                            seen.setdefault(key, msg.offset())
                     except (ValueError, KeyError, TypeError, AttributeError):
                         continue  # someone else's dead letter
             except BrokerError as exc:
@@ -273,7 +278,6 @@ class PunctuationAligner:
             self.writer.write([*items, (self.checkpoint_topic, ckpt.to_body())])
             self._saved_positions = positions
             self.checkpoints += 1
-            self._dead = {k for k in self._dead if k[2] >= positions.get(k[1], 0)}
             if items:
                 TRAFFIC.add(CONTROL_WRITTEN, self.substream, len(items))
         if self.on_terminated is not None:
@@ -284,19 +288,31 @@ class PunctuationAligner:
         return done
 
     def _checkpoint(self, positions: dict[int, int], control_seq: int) -> AlignerCheckpoint:
-        """Where the aligner stands after what it read up to ``positions``."""
+        """Where the aligner stands after what it read up to ``positions``.  The dead
+        letters of records before the positions are forgotten (never read again); a restart
+        reads the dead-letter topic from the first of the others (one a previous run wrote
+        for a record this run has not reached yet may lie below this run's own)."""
+        self._dead = {k: o for k, o in self._dead.items() if k[2] >= positions.get(k[1], 0)}
+        dead_from = min(self._dead.values(), default=self._dead_end)
         return AlignerCheckpoint(
             dict(positions),
             self.reader.aligner.to_state(),
             self.tracker.to_state(),
             control_seq,
-            self._dead_from,
+            dead_from,
             sorted(self._announced, key=sort_key),
         )
 
-    def _delivered(self, err: object, msg: Message) -> None:
-        if err is None and msg.offset() is not None:
-            self._dead_from = max(self._dead_from, msg.offset() + 1)
+    def _delivered(self, key: DeadKey) -> Callable[[object, Message], None]:
+        def done(err: object, msg: Message) -> None:
+            offset = msg.offset()
+            if err is not None or offset is None or offset < 0:
+                self._dead.pop(key, None)  # not written: a restart writes it again
+                return
+            self._dead[key] = offset
+            self._dead_end = max(self._dead_end, offset + 1)
+
+        return done
 
     def _export_gauges(self) -> None:
         oldest = metrics.first_seen_min(self._first_seen.values())
@@ -333,7 +349,7 @@ class PunctuationAligner:
         key = (self.reader.stream, partition, offset)
         if key in self._dead:  # written before a restart
             return False
-        self._dead.add(key)
+        self._dead[key] = self._dead_end  # a lower bound until its delivery says where
         value = {
             "reason": reason,
             "stream": self.reader.stream,
@@ -345,7 +361,7 @@ class PunctuationAligner:
         log.warning("dead letter: %s at %s[%d]@%d%s", reason, self.reader.stream, partition,
                     offset, f": {extra['detail']}" if "detail" in extra else "")
         self._dlq.produce(self.dead_letter_topic, json.dumps(value).encode(), partition=0,
-                          on_delivery=self._delivered)
+                          on_delivery=self._delivered(key))
         metrics.DEAD_LETTERS.labels(self.writer_name, reason).inc()
         return True
 
