@@ -96,6 +96,8 @@ class AckerClient:
         self.config = config
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.shards = shards or config.acker.shards
+        self.base = name or config.acker.name
+        """The acker's name (its shards' are ``<name>.shard<i>of<N>``)."""
         self.ackers = tuple(
             config.acker.shard_name(i, self.shards, name) for i in range(self.shards)
         )

@@ -256,7 +256,7 @@ def status(config_path: str, bootstrap: str | None, timeout: float, shards: int 
     console = Console()
     sharded = ctl.shards > 1
     if sharded:
-        title = (f"acker '{ctl.ackers[0].rsplit('.shard', 1)[0]}': {len(merged.answered)} of "
+        title = (f"acker '{ctl.base}': {len(merged.answered)} of "
                  f"{ctl.shards} shards answered in {rtt:.0f} ms")
     else:
         title = f"acker '{ctl.acker}' (answered in {rtt:.0f} ms)"
