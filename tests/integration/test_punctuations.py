@@ -456,16 +456,20 @@ def test_a_sigkilled_aligner_restarts_from_its_checkpoint_exactly_once(
     sent: Counter[Any] = Counter()
     errors: list[BaseException] = []
 
+    def announced() -> list[Any]:
+        return [c.time for c in epoch_completes(config, sub)]
+
     def produce() -> None:
+        """At most 8 windows ahead of the aligner: the stream is still going at each kill,
+        however slowly a loaded machine runs the aligner."""
         try:
             for w in range(windows):
                 sent.update(workload(pubs, sub, [w], rng, per=4))
-                time.sleep(0.12)
+                deadline = time.monotonic() + 60
+                while w - len(announced()) > 8 and time.monotonic() < deadline:
+                    time.sleep(0.05)
         except BaseException as exc:
             errors.append(exc)
-
-    def announced() -> list[Any]:
-        return [c.time for c in epoch_completes(config, sub)]
 
     def wait_for(cond: Callable[[], bool], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -480,7 +484,9 @@ def test_a_sigkilled_aligner_restarts_from_its_checkpoint_exactly_once(
         for i, at in enumerate((6, 16)):
             wait_for(lambda at=at: len(announced()) >= at)  # type: ignore[misc]
             runs[-1].kill()  # just after a notification: no last commit
+            assert len(announced()) < windows  # mid-stream
             runs.append(AlignProcess(config, sub, tmp_path / f"align{i + 1}.log"))
+            wait_for(lambda: "recovery in" in runs[-1].text())
         writer.join(120)
         assert not errors, errors
         wait_for(lambda: len(announced()) >= windows)
