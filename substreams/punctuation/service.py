@@ -176,14 +176,6 @@ class PunctuationAligner:
         sub = self.config.substream(self.substream)
         aligner = Aligner.from_state(ckpt.aligner, self.substream, self.reader.stream,
                                      bound="soft", ordered=sub.ordered)
-        low = {p: self._log_start(p) for p in ckpt.positions}
-        gone = {p: (o, low[p]) for p, o in ckpt.positions.items() if o < low[p]}
-        if gone:
-            raise SubstreamsError(
-                f"aligner '{self.substream}': data topic '{self.reader.stream}' starts past "
-                "the checkpoint's positions (partition: (position, log start)) "
-                f"{gone}: records were deleted by retention before the aligner read them"
-            )
         self.reader.restore(aligner, ckpt.positions)
         self.tracker = ProgressTracker.from_state(
             self.substream, ckpt.tracker, self.config.acker.snapshot_every
@@ -191,10 +183,6 @@ class PunctuationAligner:
         self._announced = set(ckpt.announced)
         self._saved_positions = dict(ckpt.positions)
         self.recovered_from = ckpt
-
-    def _log_start(self, partition: int) -> int:
-        with Reader(self.bootstrap, self.config, name=f"stream '{self.reader.stream}'") as r:
-            return r.log_start(self.reader.stream, partition)
 
     def _replay(self, records: list[tuple[int, ControlRecord]]) -> None:
         """The full replay: the times the control topic announced, into the tracker."""
