@@ -5,7 +5,9 @@
   while shard 0 is down;
 - one shard becomes two while a workload runs (``--from-shards 1``, the old acker still
   running: it is fenced and retired): exactly once and in order through the change of owner,
-  each control topic written by one owner at a time.
+  each control topic written by one owner at a time;
+- every shard serves the command protocol: `acker status|epochs|peek` show both shards'
+  substreams, and a stopped shard is named rather than left out.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Punctuations on a real broker: 3+ producers x 4 partitions, firm/soft bound, order, leaving
-and late producers, the aligner service's control records, traffic counts, the CLI."""
+and late producers, the aligner service's control records, traffic counts, the CLI, and the
+aligner's restart from its checkpoint after a SIGKILL."""
 
 from __future__ import annotations
 
