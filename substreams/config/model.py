@@ -360,6 +360,10 @@ class AckerConfig:
         """The acker's own control topic: its checkpoints and heartbeats (standbys watch it)."""
         return f"{self.control_topic_prefix}__acker.{acker_name or self.name}"
 
+    def aligner_checkpoint_topic(self, substream: str) -> str:
+        """The punctuation aligner's checkpoints of ``substream`` (kept like an acker's)."""
+        return f"{self.control_topic_prefix}__aligner.{substream}"
+
 
 @dataclass(frozen=True)
 class Config:
@@ -404,6 +408,11 @@ class Config:
             self._spec(a.checkpoint_topic(a.shard_name(i)), 1, "checkpoint")
             for i in range(a.shards)
         ]
+        out += [
+            self._spec(a.aligner_checkpoint_topic(s.name), 1, "checkpoint")
+            for s in self.substreams
+            if s.mechanism == "punctuations"
+        ]
         out.append(self._spec(a.acks_topic, a.acks_partitions, "acks", a.acks_retention_ms))
         out += [
             self._spec(a.command_topic, 1, "command"),
@@ -414,12 +423,14 @@ class Config:
 
     def topic_spec(self, topic: str) -> TopicSpec:
         """The spec of one topic of :meth:`topics`, or of the checkpoint topic of an acker of
-        any name (``<control prefix>__acker.<name>``); a :class:`ConfigError` if neither."""
+        any name (``<control prefix>__acker.<name>``) or of an aligner
+        (``<control prefix>__aligner.<substream>``); a :class:`ConfigError` if neither."""
         specs = self.topics()
         for spec in specs:
             if spec.name == topic:
                 return spec
-        if topic.startswith(f"{self.acker.control_topic_prefix}__acker."):
+        prefix = self.acker.control_topic_prefix
+        if topic.startswith((f"{prefix}__acker.", f"{prefix}__aligner.")):
             return self._spec(topic, 1, "checkpoint")
         raise self._unknown("topics", "topic", topic, [s.name for s in specs])
 

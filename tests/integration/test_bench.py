@@ -200,13 +200,18 @@ def test_bench_recovery_quick_writes_json_and_png(bootstrap: str, tmp_path: Path
         assert row["control_records"] == row["notifications"] * 101 // 100, row
         assert row["checkpoints"] == row["notifications"] // 1000, row
         assert row["replay_records"] >= row["control_records"] + 2 * row["checkpoints"], row
-        for field in ("startup_s", "takeover_s", "replay_s"):
+        for field in ("startup_s", "takeover_s", "replay_s", "aligner_startup_s",
+                      "aligner_replay_s"):
             assert isinstance(row[field], float) and row[field] > 0, (field, row)
+        # 2 producers x 1 partition: a REGISTER each, then 2 punctuations per time
+        assert row["aligner_times"] == (row["punctuations"] - 2 + 1) // 2, row
     assert [t["name"] for t in data["targets"]] == [
         "acker start-up after 10,000",
         "acker start-up: 10,000 vs 1,000",
         "standby take-over after 10,000",
         "standby take-over: 10,000 vs 1,000",
+        "aligner start-up after 10,000 punctuations",
+        "aligner start-up: 10,000 punctuations vs 1,000",
     ]
     assert (out / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -174,6 +174,7 @@ def test_shipped_example_helpers_and_topics() -> None:
         ("_substreams.control.clicks_1s_punct", 1),
         ("_substreams.control.sessions", 1),
         ("_substreams.control.__acker.acker", 1),
+        ("_substreams.control.__aligner.clicks_1s_punct", 1),
         ("_substreams.acks", 1),
         ("_substreams.commands", 1),
         ("_substreams.responses", 1),
