@@ -156,13 +156,13 @@ def run(
     ``--standby`` if wanted; each serves the command protocol for its own substreams."""
     from substreams.acker.handler import CommandHandler
     from substreams.acker.service import AckerService, relax_gc
+    from substreams.app import Application
 
     config = load_config(config_path)
     relax_gc()  # this process is the acker's own
     try:
-        service = AckerService(
-            config, bootstrap, name, standby=standby, shard=shard, shards=shards,
-            from_shards=from_shards,
+        service = Application(config, bootstrap).acker(
+            name=name, standby=standby, shard=shard, shards=shards, from_shards=from_shards
         )
     except SubstreamsError as exc:
         raise click.UsageError(str(exc)) from exc
