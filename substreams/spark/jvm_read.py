@@ -50,6 +50,9 @@ from substreams.streams.schemas import (
     expanded,
 )
 
+FETCH_MAX_WAIT_MS = 10
+"""The executor consumers' ``fetch.max.wait.ms`` (see :func:`kafka_options`)."""
+
 NOTE_META = (
     "epoch", "epoch_label", "epoch_int", "epoch_key", "control_offset", "control_index",
     "sealed_at_ms",
@@ -92,6 +95,13 @@ def kafka_options(
         "includeHeaders": "true",
         # A range is exact: a missing offset (retention) must fail, not silently shrink.
         "failOnDataLoss": "true",
+        # Spark's executor consumer asks the broker for the partition's earliest and latest
+        # offsets after every poll (KafkaDataConsumer.fetch -> getAvailableOffsetRange).  The
+        # poll has already sent the next fetch, which at the log's end the broker parks for
+        # fetch.max.wait.ms (Kafka's default: 500 ms), and a broker answers one connection's
+        # requests in order: the offsets request waited behind it, up to 500 ms per task
+        # (the JVM read's per-call floor; substreams_bench.spark_read_floor).
+        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
     }
 
 

@@ -40,6 +40,8 @@ def test_kafka_options_read_the_hull_of_each_partitions_ranges() -> None:
     assert json.loads(opts["endingOffsets"]) == {"t": {"0": 9, "1": 8}}
     assert opts["kafka.isolation.level"] == "read_committed"
     assert opts["kafka.group.id"] == "g"
+    # the offsets request after each poll must not wait behind a parked fetch
+    assert int(opts["kafka.fetch.max.wait.ms"]) <= 50
 
 
 class UrlCounts(ArrowEpochOperator):
