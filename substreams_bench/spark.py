@@ -383,7 +383,8 @@ def _measure(
                 pub.flush()
                 t0s[epoch] = time.time()
                 pub.seal(substream, epoch)
-                firm_seen.wait(epoch, WAIT_S, check)
+                # the first batch starts Python workers and the JVM read: minutes when loaded
+                firm_seen.wait(epoch, WAIT_S if epoch else 4 * WAIT_S, check)
                 if epoch == 0 and windowed:
                     # The warm-up covers both queries' start: the watermark query's first
                     # batches (Kafka consumer, Python workers, state store) take seconds,

@@ -135,6 +135,8 @@ class Lever:
     action: str = "count"
     """count: ``df.count()``; decode: ``from_avro`` + an aggregate over a decoded field;
     collect: decoded rows collected; range: ``spark.range(100).count()`` (no Kafka)."""
+    reader: str = "relation"
+    """relation: ``spark.read.format("kafka")``; direct: ``jvm_read.direct_frame``."""
     conf: dict[str, str] = field(default_factory=dict)
     """Session SQL settings for this lever's calls only (set before, reset after)."""
 
@@ -161,6 +163,12 @@ LEVERS: dict[str, Lever] = {lv.name: lv for lv in (
           _with(kafka__fetch__max__wait__ms="200")),
     Lever("fetchwait10-noaqe", "fetch.max.wait.ms=10 and spark.sql.adaptive.enabled=false",
           _with(kafka__fetch__max__wait__ms="10"), conf={"spark.sql.adaptive.enabled": "false"}),
+    Lever("direct", "fetch.max.wait.ms=10, Spark's KafkaSourceRDD built without the Kafka "
+          "relation (substreams.spark.jvm_read.direct_frame)",
+          _with(kafka__fetch__max__wait__ms="10"), action="count", reader="direct"),
+    Lever("direct-noaqe", "direct, and spark.sql.adaptive.enabled=false",
+          _with(kafka__fetch__max__wait__ms="10"), reader="direct",
+          conf={"spark.sql.adaptive.enabled": "false"}),
     Lever("nogroup", "no kafka.group.id (a fresh group, so a fresh consumer, per call)",
           _without("kafka.group.id")),
     Lever("range", "spark.range(100).count(): a job without Kafka", action="range"),
@@ -411,6 +419,10 @@ def _one_build(spark: Any, lever: Lever, bootstrap: str,
         return spark.range(100)
     group = f"substreams.spark.floor.{lever.name}"
     opts = lever.options(kafka_options(bootstrap, rng, group))
+    if lever.reader == "direct":
+        from substreams.spark.jvm_read import direct_frame
+
+        return direct_frame(spark, opts)
     return spark.read.format("kafka").options(**opts).load()
 
 

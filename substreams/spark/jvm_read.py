@@ -5,8 +5,10 @@ The ``substreams`` source (option ``read=notes``) still follows the control topi
 driver and puts each batch's notifications -- with their data ranges -- in Spark's offset
 log, so a replayed batch names the same epochs; only the records' read moves here:
 
-* ``spark.read.format("kafka")`` in *batch* mode with ``assign`` / ``startingOffsets`` /
-  ``endingOffsets`` (per-partition JSON, end exclusive) over the hull of the batch's ranges,
+* Spark's Kafka batch read -- what ``spark.read.format("kafka")`` does with ``assign`` /
+  ``startingOffsets`` / ``endingOffsets`` (per-partition JSON, end exclusive), but with its
+  ``KafkaSourceRDD`` built directly (:func:`direct_frame`: no per-call offset resolution or
+  nested query on the driver) -- over the hull of the batch's ranges,
   ``kafka.isolation.level=read_committed`` (aborted records and markers skipped) and a
   stable ``kafka.group.id`` (Spark pools executor consumers by group id and partition: a
   fresh id per batch would open new consumers every batch);
@@ -105,6 +107,103 @@ def kafka_options(
     }
 
 
+POLL_TIMEOUT_MS = 120_000
+"""The executor consumer's poll timeout (Spark's default: ``spark.network.timeout``)."""
+
+
+def direct_frame(spark: Any, options: Mapping[str, str]) -> Any:
+    """What ``spark.read.format("kafka").options(**options).load()`` reads (the
+    :func:`kafka_options` of a batch), as a DataFrame over Spark's own ``KafkaSourceRDD``
+    (the same executor consumers, pool and record-to-row converter) built here instead of
+    by the Kafka relation.
+
+    Why: the relation resolves offsets on the driver per call -- an ``AdminClient`` made,
+    asked for the partitions and closed -- and hands its scan over as an ``RDD[Row]``
+    (``internalCreateDataFrame(...).rdd``), planned as a query of its own: together most
+    of a call's driver time for a 100-record read, though the ranges here are exact and
+    already checked against the control record.  The executor side is unchanged, so a
+    missing offset still fails the task (``failOnDataLoss``).  The classes are Spark's
+    internal ones (``private[kafka010]``, public in bytecode): one Spark version is pinned
+    (:mod:`substreams.spark.connector`), and :func:`substreams.spark.session.jvm_read_available`
+    checks they load.  What does not change between calls (the consumers' settings, the
+    converter, the schema) is made once per session and settings: each py4j call costs a
+    round trip."""
+    from pyspark.sql import DataFrame
+
+    consts = _DirectConsts.of(spark, options)
+    jvm = consts.jvm
+    assign = json.loads(options["assign"])
+    starts = json.loads(options["startingOffsets"])
+    ends = json.loads(options["endingOffsets"])
+    ranges = jvm.java.util.ArrayList()
+    for topic, parts in assign.items():
+        for p in parts:
+            ranges.add(consts.kafka.KafkaOffsetRange(
+                jvm.org.apache.kafka.common.TopicPartition(topic, int(p)),
+                int(starts[topic][str(p)]), int(ends[topic][str(p)]), consts.none))
+    seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(ranges).toSeq()
+    rdd = consts.kafka.KafkaSourceRDD(consts.sc, consts.params, seq, POLL_TIMEOUT_MS,
+                                      consts.fail_on_data_loss)
+    rows = rdd.map(consts.to_row, consts.tag)
+    jdf = spark._jsparkSession.internalCreateDataFrame(rows, consts.schema, False)
+    return DataFrame(jdf, spark)
+
+
+@dataclass(frozen=True)
+class _DirectConsts:
+    """The JVM objects :func:`direct_frame` reuses across calls."""
+
+    jvm: Any
+    kafka: Any
+    sc: Any
+    params: Any
+    none: Any
+    to_row: Any
+    tag: Any
+    schema: Any
+    fail_on_data_loss: bool
+
+    @staticmethod
+    def of(spark: Any, options: Mapping[str, str]) -> _DirectConsts:
+        settings = {key[len("kafka."):]: v for key, v in options.items()
+                    if key.startswith("kafka.")}
+        headers = options.get("includeHeaders", "false") == "true"
+        fail = options.get("failOnDataLoss", "true") == "true"
+        # keyed by the context: a streaming query's batches each get another session wrapper
+        key = (id(spark.sparkContext), tuple(sorted(settings.items())), headers, fail)
+        cached = _DIRECT.get(key)
+        if cached is not None:
+            return cached
+        jvm = spark.sparkContext._jvm
+        k = jvm.org.apache.spark.sql.kafka010
+        deser = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
+        params = jvm.java.util.HashMap()
+        for name, value in {
+            **settings,
+            # what KafkaSourceProvider.kafkaParamsForExecutors sets
+            "key.deserializer": deser, "value.deserializer": deser,
+            "auto.offset.reset": "none", "enable.auto.commit": "false",
+            "receive.buffer.bytes": "65536",
+        }.items():
+            params.put(name, value)
+        conv = k.KafkaRecordToRowConverter()
+        made = _DirectConsts(
+            jvm=jvm, kafka=k, sc=spark.sparkContext._jsc.sc(),
+            params=params, none=jvm.scala.Option.apply(None),
+            to_row=(conv.toInternalRowWithHeaders() if headers
+                    else conv.toInternalRowWithoutHeaders()),
+            tag=jvm.scala.reflect.ClassTag.apply(
+                jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.InternalRow")),
+            schema=k.KafkaRecordToRowConverter.kafkaSchema(headers),
+            fail_on_data_loss=fail,
+        )
+        _DIRECT[key] = made
+        return made
+
+
+_DIRECT: dict[tuple[Any, ...], _DirectConsts] = {}
+
+
 @dataclass(frozen=True)
 class Decoding:
     """The stream's reader envelope schema and every writer envelope schema by
@@ -178,9 +277,7 @@ def records(
     from pyspark.sql import functions as F
 
     layout = PayloadLayout(config.stream(stream))
-    kafka = spark.read.format("kafka").options(
-        **kafka_options(bootstrap, stream, ranges, group_id)
-    ).load()
+    kafka = direct_frame(spark, kafka_options(bootstrap, stream, ranges, group_id))
     recs = decoded(kafka, decoding, f"stream '{stream}'").select(
         *(F.col("env.payload")[n].cast(t).alias(n)
           for n, t in zip(layout.names, layout.types, strict=True)),

@@ -95,9 +95,11 @@ def jvm_read_available(spark: SparkSession) -> bool:
         jvm = spark.sparkContext._jvm
         assert jvm is not None
         loadable = jvm.org.apache.spark.util.Utils.classIsLoadable
-        return bool(loadable("org.apache.spark.sql.kafka010.KafkaSourceProvider")) and bool(
-            loadable("org.apache.spark.sql.avro.AvroDataToCatalyst")
-        )
+        return all(bool(loadable(c)) for c in (
+            "org.apache.spark.sql.kafka010.KafkaSourceProvider",
+            "org.apache.spark.sql.kafka010.KafkaSourceRDD",  # jvm_read.direct_frame
+            "org.apache.spark.sql.avro.AvroDataToCatalyst",
+        ))
     except Exception:  # no JVM gateway (Spark Connect) or a py4j error: not usable here
         return False
 
