@@ -60,7 +60,7 @@ def job_command(
     @click.option(
         "--read",
         type=click.Choice(["jvm", "python"]),
-        default="jvm",
+        default="python",
         show_default=True,
         help="Who reads the records: Spark's Kafka source + from_avro, or Python tasks.",
     )

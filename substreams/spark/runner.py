@@ -411,7 +411,7 @@ def run(
     block: bool = True,
     options: Mapping[str, str] | None = None,
     metrics_port: int | None = None,
-    read: str = "jvm",
+    read: str = "python",
 ) -> EpochQuery:
     """Run ``operator`` over the completed epochs of ``substream``, on the executors.
 
@@ -428,11 +428,14 @@ def run(
     planned as soon as the last one ends, and an idle query is paced by the source, whose
     ``latestOffset`` waits up to 50 ms on the control topic and returns as soon as an
     EpochComplete arrives (with a 100 ms timer, a seal waited ~40 ms more, median).
-    ``read``: ``jvm`` (default) reads and decodes each batch's records with Spark's own
-    Kafka source and ``from_avro`` (:mod:`substreams.spark.jvm_read`; the session needs
-    :func:`substreams.spark.connector.kafka_connector_conf`'s packages); ``python`` reads
-    them in the source's Python read tasks.  ``jvm`` falls back to ``python``, with a
-    warning, where the JVM cannot serve (:func:`substreams.spark.jvm_read.jvm_unsupported`).
+    ``read``: ``python`` (default) reads the records in the source's Python read tasks;
+    ``jvm`` reads and decodes each batch's records with Spark's own Kafka consumers and
+    ``from_avro`` (:mod:`substreams.spark.jvm_read`; the session needs
+    :func:`substreams.spark.connector.kafka_connector_conf`'s packages).  Not the default
+    yet: at steady state its batch is several small Spark jobs and plans where the Python
+    read's is one, so its seal -> callback is longer (docs/design.md, "Spark's own data
+    path").  ``jvm`` falls back to ``python``, with a warning, where the JVM cannot serve
+    (:func:`substreams.spark.jvm_read.jvm_unsupported`).
     """
     from substreams.spark.session import (
         jvm_read_available,

@@ -44,6 +44,40 @@ def test_kafka_options_read_the_hull_of_each_partitions_ranges() -> None:
     assert int(opts["kafka.fetch.max.wait.ms"]) <= 50
 
 
+def test_direct_frame_reads_what_spark_kafka_relation_reads(
+    spark: SparkSession, make_config: ConfigFactory
+) -> None:
+    """The Kafka RDD built without the relation (no per-call offset resolution on the
+    driver) gives the relation's rows: same offsets, values and headers, transaction
+    markers skipped, and a sub-range cut exactly."""
+    from confluent_kafka import TopicPartition
+
+    from substreams.kafka import client
+    from substreams.spark.jvm_read import direct_frame
+
+    config = make_config([{"name": "clicks", "partitions": 2}])
+    (clicks,) = (s.name for s in config.streams)
+    with Application(config).publisher(clicks, "src") as pub:
+        for i in range(3):  # three flushes: transaction markers between the records
+            for c in window_clicks(i, 7):
+                pub.publish(c, key=str(c["user"]))
+            pub.flush()
+    bootstrap = config.kafka.bootstrap
+    probe = client.consumer(bootstrap, config)
+    ends = [probe.get_watermark_offsets(TopicPartition(clicks, p), timeout=10)[1]
+            for p in (0, 1)]
+    probe.close()
+    def rows(df: DataFrame) -> list[Any]:
+        return sorted(tuple(r) for r in df.select("partition", "offset", "value", "headers")
+                      .collect())
+
+    for ranges in ([OffsetRange(clicks, p, 0, ends[p]) for p in (0, 1)],
+                   [OffsetRange(clicks, 0, 2, max(3, ends[0] - 3))]):
+        opts = kafka_options(bootstrap, clicks, ranges, "substreams.spark.test.direct")
+        want = rows(spark.read.format("kafka").options(**opts).load())
+        assert want and rows(direct_frame(spark, opts)) == want
+
+
 class UrlCounts(ArrowEpochOperator):
     """Clicks per (window, url), computed columnar on the executors."""
 
@@ -114,7 +148,7 @@ def test_dataframe_ops_and_arrow_operator_on_the_jvm_read(
                    once=True, checkpoint=tmp_path / "df", on_notification=df_notes.append)
         run(op, config, w, op_out, spark=spark, once=True, checkpoint=tmp_path / "op",
             # one epoch a batch: window 2's batch has no record to read
-            query_name="jvm-op", options={"maxEpochsPerTrigger": "1"})
+            query_name="jvm-op", options={"maxEpochsPerTrigger": "1"}, read="jvm")
         for sub in (dw, ow):
             wait_for_epochs(config, sub, len(windows), timeout=120)
         got_df = _downstream(spark, config, dw, tmp_path / "d1")
@@ -223,7 +257,7 @@ def test_read_limits_bound_the_jvm_batches_of_a_1m_backlog(
     op = EpochCount()
     caplog.set_level(logging.INFO, logger="substreams.spark.runner")
     run(op, config, w, spark=spark, once=True, checkpoint=tmp_path / "ck",
-        query_name="jvm-limits", options={"maxRecordsPerTrigger": str(limit)})
+        query_name="jvm-limits", options={"maxRecordsPerTrigger": str(limit)}, read="jvm")
     started = [(int(e), int(r)) for e, r in re.findall(
         r"batch \d+: started \((\d+) epochs, (\d+) records, JVM read", caplog.text)]
     assert [n.time for n in op.notes] == list(range(windows))  # each once, in order
