@@ -178,13 +178,14 @@ class _DirectConsts:
         k = jvm.org.apache.spark.sql.kafka010
         deser = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
         params = jvm.java.util.HashMap()
-        for name, value in {
+        executor: dict[str, str | int] = {
             **settings,
             # what KafkaSourceProvider.kafkaParamsForExecutors sets
             "key.deserializer": deser, "value.deserializer": deser,
             "auto.offset.reset": "none", "enable.auto.commit": "false",
-            "receive.buffer.bytes": "65536",
-        }.items():
+            "receive.buffer.bytes": 65536,  # an Integer, as Spark's
+        }
+        for name, value in executor.items():
             params.put(name, value)
         conv = k.KafkaRecordToRowConverter()
         made = _DirectConsts(

@@ -73,8 +73,10 @@ def test_direct_frame_reads_what_spark_kafka_relation_reads(
 
     for ranges in ([OffsetRange(clicks, p, 0, ends[p]) for p in (0, 1)],
                    [OffsetRange(clicks, 0, 2, max(3, ends[0] - 3))]):
+        # one group id each: Spark's consumer pool is keyed by group and partition
+        rel = kafka_options(bootstrap, clicks, ranges, "substreams.spark.test.relation")
+        want = rows(spark.read.format("kafka").options(**rel).load())
         opts = kafka_options(bootstrap, clicks, ranges, "substreams.spark.test.direct")
-        want = rows(spark.read.format("kafka").options(**opts).load())
         assert want and rows(direct_frame(spark, opts)) == want
 
 
