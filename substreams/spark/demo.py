@@ -199,7 +199,8 @@ def run_demo(
         console.print("[bold]spark[/] starting a local session...")
         # ERROR: the demo's output is its own lines, not Spark's "batch falling behind" WARNs.
         spark = session(
-            "substreams-demo", master=master, shuffle_partitions=2, **{"spark.log.level": "ERROR"}
+            "substreams-demo", master=master, shuffle_partitions=2, jvm_read=True,
+            **{"spark.log.level": "ERROR"},
         )
         warm_up(spark)
         checkpoint = stack.enter_context(tempfile.TemporaryDirectory(prefix="substreams-demo-"))
