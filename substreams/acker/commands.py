@@ -32,8 +32,9 @@ from substreams.streams.wire import Adapter, Converter
 _U64 = 1 << 64
 
 
-class Stage(enum.Enum):
-    """The protocol stages of a controller session, in the order they must be passed."""
+class SessionPhase(enum.Enum):
+    """The phases of a controller session, in the order they must be passed (a command
+    protocol term; not a Python stage, :class:`substreams.acker.stage.Stage`)."""
 
     CREATION = "CREATION"
     INITIALIZATION = "INITIALIZATION"
@@ -208,13 +209,13 @@ class AcksPartition:
 
 @dataclass(frozen=True, slots=True)
 class StatusResponse:
-    stage: Stage
+    stage: SessionPhase
     substreams: tuple[SubstreamStatus, ...]
     acks: tuple[AcksPartition, ...]
     configured: tuple[str, ...] = ()
 
 
-_STAGES = list(Stage)
+_STAGES = list(SessionPhase)
 
 
 def merge_statuses(answers: Sequence[StatusResponse]) -> StatusResponse:

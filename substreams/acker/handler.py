@@ -52,7 +52,7 @@ from substreams.acker.commands import (
     Rejected,
     Response,
     ResponseBody,
-    Stage,
+    SessionPhase,
     StatusRequest,
     StatusResponse,
     SubstreamStatus,
@@ -381,7 +381,7 @@ class CommandHandler:
             return
         session = self.history.state.session_of(cmd)
         assert session is not None
-        computing = session.stage is Stage.COMPUTATION
+        computing = session.stage is SessionPhase.COMPUTATION
         if isinstance(body, Hello | StatusRequest):
             self._reply(cmd, self._status(view.get(), session.stage))
         elif isinstance(body, InitializationComplete):
@@ -429,7 +429,7 @@ class CommandHandler:
 
     # -- status, frontiers ---------------------------------------------------------------
 
-    def _status(self, view: AckerView, stage: Stage) -> StatusResponse:
+    def _status(self, view: AckerView, stage: SessionPhase) -> StatusResponse:
         state = self.history.state
         subs = []
         for name in sorted(view.substreams):
@@ -455,7 +455,7 @@ class CommandHandler:
         state = self.history.state
         controller = state.configured_by()
         session = state.sessions.get(controller or "")
-        if session is None or session.stage is not Stage.COMPUTATION:
+        if session is None or session.stage is not SessionPhase.COMPUTATION:
             return
         v = view.get()
         for name in state.configured_substreams():

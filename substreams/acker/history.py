@@ -31,7 +31,7 @@ from substreams.acker.commands import (
     Hello,
     InitializationComplete,
     Peek,
-    Stage,
+    SessionPhase,
     StatusRequest,
 )
 from substreams.frontier import Antichain, Time, less_equal, sort_key
@@ -67,7 +67,7 @@ class Session:
 
     controller: str
     nonce: str
-    stage: Stage
+    stage: SessionPhase
     last_seq: int
     hello_pos: int
     create_pos: int | None = None
@@ -187,18 +187,18 @@ class CommandState:
         if isinstance(body, StatusRequest):
             return Outcome(OutcomeKind.APPLIED)
         if isinstance(body, CreateInstance):
-            if session.stage is not Stage.CREATION:
+            if session.stage is not SessionPhase.CREATION:
                 return self._out_of_stage(session, "CreateInstance")
-            session.stage = Stage.INITIALIZATION
+            session.stage = SessionPhase.INITIALIZATION
             session.create_pos = pos
             return Outcome(OutcomeKind.APPLIED)
         if isinstance(body, InitializationComplete):
-            if session.stage is not Stage.INITIALIZATION:
+            if session.stage is not SessionPhase.INITIALIZATION:
                 return self._out_of_stage(session, "InitializationComplete")
-            session.stage = Stage.COMPUTATION
+            session.stage = SessionPhase.COMPUTATION
             session.init_pos = pos
             return Outcome(OutcomeKind.APPLIED)
-        if session.stage is Stage.CREATION:
+        if session.stage is SessionPhase.CREATION:
             return self._out_of_stage(session, type(body).__name__)
         kept = Kept(pos, cmd, session.support() | {pos})
         if isinstance(body, ConfigureSubstreams):
@@ -258,7 +258,8 @@ class CommandState:
             for uuid in mine:
                 del self.peeks[uuid]
         self.sessions[cmd.controller] = Session(
-            cmd.controller, cmd.nonce, Stage.CREATION, cmd.seq, pos, last_pos=pos, retired=retired
+            cmd.controller, cmd.nonce, SessionPhase.CREATION, cmd.seq, pos, last_pos=pos,
+            retired=retired,
         )
         return Outcome(OutcomeKind.APPLIED)
 

@@ -17,7 +17,7 @@ from substreams.acker.commands import (
     Hello,
     InitializationComplete,
     Peek,
-    Stage,
+    SessionPhase,
     StatusRequest,
     decode_command,
     encode_command,
@@ -178,7 +178,7 @@ def test_duplicates_stale_and_out_of_stage_commands() -> None:
     assert not h.state.peeks  # the replaced session's peek is owed to nobody
     assert h.push(cmd("c", "n1", 5, StatusRequest())).kind is OutcomeKind.STALE
     assert h.push(cmd("x", "n", 1, StatusRequest())).kind is OutcomeKind.STALE
-    assert h.state.sessions["c"].stage is Stage.CREATION
+    assert h.state.sessions["c"].stage is SessionPhase.CREATION
     assert h.push(cmd("c", "n2", 1, CancelPeek("p"))).kind is OutcomeKind.REJECTED  # creation
     h.push(cmd("c", "n2", 2, CreateInstance()))
     assert h.push(cmd("c", "n2", 3, CancelPeek("p"))).kind is OutcomeKind.IGNORED

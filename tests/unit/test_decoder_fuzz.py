@@ -28,7 +28,7 @@ from substreams.acker.commands import (
     PeekRow,
     PeekRows,
     Response,
-    Stage,
+    SessionPhase,
     StatusResponse,
     SubstreamStatus,
     command_headers,
@@ -124,7 +124,7 @@ RESPONSES = [
             "n1",
             -1,
             StatusResponse(
-                Stage.COMPUTATION,
+                SessionPhase.COMPUTATION,
                 (SubstreamStatus("sub", (1,), (3,), 2, (0,), (2, 55)),),
                 (),
                 ("sub",),

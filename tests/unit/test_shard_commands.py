@@ -15,7 +15,7 @@ from substreams.acker.commands import (
     Hello,
     InitializationComplete,
     Peek,
-    Stage,
+    SessionPhase,
     StatusResponse,
     SubstreamStatus,
     merge_statuses,
@@ -103,11 +103,11 @@ def _sub(name: str, open_times: int = 0) -> SubstreamStatus:
 
 def test_merged_status_puts_the_shards_parts_side_by_side() -> None:
     zero = StatusResponse(
-        Stage.COMPUTATION, (_sub("s3", 2), _sub("s0")),
+        SessionPhase.COMPUTATION, (_sub("s3", 2), _sub("s0")),
         (AcksPartition(0, 10), AcksPartition(2, 30, 1)), ("s0", "s1"),
     )
     one = StatusResponse(
-        Stage.INITIALIZATION, (_sub("s1", 5),), (AcksPartition(3, 40), AcksPartition(1, 20)),
+        SessionPhase.INITIALIZATION, (_sub("s1", 5),), (AcksPartition(3, 40), AcksPartition(1, 20)),
         ("s0", "s1"),
     )
     merged = merge_statuses([zero, one])
@@ -117,7 +117,7 @@ def test_merged_status_puts_the_shards_parts_side_by_side() -> None:
         (0, 10, None), (1, 20, None), (2, 30, 1), (3, 40, None)
     ]
     assert merged.configured == ("s0", "s1")
-    assert merged.stage is Stage.INITIALIZATION  # the stage every shard has reached
+    assert merged.stage is SessionPhase.INITIALIZATION  # the stage every shard has reached
     assert merge_statuses([one, zero]) == merged  # the order of the answers does not matter
     assert merge_statuses([zero]) == StatusResponse(
         zero.stage, tuple(sorted(zero.substreams, key=lambda s: s.substream)),

@@ -28,7 +28,7 @@ from substreams.acker.commands import (
     PeekRows,
     Rejected,
     Response,
-    Stage,
+    SessionPhase,
     StatusRequest,
     StatusResponse,
     SubstreamStatus,
@@ -89,7 +89,7 @@ response_bodies = st.one_of(
     ),
     st.builds(
         StatusResponse,
-        st.sampled_from(list(Stage)),
+        st.sampled_from(list(SessionPhase)),
         tuples_of(st.builds(
             SubstreamStatus, TEXT, tuples_of(times), tuples_of(times), LONG,
             st.one_of(st.none(), tuples_of(times)),
