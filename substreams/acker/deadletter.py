@@ -88,8 +88,9 @@ class DeadLetter:
         )
 
 
-class DeadLetterWriter:
-    """Writes dead letters (and any other plain message the service must emit)."""
+class PlainWriter:
+    """A service's plain (non-transactional) writer: its dead letters (:meth:`write`) and
+    the command responses it sends (:meth:`produce`)."""
 
     def __init__(self, config: Config, bootstrap: str) -> None:
         self.topic = config.acker.dead_letter_topic

@@ -56,7 +56,7 @@ from substreams import metrics
 from substreams.acker.core import AckerCore, Effects, Evict
 from substreams.acker.deadletter import (
     DeadLetter,
-    DeadLetterWriter,
+    PlainWriter,
 )
 from substreams.acker.liveness import probe_interval_ms
 from substreams.acker.protocol import (
@@ -235,7 +235,7 @@ class AckerService:
         self.fenced = False
         self._writer: ControlWriter | None = None
         self._reader: Reader | None = None
-        self._out: DeadLetterWriter | None = None
+        self._out: PlainWriter | None = None
         self._last_write = float("-inf")
         self._heartbeat_s = config.acker.heartbeat_ms / 1000.0
         self._open_gauges = metrics.OpenTimes(self.name)
@@ -349,7 +349,7 @@ class AckerService:
         for sub in self.segments:
             self.state.ensure(sub, every, self.config.substream(sub).gap_ms)
         self.core.started(_now_ms())  # the acker's own downtime evicts no one
-        self._out = DeadLetterWriter(self.config, self.bootstrap)
+        self._out = PlainWriter(self.config, self.bootstrap)
         self._reader = Reader(
             self.bootstrap, self.config, name=f"acker '{self.name}': acks topic"
         )

@@ -37,7 +37,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from substreams import metrics
-from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter, DeadLetterWriter
+from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter, PlainWriter
 from substreams.acker.table import acker_segments
 from substreams.acker.tracker import stage_writer
 from substreams.config import Config, StageConfig
@@ -118,13 +118,13 @@ class Stage:
         self.processed = 0
         self.emitted = 0
         self.dead_letters = 0
-        self._dlq: DeadLetterWriter | None = None
+        self._dlq: PlainWriter | None = None
         self._closed = False
 
-    def _dead_letters(self) -> DeadLetterWriter:
+    def _dead_letters(self) -> PlainWriter:
         """Created on the first dead letter: most stages never write one."""
         if self._dlq is None:
-            self._dlq = DeadLetterWriter(self.config, self.bootstrap)
+            self._dlq = PlainWriter(self.config, self.bootstrap)
         return self._dlq
 
     def step(self, timeout: float = 0.1) -> int:
