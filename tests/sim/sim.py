@@ -50,14 +50,14 @@ import substreams.acker.agent as agent_module
 from substreams.acker.core import AckerCore, Evict
 from substreams.acker.deadletter import REASON_TERMINATED
 from substreams.acker.liveness import probe_interval_ms
-from substreams.acker.protocol import Register, decode_ack, encode_ack
+from substreams.acker.protocol import STAGE, Register, decode_ack, encode_ack
 from substreams.acker.state import AckerState, Blocker
 from substreams.acker.table import SOURCE
 from substreams.acker.tracker import Tracker
 from substreams.control.messages import completions
-from substreams.errors import ProtocolError
+from substreams.errors import BrokerError, ProtocolError
 from substreams.kafka.clock import SimClock
-from substreams.kafka.log import FencedError
+from substreams.kafka.log import Committed, FencedError, Record
 from substreams.kafka.memory import MemoryLog, MemoryReader, MemoryTransactionalWriter
 from substreams.streams.records import SentRecord
 
@@ -66,6 +66,12 @@ ACKS = "acks"
 SUBS = ("s", "o")
 """Two epoch substreams: on acks partitions 1 and 0 of a two-partition acks topic."""
 DATA_PARTITIONS = 3
+OUT = "out"
+"""A stage's output stream (in the staged schedules: the terminal stream of both segments)."""
+OUT_PARTITIONS = 2
+STAGE_ID = "stage.st"
+STAGE_GROUP = "substreams.stage.st"
+"""The stage's consumer group: its input positions, committed in its output transaction."""
 TIMEOUT_MS = 1000
 """The acker's ``source_timeout_ms``."""
 ACKER_HEARTBEAT_MS = 200
@@ -80,8 +86,11 @@ SNAPSHOT_EVERY = 100
 Gen = Generator[int, None, None]
 """An actor: yields how many simulated ms until its next step."""
 
-BUGS = ("old_unregister", "old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso")
-"""The bug switches of :attr:`AckerCore.reintroduced`."""
+BUGS = ("old_unregister", "old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso",
+        "stage_offsets_apart")
+"""The bug switches of :attr:`AckerCore.reintroduced` (the core's, and the simulated
+processes': ``evict_at_lso`` in the acker shell, ``stage_offsets_apart`` -- the stage commits
+its input positions in a transaction of their own, after its outputs' -- in the stage)."""
 
 KNOWN_ISSUE = (
     "a fenced zombie that stays idle heartbeats for its incarnation forever; if the "
@@ -140,8 +149,8 @@ class Note:
     sub: str
     time: int
     records: int
-    ranges: list[tuple[int, int, int]]
-    """(data partition, start, end)."""
+    ranges: list[tuple[str, int, int, int]]
+    """(stream, partition, start, end)."""
     at_ms: int
 
 
@@ -191,12 +200,21 @@ class Sim:
         self.clock = SimClock()
         self.log = MemoryLog(self.clock, marker_delay_ms=rng.choice((0, 0, 5)))
         self.acks_partitions = rng.choice((1, 2))
+        self.staged = rng.random() < 0.5
+        """Half the schedules run a stage DATA -> OUT: both segments are {DATA, OUT}, OUT
+        terminal (the sources only send, the stage receives and delivers)."""
         self.config: Any = SimpleNamespace(
             acker=SimpleNamespace(acks_topic=ACKS, acks_partitions=self.acks_partitions),
-            stages=(),  # every substream's segment: the data topic alone, terminal
+            # unstaged: every substream's segment is the data topic alone, terminal
+            stages=(SimpleNamespace(name="st", input=DATA, output=OUT),) if self.staged else (),
             substream=lambda name: SimpleNamespace(stream=DATA),
         )
-        self.log.create_topics({DATA: DATA_PARTITIONS, ACKS: self.acks_partitions})
+        self.log.create_topics({DATA: DATA_PARTITIONS, ACKS: self.acks_partitions,
+                                OUT: OUT_PARTITIONS})
+        self.stage = Source(STAGE_ID, f"txn.{STAGE_ID}", 0)
+        """The stage's incarnations (its own transactional id; it never finishes)."""
+        self.out_commit_at: dict[tuple[int, int], int] = {}
+        """The stage's output records (partition, offset) whose commit returned, and when."""
         self.fault_limit = fault_limit
         self.faults = 0
         self.events: list[tuple[int, str]] = []
@@ -222,7 +240,8 @@ class Sim:
         "A record after its own source's seal") and in no notification, by design."""
         self.stats = {"commits": 0, "crashes": 0, "restarts": 0, "zombies": 0,
                       "pauses": 0, "acker_crashes": 0, "evictions": 0, "fences": 0,
-                      "notifications": 0, "excused": 0, "steps": 0}
+                      "notifications": 0, "excused": 0, "steps": 0, "staged": int(self.staged),
+                      "stage_commits": 0, "stage_outputs": 0}
         self.sources = [
             Source(f"src{i}", f"txn.src{i}", rng.randint(3, 6)) for i in range(rng.randint(2, 4))
         ]
@@ -262,6 +281,8 @@ class Sim:
                 self.spawn(self.incarnation(src), self.rng.randrange(50) + i)
             for acker in self.ackers:
                 self.spawn(acker.run())
+            if self.staged:
+                self.spawn(self.stage_incarnation(self.stage), self.rng.randrange(50))
             ended_at: int | None = None
             while self._queue:
                 at, _, actor = heapq.heappop(self._queue)
@@ -309,7 +330,7 @@ class Sim:
         frontier = min(n[-1].time if n else -1 for n in self.notes.values())
         start = max(done, frontier) + 1
         self.event(f"{inc} starts at epoch {start} (took {src.txid}; committed up to {done})")
-        me = Incarnation(self, src, inc, writer, tracker)
+        me = Incarnation(self, src, inc, writer, tracker, lambda: self.incarnation(src))
         self.spawn(me.heartbeats(), SOURCE_HEARTBEAT_MS)
         try:
             if start > 0:
@@ -345,13 +366,73 @@ class Sim:
                 self.stats["restarts"] += 1
                 self.spawn(self.incarnation(src), 20 + rng.randrange(400))
 
+    # -- the stage -----------------------------------------------------------------------
+
+    def stage_incarnation(self, st: Source) -> Gen:
+        """One incarnation of the stage (``acker/stage.py``): take its transactional id
+        (fencing its predecessor, aborting what it left open), Register, resume from its
+        group's committed input positions, then per batch: the outputs (0-2 per input,
+        fixed by the input), RCV of the inputs, the input positions, one commit.  It
+        crashes, pauses and freezes as a zombie like a source, and always restarts (no
+        time of its segments terminates without it)."""
+        rng = self.rng
+        st.incarnations += 1
+        inc = f"{st.name}.{st.incarnations}"
+        previous, st.current = st.current, inc
+        if previous:
+            st.unlive.add(previous)
+        writer = self.log.transactional_writer(st.txid, timeout_ms=TXN_TIMEOUT_MS)
+        tracker = Tracker(self.config, OUT, st.name, inc, SUBS, STAGE, inherited_times=True)
+        me = StageRun(self, st, inc, writer, tracker, lambda: self.stage_incarnation(st))
+        tps = [(DATA, p) for p in range(DATA_PARTITIONS)]
+        try:
+            yield from me.commit()  # the Register, before any report
+            while True:
+                try:
+                    got = self.log.committed_offsets(STAGE_GROUP, tps)
+                    break
+                except BrokerError:  # an open transaction's offsets: wait for its end
+                    yield 50
+            reader = self.log.reader(committed=True, name=inc)
+            starts = {tp: got[tp].offset if tp in got else 0 for tp in tps}
+            reader.assign(starts)
+            self.event(f"{inc} starts: input from {[starts[tp] for tp in tps]}")
+            while True:
+                yield 5 + rng.randrange(40)
+                yield from me.point("before poll")
+                batch = reader.poll(0, rng.randint(1, 4))
+                if not batch:
+                    continue
+                positions: dict[tuple[str, int], Committed] = {}
+                for r in batch:
+                    positions[(DATA, r.partition)] = Committed(r.offset + 1)
+                    _, e, _, tid = (r.value or b"").decode().split("/")
+                    for j in range(int(tid) % 3):
+                        yield from me.point("before produce")
+                        me.emit(r, j, int(e))
+                    tracker.received((s, int(e), int(tid)) for s in SUBS)
+                if "stage_offsets_apart" in AckerCore.reintroduced:  # BUG SWITCH (stage)
+                    yield from me.commit()  # the outputs and reports alone, then the offsets
+                me.begin()
+                me.call("send offsets", lambda p=positions: writer.send_offsets(STAGE_GROUP, p))
+                yield from me.commit()
+        except Crash:
+            me.alive = False
+            st.unlive.add(inc)
+            if st.current != inc:
+                return  # a newer incarnation runs already (we were a zombie)
+            self.stats["restarts"] += 1
+            self.spawn(self.stage_incarnation(st), 20 + rng.randrange(400))
+
 
 class Incarnation:
     """A source incarnation's process: its writer, tracker, open transaction and faults."""
 
     def __init__(self, sim: Sim, src: Source, inc: str, writer: MemoryTransactionalWriter,
-                 tracker: Tracker) -> None:
+                 tracker: Tracker, respawn: Callable[[], Gen]) -> None:
         self.sim = sim
+        self.respawn = respawn
+        """A new incarnation of the same id (a zombie's successor)."""
         self.src = src
         self.inc = inc
         self.writer = writer
@@ -363,6 +444,8 @@ class Incarnation:
         self.last_commit = sim.now()
         self.epochs: list[int] = []
         """Epochs of the records produced in the open transaction."""
+        self.tids: list[int] = []
+        """Their tracking ids."""
         self.zombie = False
 
     def call(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -372,7 +455,7 @@ class Incarnation:
         except FencedError:
             self.sim.event(f"{self.inc}: {what} fenced")
             raise Crash() from None
-        if self.zombie and what in ("produce", "produce acks", "commit"):
+        if self.zombie and what in ("produce", "produce acks", "send offsets", "commit"):
             self.sim.violations.append(
                 f"zombie: fenced incarnation {self.inc}'s {what} returned normally"
             )
@@ -404,7 +487,7 @@ class Incarnation:
             self.paused = True
             takeover = 10 + rng.randrange(200)  # its successor takes the id (fences it) then
             self.src.guarded = not sim.idle_zombies
-            sim.spawn(sim.incarnation(self.src), takeover)
+            sim.spawn(self.respawn(), takeover)
             yield takeover + 1 + rng.randrange(2 * TIMEOUT_MS)
             self.paused = False
             self.zombie = True
@@ -414,34 +497,55 @@ class Incarnation:
                     yield 10 * TIMEOUT_MS
             yield rng.randrange(2 * TIMEOUT_MS)
 
-    def produce(self, e: int, k: int) -> None:
+    def begin(self) -> None:
         if not self.in_txn:
             self.call("begin", self.writer.begin)
             self.in_txn = True
-        p = self.sim.rng.randrange(DATA_PARTITIONS)
-        value = f"{self.inc}/{e}/{k}".encode()
+
+    def produce(self, e: int, k: int) -> None:
+        self.begin()
+        rng = self.sim.rng
+        p = rng.randrange(DATA_PARTITIONS)
+        tid = rng.getrandbits(63) | 1
+        value = f"{self.inc}/{e}/{k}/{tid}".encode()
         self.call("produce", lambda: self.writer.produce(DATA, p, value))
         self.epochs.append(e)
+        self.tids.append(tid)
+        if self.sim.staged:  # a stage reads DATA: SND now (the publisher's publish)
+            self.tracker.sent([SentRecord(DATA, p, 0, tid, dict.fromkeys(SUBS, e))])
+
+    def report(self, delivered: list[Record]) -> None:
+        """The delivery reports of the transaction's records (terminal: SND+RCV)."""
+        times = self.epochs
+        records = [SentRecord(DATA, r.partition, t, tid, dict.fromkeys(SUBS, t))
+                   for t, tid, r in zip(times, self.tids, delivered, strict=True)]
+        # the publisher's time columns (publish_many), or none (the tracker builds them)
+        columns = dict.fromkeys(SUBS, times) if self.sim.rng.random() < 0.5 else {}
+        self.tracker.delivered(
+            records, [r.partition for r in delivered], [r.offset for r in delivered], columns,
+        )
+
+    def truth(self, delivered: list[Record], now: int) -> None:
+        """The ground truth of a commit that returned."""
+        sim = self.sim
+        for r, t in zip(delivered, self.epochs, strict=True):
+            sim.commit_at[(r.partition, r.offset)] = now
+            for sub in SUBS:
+                notes = sim.notes[sub]
+                if not notes or t > notes[-1].time:  # else: refused, in no notification
+                    sim.pending[sub].add(t)
+            if t > sim.committed_max.get(self.src.name, -1):
+                sim.committed_max[self.src.name] = t
 
     def commit(self, last: bool = False) -> Gen:
         """Report what was delivered, write the tracker's messages, commit (``last``: the
         publisher's final commit, with the Unregister)."""
         sim, rng = self.sim, self.sim.rng
         yield from self.point("before commit")
-        if not self.in_txn:
-            self.call("begin", self.writer.begin)
-            self.in_txn = True
+        self.begin()
         delivered = self.call("flush", self.writer.flush)
         if delivered:
-            times = self.epochs
-            records = [SentRecord(DATA, r.partition, t, 0, dict.fromkeys(SUBS, t))
-                       for t, r in zip(times, delivered, strict=True)]
-            # the publisher's time columns (publish_many), or none (the tracker builds them)
-            columns = dict.fromkeys(SUBS, times) if rng.random() < 0.5 else {}
-            self.tracker.delivered(
-                records, [r.partition for r in delivered], [r.offset for r in delivered],
-                columns,
-            )
+            self.report(delivered)
         for w in self.tracker.before_commit(last):
             self.call("produce acks", lambda w=w: self.writer.produce(
                 w.topic, w.partition, w.value, headers=w.headers))
@@ -453,16 +557,10 @@ class Incarnation:
         now = sim.now()
         self.last_commit = now
         sim.stats["commits"] += 1
-        for r, t in zip(delivered, self.epochs, strict=True):
-            sim.commit_at[(r.partition, r.offset)] = now
-            for sub in SUBS:
-                notes = sim.notes[sub]
-                if not notes or t > notes[-1].time:  # else: refused, in no notification
-                    sim.pending[sub].add(t)
-            if t > sim.committed_max.get(self.src.name, -1):
-                sim.committed_max[self.src.name] = t
+        self.truth(delivered, now)
         sim.event(f"{self.inc} committed epochs {sorted(set(self.epochs))}")
         self.epochs = []
+        self.tids = []
         if sim.fault(0.01):
             sim.stats["crashes"] += 1
             sim.event(f"{self.inc} crashes right after its commit returned")
@@ -483,6 +581,34 @@ class Incarnation:
             due = self.last_commit + SOURCE_HEARTBEAT_MS - now
             quarter = SOURCE_HEARTBEAT_MS // 4
             yield max(quarter, -(-due // quarter) * quarter)
+
+
+class StageRun(Incarnation):
+    """A stage incarnation's process: outputs to OUT with the input's times, delivered
+    (OUT is terminal), no seals, no heartbeats (the acker waits for no stage)."""
+
+    def emit(self, r: Record, j: int, e: int) -> None:
+        """Output ``j`` of input ``r`` (value: input partition:offset/j/epoch/tracking id)."""
+        self.begin()
+        tid = self.sim.rng.getrandbits(63) | 1
+        p = r.partition % OUT_PARTITIONS
+        value = f"{r.partition}:{r.offset}/{j}/{e}/{tid}".encode()
+        self.call("produce", lambda: self.writer.produce(OUT, p, value))
+        self.epochs.append(e)
+        self.tids.append(tid)
+
+    def report(self, delivered: list[Record]) -> None:
+        records = [SentRecord(OUT, r.partition, 0, tid, dict.fromkeys(SUBS, t))
+                   for t, tid, r in zip(self.epochs, self.tids, delivered, strict=True)]
+        self.tracker.delivered(
+            records, [r.partition for r in delivered], [r.offset for r in delivered], {},
+        )
+
+    def truth(self, delivered: list[Record], now: int) -> None:
+        sim = self.sim
+        sim.stats["stage_commits"] += 1
+        for r in delivered:
+            sim.out_commit_at[(r.partition, r.offset)] = now
 
 
 class AckerShell:
@@ -664,7 +790,8 @@ class AckerShell:
         sim = self.sim
         assert isinstance(time, int)
         sim.notes[sub].append(
-            Note(sub, time, records, [(r.partition, r.start, r.end) for r in ranges], now)
+            Note(sub, time, records, [(r.stream, r.partition, r.start, r.end) for r in ranges],
+                 now)
         )
         sim.pending[sub].discard(time)
         sim.stats["notifications"] += 1
@@ -674,7 +801,7 @@ class AckerShell:
         sim = self.sim
         sim.stats["evictions"] += 1
         sim.event(f"{self.name} evicted {inc} on acks partition {key[1]}")
-        src = next(s for s in sim.sources if s.name == key[0])
+        src = next(s for s in [*sim.sources, sim.stage] if s.name == key[0])
         if inc not in src.unlive:
             sim.violations.append(
                 f"live source evicted: {inc} (never crashed, paused or fenced) evicted on "
@@ -685,37 +812,88 @@ class AckerShell:
 # -- checks ----------------------------------------------------------------------------------
 
 
-def _committed(sim: Sim) -> dict[tuple[int, int], tuple[str, int]]:
-    """Every committed data record, read ``read_committed`` once every transaction ended:
-    (partition, offset) -> (incarnation, epoch)."""
-    sim.clock.advance_ms(TXN_TIMEOUT_MS + 1)  # the coordinator aborts what is still open
+def _read_all(sim: Sim, topic: str, partitions: int) -> list[Record]:
     reader = sim.log.reader(committed=True, name="check")
-    reader.assign({(DATA, p): 0 for p in range(DATA_PARTITIONS)})
-    out: dict[tuple[int, int], tuple[str, int]] = {}
+    reader.assign({(topic, p): 0 for p in range(partitions)})
+    out: list[Record] = []
     while True:
         got = reader.poll(0, 10_000)
         if not got:
             return out
-        for r in got:
-            inc, e, _ = (r.value or b"").decode().split("/")
-            out[(r.partition, r.offset)] = (inc, int(e))
+        out.extend(got)
+
+
+def _committed(sim: Sim) -> dict[tuple[int, int], tuple[str, int, int]]:
+    """Every committed data record, read ``read_committed`` once every transaction ended:
+    (partition, offset) -> (incarnation, epoch, tracking id)."""
+    sim.clock.advance_ms(TXN_TIMEOUT_MS + 1)  # the coordinator aborts what is still open
+    out: dict[tuple[int, int], tuple[str, int, int]] = {}
+    for r in _read_all(sim, DATA, DATA_PARTITIONS):
+        inc, e, _, tid = (r.value or b"").decode().split("/")
+        out[(r.partition, r.offset)] = (inc, int(e), int(tid))
+    return out
+
+
+def _check_stage(sim: Sim, committed: dict[tuple[int, int], tuple[str, int, int]]
+                 ) -> dict[tuple[int, int], tuple[int, int]]:
+    """Stage outputs exactly once: an input below the group's committed position has
+    exactly its outputs (``tid % 3``, each once), one at or past it none; no output of an
+    input that is not committed; every output committed by a commit that returned.
+    Returns the committed outputs: (partition, offset) -> the input's (partition, offset)."""
+    v = sim.violations
+    tps = [(DATA, p) for p in range(DATA_PARTITIONS)]
+    group = sim.log.committed_offsets(STAGE_GROUP, tps)
+    outs: dict[tuple[int, int], tuple[int, int]] = {}
+    per_input: dict[tuple[int, int], list[int]] = {}
+    for r in _read_all(sim, OUT, OUT_PARTITIONS):
+        src, j, _, _ = (r.value or b"").decode().split("/")
+        ip, io = src.split(":")
+        where = (int(ip), int(io))
+        outs[(r.partition, r.offset)] = where
+        per_input.setdefault(where, []).append(int(j))
+        if (r.partition, r.offset) not in sim.out_commit_at:
+            v.append(f"commit: stage output {(r.partition, r.offset)} committed by no commit "
+                     "that returned")
+        if where not in committed:
+            v.append(f"stage: output {(r.partition, r.offset)} of input {where}, which is "
+                     "not committed")
+    sim.stats["stage_outputs"] += len(outs)
+    for where, (_, _, tid) in committed.items():
+        done = where[1] < (group[(DATA, where[0])].offset if (DATA, where[0]) in group else 0)
+        want = list(range(tid % 3)) if done else []
+        got = sorted(per_input.get(where, []))
+        if got != want:
+            v.append(f"stage: input {where} ({'before' if done else 'at or past'} the group's "
+                     f"position) has outputs {got}, not {want}")
+    return outs
 
 
 def check(sim: Sim) -> None:
     """The firm bound's guarantees over the finished schedule (appended to violations)."""
     v = sim.violations
     committed = _committed(sim)
-    for where, (inc, _) in committed.items():
+    for where, (inc, _, _) in committed.items():
         if where not in sim.commit_at:
             v.append(f"commit: record {where} of {inc} committed by no commit that returned")
+    outs = _check_stage(sim, committed) if sim.staged else {}
+    stream, commit_at = (OUT, sim.out_commit_at) if sim.staged else (DATA, sim.commit_at)
     for sub in SUBS:
         by_time: dict[int, list[tuple[int, int]]] = {}
-        for where, (inc, e) in committed.items():
+        due: set[int] = set()
+        """Times with a committed record not excused: each must terminate."""
+        for where, (inc, e, _) in committed.items():
             joined = sim.joined.get((inc, sim.home[sub]), {}).get(sub, -1)
             if inc in sim.terminated_refused and e <= joined:
                 sim.stats["excused"] += 1  # joined after its time terminated: refused
             else:
-                by_time.setdefault(e, []).append(where)
+                due.add(e)
+                if not sim.staged:
+                    by_time.setdefault(e, []).append(where)
+        for out, where in outs.items():  # staged: the records are the stage's outputs
+            inc, e, _ = committed.get(where, ("", -1, 0))
+            joined = sim.joined.get((inc, sim.home[sub]), {}).get(sub, -1)
+            if not (inc in sim.terminated_refused and e <= joined):
+                by_time.setdefault(e, []).append(out)
         notes = sim.notes[sub]
         times = [n.time for n in notes]
         for a, b in pairwise(times):
@@ -729,15 +907,16 @@ def check(sim: Sim) -> None:
                          f"{len(want)} committed at that time")
             for where in want:
                 p, o = where
-                if not any(rp == p and lo <= o < hi for rp, lo, hi in n.ranges):
-                    v.append(f"exact: {sub}@{n.time}: committed record {where} outside its "
-                             f"ranges {n.ranges}")
+                if not any(rs == stream and rp == p and lo <= o < hi
+                           for rs, rp, lo, hi in n.ranges):
+                    v.append(f"exact: {sub}@{n.time}: committed record {stream}{where} outside "
+                             f"its ranges {n.ranges}")
                     break
-            late = [w for w in want if sim.commit_at.get(w, 0) > n.at_ms]
+            late = [w for w in want if commit_at.get(w, 0) > n.at_ms]
             if late:
                 v.append(f"early: {sub}@{n.time} notified at {n.at_ms - sim.t0} ms, before "
-                         f"the commit of {late[0]} at {sim.commit_at[late[0]] - sim.t0} ms")
-        missing = sorted(set(by_time) - set(times))
+                         f"the commit of {stream}{late[0]} at {commit_at[late[0]] - sim.t0} ms")
+        missing = sorted(due - set(times))
         if missing:
             v.append(f"terminates: {sub}@{missing} committed records but never terminated")
 

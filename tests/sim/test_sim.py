@@ -14,7 +14,8 @@ from tests.sim.sim import BUGS, run_schedule
 CI_SCHEDULES = 300
 """Schedules per test in CI."""
 
-FOUND = ("old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso")
+FOUND = ("old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso",
+         "stage_offsets_apart")
 """The switches a schedule can reach (``old_unregister`` cannot: see its test)."""
 
 
@@ -31,7 +32,8 @@ def test_the_unmodified_code_fails_no_schedule() -> None:
     assert run.schedules == CI_SCHEDULES
     assert [o.seed for o in run.failing] == [], run.failing[:1]
     # the schedules do exercise what the guarantees are about
-    for what in ("crashes", "restarts", "zombies", "pauses", "acker_crashes", "evictions"):
+    for what in ("crashes", "restarts", "zombies", "pauses", "acker_crashes", "evictions",
+                 "staged", "stage_commits", "stage_outputs"):
         assert run.stats[what] > 0, what
 
 
