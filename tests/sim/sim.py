@@ -50,7 +50,13 @@ import substreams.acker.agent as agent_module
 from substreams.acker.core import AckerCore, Evict
 from substreams.acker.deadletter import REASON_TERMINATED
 from substreams.acker.liveness import probe_interval_ms
-from substreams.acker.protocol import STAGE, Register, decode_ack, encode_ack
+from substreams.acker.protocol import (
+    STAGE,
+    Register,
+    decode_ack,
+    encode_ack,
+    segment_partition,
+)
 from substreams.acker.state import AckerState, Blocker
 from substreams.acker.table import SOURCE
 from substreams.acker.tracker import Tracker
@@ -72,6 +78,16 @@ OUT_PARTITIONS = 2
 STAGE_ID = "stage.st"
 STAGE_GROUP = "substreams.stage.st"
 """The stage's consumer group: its input positions, committed in its output transaction."""
+RES = "results"
+"""A Spark query's output stream (in the Spark schedules), tracked in substream ``Q``."""
+RES_PARTITIONS = 2
+COMMITS = "_substreams.commits.results"
+"""Its commit topic: the driver's batch markers; the units' markers are group offsets on it."""
+Q = "q"
+DRIVER = "spark.q"
+DRIVER_RESTART_MS = 3000
+"""A crashed driver comes back within this (often after the acker's 1 s timeout: it must not be
+evicted for its silence)."""
 TIMEOUT_MS = 1000
 """The acker's ``source_timeout_ms``."""
 ACKER_HEARTBEAT_MS = 200
@@ -87,7 +103,7 @@ Gen = Generator[int, None, None]
 """An actor: yields how many simulated ms until its next step."""
 
 BUGS = ("old_unregister", "old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso",
-        "stage_offsets_apart")
+        "stage_offsets_apart", "evicted_driver")
 """The bug switches of :attr:`AckerCore.reintroduced` (the core's, and the simulated
 processes': ``evict_at_lso`` in the acker shell, ``stage_offsets_apart`` -- the stage commits
 its input positions in a transaction of their own, after its outputs' -- in the stage)."""
@@ -211,6 +227,18 @@ class Sim:
         )
         self.log.create_topics({DATA: DATA_PARTITIONS, ACKS: self.acks_partitions,
                                 OUT: OUT_PARTITIONS})
+        self.spark = rng.random() < 0.4
+        """A Spark query writes RES (substream Q): units (STAGE) and a driver (SOURCE, never
+        evicted for silence) that seals a batch once every unit committed its part."""
+        self.subs: tuple[str, ...] = (*SUBS, Q) if self.spark else SUBS
+        """Every substream of the schedule (the sources and the stage write SUBS)."""
+        if self.spark:
+            self.config.substream = lambda name: SimpleNamespace(stream=RES if name == Q else DATA)
+            self.log.create_topics({RES: RES_PARTITIONS, COMMITS: 1})
+        self.driver = Source(DRIVER, f"txn.{DRIVER}", rng.randint(2, 4))
+        """The query's driver (``epochs``: its batches)."""
+        self.units = rng.randint(2, 3)
+        self.res_commit_at: dict[tuple[int, int], int] = {}
         self.stage = Source(STAGE_ID, f"txn.{STAGE_ID}", 0)
         """The stage's incarnations (its own transactional id; it never finishes)."""
         self.out_commit_at: dict[tuple[int, int], int] = {}
@@ -228,9 +256,9 @@ class Sim:
         self.committed_max: dict[str, int] = {}
         """Per source, the highest epoch of a record it committed (what a restart resumes
         after, found in the data topic by procs.py; known exactly here)."""
-        self.pending: dict[str, set[int]] = {s: set() for s in SUBS}
+        self.pending: dict[str, set[int]] = {s: set() for s in self.subs}
         """Per substream, times with a committed record not yet notified."""
-        self.notes: dict[str, list[Note]] = {s: [] for s in SUBS}
+        self.notes: dict[str, list[Note]] = {s: [] for s in self.subs}
         self.terminated_refused: set[str] = set()
         """Incarnations a report of which was refused as for a terminated time."""
         self.joined: dict[tuple[str, int], dict[str, int]] = {}
@@ -241,13 +269,15 @@ class Sim:
         self.stats = {"commits": 0, "crashes": 0, "restarts": 0, "zombies": 0,
                       "pauses": 0, "acker_crashes": 0, "evictions": 0, "fences": 0,
                       "notifications": 0, "excused": 0, "steps": 0, "staged": int(self.staged),
-                      "stage_commits": 0, "stage_outputs": 0}
+                      "stage_commits": 0, "stage_outputs": 0, "spark": int(self.spark),
+                      "driver_crashes": 0, "spark_rows": 0}
+        self.unit_attempts = 0
         self.sources = [
             Source(f"src{i}", f"txn.src{i}", rng.randint(3, 6)) for i in range(rng.randint(2, 4))
         ]
         self.finished = 0
-        self.home = {sub: (1 if sub == "s" else 0) % self.acks_partitions for sub in SUBS}
-        """Each substream's acks partition (``s`` on 1, ``o`` on 0 of two)."""
+        self.home = {sub: segment_partition(sub, self.acks_partitions) for sub in self.subs}
+        """Each substream's acks partition (``s`` and ``q`` on 1, ``o`` on 0 of two)."""
         shards = 2 if self.acks_partitions == 2 and seed % 2 else 1
         """Half the two-partition schedules run two acker shards, one partition each."""
         self.ackers = [
@@ -283,6 +313,8 @@ class Sim:
                 self.spawn(acker.run())
             if self.staged:
                 self.spawn(self.stage_incarnation(self.stage), self.rng.randrange(50))
+            if self.spark:
+                self.spawn(self.driver_incarnation(self.driver), self.rng.randrange(50))
             ended_at: int | None = None
             while self._queue:
                 at, _, actor = heapq.heappop(self._queue)
@@ -295,7 +327,7 @@ class Sim:
                 self._seq += 1
                 heapq.heappush(self._queue, (at + delay, self._seq, actor))
                 if ended_at is None:
-                    if self.finished == len(self.sources):
+                    if self.finished == len(self.sources) + self.spark:
                         ended_at = self.now()
                 elif (not any(self.pending.values())
                       and all(a.caught_up() for a in self.ackers)) or (
@@ -327,7 +359,7 @@ class Sim:
         tracker = Tracker(self.config, DATA, src.name, inc, SUBS, SOURCE, writer=src.txid)
         done = self.committed_max.get(src.name, -1)
         # a client that came back after an eviction starts past what terminated meanwhile
-        frontier = min(n[-1].time if n else -1 for n in self.notes.values())
+        frontier = min(self.notes[s][-1].time if self.notes[s] else -1 for s in SUBS)
         start = max(done, frontier) + 1
         self.event(f"{inc} starts at epoch {start} (took {src.txid}; committed up to {done})")
         me = Incarnation(self, src, inc, writer, tracker, lambda: self.incarnation(src))
@@ -365,6 +397,101 @@ class Sim:
             else:
                 self.stats["restarts"] += 1
                 self.spawn(self.incarnation(src), 20 + rng.randrange(400))
+
+    # -- a Spark query -------------------------------------------------------------------
+
+    def driver_incarnation(self, drv: Source) -> Gen:
+        """One incarnation of the query's driver (``spark/sink.py``): take its transactional
+        id, read the last batch it sealed from the commit topic, then per later batch:
+        launch a task per unit, wait until every unit reported its part committed (or
+        committed before), and seal the batch with its marker in one transaction.  It
+        registers as never evicted for silence: a crashed driver holds its batches back
+        until it is restarted.  A crash kills its running tasks or leaves them running on
+        (zombie tasks); it always restarts (within :data:`DRIVER_RESTART_MS`)."""
+        rng = self.rng
+        drv.incarnations += 1
+        inc = f"{drv.name}.{drv.incarnations}"
+        previous, drv.current = drv.current, inc
+        if previous:
+            drv.unlive.add(previous)
+        writer = self.log.transactional_writer(drv.txid, timeout_ms=TXN_TIMEOUT_MS)
+        tracker = Tracker(self.config, RES, drv.name, inc, [Q], SOURCE, writer=drv.txid,
+                          evict_when_silent=False)
+        me = SparkDriver(self, drv, inc, writer, tracker, lambda: self.driver_incarnation(drv))
+        self.spawn(me.heartbeats(), SOURCE_HEARTBEAT_MS)
+        sealed = max((int(r.value or b"-1") for r in _read_all(self, COMMITS, 1)), default=-1)
+        self.event(f"{inc} starts after batch {sealed} (took {drv.txid})")
+        try:
+            yield from me.commit()  # the Register
+            for b in range(sealed + 1, drv.epochs):
+                me.done = set()
+                for u in range(self.units):
+                    self.spawn(self.unit_attempt(me, u, b), rng.randrange(30))
+                while len(me.done) < self.units:
+                    yield 20
+                    if self.fault(0.03):
+                        self.stats["crashes"] += 1
+                        self.event(f"{inc} crashes while its tasks of batch {b} run")
+                        raise Crash()
+                yield from me.point("before its seal")
+                me.tracker.seal(Q, b, False)
+                me.begin()
+                me.call("produce", lambda b=b: writer.produce(COMMITS, 0, str(b).encode()))
+                yield from me.commit()
+                self.event(f"{inc} sealed batch {b}")
+            yield from me.commit(last=True)  # the Unregister
+            me.alive = False
+            self.finish(drv)
+            self.event(f"{inc} closed")
+        except Crash:
+            me.alive = False
+            drv.unlive.add(inc)
+            if drv.current != inc:
+                return
+            me.kill_tasks = rng.random() < 0.5
+            self.stats["driver_crashes"] += 1
+            self.event(f"{inc} died" + (" with its tasks" if me.kill_tasks else
+                                        "; its tasks run on"))
+            self.spawn(self.driver_incarnation(drv), 20 + rng.randrange(DRIVER_RESTART_MS))
+
+    def unit_attempt(self, driver: SparkDriver, u: int, b: int) -> Gen:
+        """One attempt of unit ``u``'s task of batch ``b`` (``spark/executor.py``
+        ``UnitWriter``): take the unit's transactional id (fencing earlier attempts),
+        Register, read its marker (the group offset on the commit topic): at or past ``b``,
+        skip; else its rows and the marker ``b + 1`` in one transaction.  A failed attempt
+        is retried while its driver lives; a dead driver's task dies with it or runs on."""
+        rng, name = self.rng, f"{DRIVER}.w{u}"
+        self.unit_attempts += 1
+        inc = f"{name}.b{b}.{self.unit_attempts}"
+        writer = self.log.transactional_writer(f"txn.{name}", timeout_ms=TXN_TIMEOUT_MS)
+        tracker = Tracker(self.config, RES, name, inc, [Q], STAGE)
+        unit = Source(name, f"txn.{name}", 0)
+        unit.current = inc
+        me = SparkUnit(self, unit, inc, writer, tracker, lambda: self.unit_attempt(driver, u, b))
+        me.batch, me.driver = b, driver
+        try:
+            yield from me.commit()  # the Register, before any report
+            group, tp = f"substreams.{name}", (COMMITS, 0)
+            while True:
+                try:
+                    got = self.log.committed_offsets(group, [tp])
+                    break
+                except BrokerError:
+                    yield 50
+            done = got[tp].offset - 1 if tp in got else -1
+            if done < b:
+                for j in range(rng.randint(1, 3)):
+                    yield from me.point("before produce")
+                    me.row(b, u, j)
+                me.begin()
+                me.call("send offsets", lambda: writer.send_offsets(group, {tp: Committed(b + 1)}))
+                yield from me.commit()
+                self.event(f"{inc} committed its part of batch {b}")
+            driver.done.add(u)
+        except Crash:
+            me.alive = False
+            if driver.alive and not me.zombie and not me.src.unlive:  # else: a successor runs
+                self.spawn(self.unit_attempt(driver, u, b), 10 + rng.randrange(100))
 
     # -- the stage -----------------------------------------------------------------------
 
@@ -583,6 +710,59 @@ class Incarnation:
             yield max(quarter, -(-due // quarter) * quarter)
 
 
+class SparkDriver(Incarnation):
+    """The driver's process: no records of its own (its seals, and markers on the commit
+    topic)."""
+
+    done: set[int]
+    """The units whose task of the current batch reported its part committed."""
+    kill_tasks = False
+    """Its crash took its running tasks with it."""
+
+    def report(self, delivered: list[Record]) -> None:
+        pass
+
+    def truth(self, delivered: list[Record], now: int) -> None:
+        pass
+
+
+class SparkUnit(Incarnation):
+    """A unit task attempt's process: rows of RES at the batch's time, delivered (RES is
+    terminal), no seals."""
+
+    batch = -1
+    driver: SparkDriver
+
+    def point(self, where: str) -> Gen:
+        """A task of a dead driver that took its tasks with it dies at its next step."""
+        if not self.driver.alive and self.driver.kill_tasks:
+            raise Crash()
+        yield from super().point(where)
+
+    def row(self, b: int, u: int, j: int) -> None:
+        self.begin()
+        tid = self.sim.rng.getrandbits(63) | 1
+        p = self.sim.rng.randrange(RES_PARTITIONS)
+        value = f"{self.inc}/{b}/{u}/{j}".encode()
+        self.call("produce", lambda: self.writer.produce(RES, p, value))
+        self.epochs.append(b)
+        self.tids.append(tid)
+
+    def report(self, delivered: list[Record]) -> None:
+        records = [SentRecord(RES, r.partition, 0, tid, {Q: t})
+                   for t, tid, r in zip(self.epochs, self.tids, delivered, strict=True)]
+        self.tracker.delivered(
+            records, [r.partition for r in delivered], [r.offset for r in delivered], {},
+        )
+
+    def truth(self, delivered: list[Record], now: int) -> None:
+        sim = self.sim
+        for r in delivered:
+            sim.res_commit_at[(r.partition, r.offset)] = now
+        if delivered:
+            sim.pending[Q].add(self.batch)
+
+
 class StageRun(Incarnation):
     """A stage incarnation's process: outputs to OUT with the input's times, delivered
     (OUT is terminal), no seals, no heartbeats (the acker waits for no stage)."""
@@ -619,7 +799,7 @@ class AckerShell:
         self.name = name
         self.parts = parts
         self.home = sim.home
-        self.subs = [s for s in SUBS if self.home[s] in parts]
+        self.subs = [s for s in sim.subs if self.home[s] in parts]
         self.checkpoint: tuple[bytes, dict[int, int]] | None = None
         self.alive = False
         self.core = self._core()
@@ -672,7 +852,7 @@ class AckerShell:
         """Per substream on acks partition ``p``, its last time terminated (in the core,
         committed or not)."""
         out: dict[str, int] = {}
-        for sub in SUBS:
+        for sub in self.sim.subs:
             if self.home[sub] == p:
                 last = self.core.state.last_notification.get(sub)
                 t = -1 if last is None else last[0]
@@ -801,7 +981,7 @@ class AckerShell:
         sim = self.sim
         sim.stats["evictions"] += 1
         sim.event(f"{self.name} evicted {inc} on acks partition {key[1]}")
-        src = next(s for s in [*sim.sources, sim.stage] if s.name == key[0])
+        src = next(s for s in [*sim.sources, sim.stage, sim.driver] if s.name == key[0])
         if inc not in src.unlive:
             sim.violations.append(
                 f"live source evicted: {inc} (never crashed, paused or fenced) evicted on "
@@ -894,31 +1074,68 @@ def check(sim: Sim) -> None:
             joined = sim.joined.get((inc, sim.home[sub]), {}).get(sub, -1)
             if not (inc in sim.terminated_refused and e <= joined):
                 by_time.setdefault(e, []).append(out)
-        notes = sim.notes[sub]
-        times = [n.time for n in notes]
-        for a, b in pairwise(times):
-            if b <= a:
-                v.append(f"order: {sub}@{b} notified after {sub}@{a}"
-                         + (" (a duplicate)" if a == b else ""))
-        for n in notes:
-            want = by_time.get(n.time, [])
-            if n.records != len(want):
-                v.append(f"exact: {sub}@{n.time} notified with {n.records} records; "
-                         f"{len(want)} committed at that time")
-            for where in want:
-                p, o = where
-                if not any(rs == stream and rp == p and lo <= o < hi
-                           for rs, rp, lo, hi in n.ranges):
-                    v.append(f"exact: {sub}@{n.time}: committed record {stream}{where} outside "
-                             f"its ranges {n.ranges}")
-                    break
-            late = [w for w in want if commit_at.get(w, 0) > n.at_ms]
-            if late:
-                v.append(f"early: {sub}@{n.time} notified at {n.at_ms - sim.t0} ms, before "
-                         f"the commit of {stream}{late[0]} at {commit_at[late[0]] - sim.t0} ms")
-        missing = sorted(due - set(times))
-        if missing:
-            v.append(f"terminates: {sub}@{missing} committed records but never terminated")
+        _check_notes(sim, sub, by_time, due, stream, commit_at)
+    if sim.spark:
+        _check_spark(sim)
+
+
+def _check_notes(sim: Sim, sub: str, by_time: dict[int, list[tuple[int, int]]], due: set[int],
+                 stream: str, commit_at: dict[tuple[int, int], int]) -> None:
+    """``sub``'s notifications: in order and once; each with exactly the committed records
+    of its time (``by_time``, of ``stream``), none before their commit; every time of
+    ``due`` notified."""
+    v = sim.violations
+    notes = sim.notes[sub]
+    times = [n.time for n in notes]
+    for a, b in pairwise(times):
+        if b <= a:
+            v.append(f"order: {sub}@{b} notified after {sub}@{a}"
+                     + (" (a duplicate)" if a == b else ""))
+    for n in notes:
+        want = by_time.get(n.time, [])
+        if n.records != len(want):
+            v.append(f"exact: {sub}@{n.time} notified with {n.records} records; "
+                     f"{len(want)} committed at that time")
+        for where in want:
+            p, o = where
+            if not any(rs == stream and rp == p and lo <= o < hi
+                       for rs, rp, lo, hi in n.ranges):
+                v.append(f"exact: {sub}@{n.time}: committed record {stream}{where} outside "
+                         f"its ranges {n.ranges}")
+                break
+        late = [w for w in want if commit_at.get(w, 0) > n.at_ms]
+        if late:
+            v.append(f"early: {sub}@{n.time} notified at {n.at_ms - sim.t0} ms, before "
+                     f"the commit of {stream}{late[0]} at {commit_at[late[0]] - sim.t0} ms")
+    missing = sorted(due - set(times))
+    if missing:
+        v.append(f"terminates: {sub}@{missing} committed records but never terminated")
+
+
+def _check_spark(sim: Sim) -> None:
+    """The query's output: each unit's part of a batch committed by one attempt (and, once
+    the driver closed, by some attempt); substream Q's notifications exact (nothing is
+    excused: a unit is never too late, its driver seals after it)."""
+    v = sim.violations
+    by_unit: dict[tuple[int, int], set[str]] = {}
+    by_time: dict[int, list[tuple[int, int]]] = {}
+    for r in _read_all(sim, RES, RES_PARTITIONS):
+        inc, b, u, _ = (r.value or b"").decode().split("/")
+        where = (r.partition, r.offset)
+        if where not in sim.res_commit_at:
+            v.append(f"commit: Spark row {where} of {inc} committed by no commit that returned")
+        by_unit.setdefault((int(b), int(u)), set()).add(inc)
+        by_time.setdefault(int(b), []).append(where)
+    sim.stats["spark_rows"] += sum(map(len, by_time.values()))
+    for (b, u), incs in sorted(by_unit.items()):
+        if len(incs) > 1:
+            v.append(f"spark: unit {u}'s part of batch {b} committed by {sorted(incs)}")
+    if sim.driver.finished:
+        for b in range(sim.driver.epochs):
+            for u in range(sim.units):
+                if (b, u) not in by_unit:
+                    v.append(f"spark: unit {u}'s part of batch {b} never committed")
+    _check_notes(sim, Q, by_time, set(by_time), RES, sim.res_commit_at)
 
 
 def run_schedule(seed: int, bugs: frozenset[str] = frozenset(),

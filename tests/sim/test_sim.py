@@ -15,7 +15,7 @@ CI_SCHEDULES = 300
 """Schedules per test in CI."""
 
 FOUND = ("old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso",
-         "stage_offsets_apart")
+         "stage_offsets_apart", "evicted_driver")
 """The switches a schedule can reach (``old_unregister`` cannot: see its test)."""
 
 
@@ -33,7 +33,8 @@ def test_the_unmodified_code_fails_no_schedule() -> None:
     assert [o.seed for o in run.failing] == [], run.failing[:1]
     # the schedules do exercise what the guarantees are about
     for what in ("crashes", "restarts", "zombies", "pauses", "acker_crashes", "evictions",
-                 "staged", "stage_commits", "stage_outputs"):
+                 "staged", "stage_commits", "stage_outputs", "spark", "driver_crashes",
+                 "spark_rows"):
         assert run.stats[what] > 0, what
 
 
