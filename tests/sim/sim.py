@@ -98,6 +98,8 @@ inside a transaction is found by the acker (blocker rule) before its coordinator
 DRAIN_MS = TXN_TIMEOUT_MS + 6 * TIMEOUT_MS
 """How long the acker runs on after the sources ended, at most, for every time to end."""
 SNAPSHOT_EVERY = 100
+IDLE_POLL_MS = 50
+"""The acker's poll timeout: a step that read nothing waits that long for the next."""
 
 Gen = Generator[int, None, None]
 """An actor: yields how many simulated ms until its next step."""
@@ -837,8 +839,9 @@ class AckerShell:
         sim, rng = self.sim, self.sim.rng
         self.start()
         while True:
+            busy = True
             try:
-                self.step()
+                busy = self.step()
             except Crash:
                 self.alive = False
                 sim.stats["acker_crashes"] += 1
@@ -846,7 +849,8 @@ class AckerShell:
                 yield 20 + rng.randrange(300)
                 self.start()
                 sim.event(f"{self.name} restarts from its last checkpoint")
-            yield 10 + rng.randrange(50)
+            # the service's poll waits up to 50 ms for a message: an idle acker steps then
+            yield 10 + rng.randrange(50) if busy else IDLE_POLL_MS
 
     def _last_terminated(self, p: int) -> dict[str, int]:
         """Per substream on acks partition ``p``, its last time terminated (in the core,
@@ -871,20 +875,22 @@ class AckerShell:
     def _position(self, p: int) -> int:
         return self.reader.positions.get((ACKS, p), self.core.state.acks_offsets.get(p, 0))
 
-    def step(self) -> None:
+    def step(self) -> bool:
         """:meth:`AckerService.step`: poll, apply, collect the fences that finished,
         liveness, tick, carry out (fences start off the loop), commit."""
         sim, core, log = self.sim, self.core, self.sim.log
         sim.stats["steps"] += 1
         now = sim.now()
         joined, sessions = sim.joined, core.state.sessions
-        for rec in self.reader.poll(0, 200):
+        polled = self.reader.poll(0, 200)
+        for rec in polled:
             refusals = core.apply(rec.partition, rec.offset, rec.value or b"", rec.headers, now)
             for r in refusals:
                 if r.reason == REASON_TERMINATED:
                     ack = decode_ack(rec.value or b"", rec.headers)
                     sim.terminated_refused.add(ack.incarnation)
-            for (_, p), session in sessions.items():  # a new session: when it joined
+        if polled:  # a new session: when it joined (nothing terminates before the tick)
+            for (_, p), session in sessions.items():
                 if (session.incarnation, p) not in joined:
                     joined[(session.incarnation, p)] = self._last_terminated(p)
         self._collect()
@@ -909,7 +915,7 @@ class AckerShell:
         items = list(effects.records)
         heartbeat = now - self.last_write >= ACKER_HEARTBEAT_MS
         if not items and not heartbeat:
-            return
+            return bool(polled)
         if heartbeat:
             items.extend(core.heartbeat_records())
         if sim.fault(0.004):
@@ -924,6 +930,7 @@ class AckerShell:
             self._evicted(key, inc)
         if sim.fault(0.004):
             raise Crash()
+        return True
 
     def _fence_io(self, writer: str, why: str, partition: int | None,
                   slot: list[int | None]) -> Gen:
