@@ -105,10 +105,14 @@ Gen = Generator[int, None, None]
 """An actor: yields how many simulated ms until its next step."""
 
 BUGS = ("old_unregister", "old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso",
-        "stage_offsets_apart", "evicted_driver")
+        "stage_offsets_apart", "evicted_driver", "flush_returned_crash", "zombie_seal")
 """The bug switches of :attr:`AckerCore.reintroduced` (the core's, and the simulated
 processes': ``evict_at_lso`` in the acker shell, ``stage_offsets_apart`` -- the stage commits
-its input positions in a transaction of their own, after its outputs' -- in the stage)."""
+its input positions in a transaction of their own, after its outputs' -- in the stage,
+``flush_returned_crash`` -- a restarted source resumes after the last commit its caller saw
+return, not after what the log holds -- and ``zombie_seal`` -- a fenced zombie's commit of
+its seals takes the transactional id back and returns normally, its new tracker's sequence
+numbers restarting under the same incarnation -- in the sources)."""
 
 KNOWN_ISSUE = (
     "a fenced zombie that stays idle heartbeats for its incarnation forever; if the "
@@ -200,6 +204,9 @@ class Result:
     stats: dict[str, int]
 
 
+RECOVERED = "recovered"
+
+
 class Crash(Exception):
     """An incarnation's process dies here (the generator ends)."""
 
@@ -258,6 +265,9 @@ class Sim:
         self.committed_max: dict[str, int] = {}
         """Per source, the highest epoch of a record it committed (what a restart resumes
         after, found in the data topic by procs.py; known exactly here)."""
+        self.seen_max: dict[str, int] = {}
+        """Per source, the highest epoch of a commit whose return its caller saw (not the
+        same after a crash right after a commit returned: what a restart must not trust)."""
         self.pending: dict[str, set[int]] = {s: set() for s in self.subs}
         """Per substream, times with a committed record not yet notified."""
         self.notes: dict[str, list[Note]] = {s: [] for s in self.subs}
@@ -360,6 +370,8 @@ class Sim:
         writer = self.log.transactional_writer(src.txid, timeout_ms=TXN_TIMEOUT_MS)
         tracker = Tracker(self.config, DATA, src.name, inc, SUBS, SOURCE, writer=src.txid)
         done = self.committed_max.get(src.name, -1)
+        if "flush_returned_crash" in AckerCore.reintroduced:  # BUG SWITCH (source restart)
+            done = self.seen_max.get(src.name, -1)  # what the caller saw, not the log
         # a client that came back after an eviction starts past what terminated meanwhile
         frontier = min(self.notes[s][-1].time if self.notes[s] else -1 for s in SUBS)
         start = max(done, frontier) + 1
@@ -369,7 +381,7 @@ class Sim:
         try:
             if start > 0:
                 for sub in SUBS:
-                    tracker.seal(sub, start - 1, False)
+                    me.seal(sub, start - 1)
             yield from me.commit()  # the Register (and the re-seal) first
             for e in range(start, src.epochs):
                 for k in range(rng.randint(1, 3)):
@@ -379,7 +391,7 @@ class Sim:
                     if rng.random() < 0.3:
                         yield from me.commit()
                 for sub in SUBS:
-                    tracker.seal(sub, e, False)
+                    me.seal(sub, e)
                 if rng.random() < 0.7:
                     yield from me.commit()
                 yield rng.randrange(60)
@@ -575,7 +587,13 @@ class Incarnation:
         """Epochs of the records produced in the open transaction."""
         self.tids: list[int] = []
         """Their tracking ids."""
+        self.seals: list[tuple[str, int]] = []
+        """Seals for the next commit."""
         self.zombie = False
+
+    def seal(self, sub: str, e: int) -> None:
+        self.tracker.seal(sub, e, False)
+        self.seals.append((sub, e))
 
     def call(self, what: str, fn: Callable[[], Any]) -> Any:
         """A transactional call: a fence ends this incarnation (a zombie's must fail)."""
@@ -583,6 +601,9 @@ class Incarnation:
             out = fn()
         except FencedError:
             self.sim.event(f"{self.inc}: {what} fenced")
+            if (what == "commit" and self.seals and self.zombie and self.writer.transactional_id
+                    and "zombie_seal" in AckerCore.reintroduced):  # BUG SWITCH (publisher)
+                return self._recover()
             raise Crash() from None
         if self.zombie and what in ("produce", "produce acks", "send offsets", "commit"):
             self.sim.violations.append(
@@ -625,6 +646,25 @@ class Incarnation:
                 while True:  # idle for good: only its heartbeats speak
                     yield 10 * TIMEOUT_MS
             yield rng.randrange(2 * TIMEOUT_MS)
+
+    def _recover(self) -> str:
+        """The re-introduced bug: a fenced seal "recovers" -- takes the transactional id
+        again (fencing its successor) and writes the seals with a new tracker of the same
+        incarnation (sequence numbers from 1 again) -- and returns normally."""
+        sim = self.sim
+        self.writer = sim.log.transactional_writer(self.src.txid, timeout_ms=TXN_TIMEOUT_MS)
+        self.tracker = Tracker(sim.config, DATA, self.src.name, self.inc, SUBS, SOURCE,
+                               writer=self.src.txid)
+        self.agent = self.tracker.agent
+        for sub, e in self.seals:
+            self.tracker.seal(sub, e, False)
+        self.writer.begin()
+        for w in self.tracker.before_commit(False):
+            self.writer.produce(w.topic, w.partition, w.value, headers=w.headers)
+        self.writer.commit()
+        self.epochs, self.tids, self.in_txn = [], [], False
+        sim.event(f"{self.inc}: its seal recovered from the fence and returned normally")
+        return RECOVERED
 
     def begin(self) -> None:
         if not self.in_txn:
@@ -680,7 +720,8 @@ class Incarnation:
                 w.topic, w.partition, w.value, headers=w.headers))
         yield rng.randrange(30)  # the transaction is open: it holds the LSO meanwhile
         yield from self.point("after produce, before commit")
-        self.call("commit", self.writer.commit)
+        if self.call("commit", self.writer.commit) == RECOVERED:
+            delivered = []  # aborted by the fence; the caller is told nothing of it
         self.in_txn = False
         self.src.guarded = False
         now = sim.now()
@@ -688,12 +729,13 @@ class Incarnation:
         sim.stats["commits"] += 1
         self.truth(delivered, now)
         sim.event(f"{self.inc} committed epochs {sorted(set(self.epochs))}")
-        self.epochs = []
-        self.tids = []
+        epochs, self.epochs, self.tids, self.seals = self.epochs, [], [], []
         if sim.fault(0.01):
             sim.stats["crashes"] += 1
             sim.event(f"{self.inc} crashes right after its commit returned")
             raise Crash()
+        if epochs and max(epochs) > sim.seen_max.get(self.src.name, -1):
+            sim.seen_max[self.src.name] = max(epochs)
 
     def heartbeats(self) -> Gen:
         """The heartbeat thread: alive and idle for a heartbeat interval -> one per
@@ -1015,9 +1057,15 @@ def _committed(sim: Sim) -> dict[tuple[int, int], tuple[str, int, int]]:
     (partition, offset) -> (incarnation, epoch, tracking id)."""
     sim.clock.advance_ms(TXN_TIMEOUT_MS + 1)  # the coordinator aborts what is still open
     out: dict[tuple[int, int], tuple[str, int, int]] = {}
+    once: dict[tuple[str, str, str], str] = {}
     for r in _read_all(sim, DATA, DATA_PARTITIONS):
-        inc, e, _, tid = (r.value or b"").decode().split("/")
+        inc, e, k, tid = (r.value or b"").decode().split("/")
         out[(r.partition, r.offset)] = (inc, int(e), int(tid))
+        key = (inc.rsplit(".", 1)[0], e, k)
+        if key in once:  # a restart must resume after what its source committed
+            sim.violations.append(f"doubled: {key[0]} epoch {e} record {k} committed by "
+                                  f"{once[key]} and {inc}")
+        once[key] = inc
     return out
 
 

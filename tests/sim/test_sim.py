@@ -15,7 +15,7 @@ CI_SCHEDULES = 300
 """Schedules per test in CI."""
 
 FOUND = ("old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso",
-         "stage_offsets_apart", "evicted_driver")
+         "stage_offsets_apart", "evicted_driver", "flush_returned_crash", "zombie_seal")
 """The switches a schedule can reach (``old_unregister`` cannot: see its test)."""
 
 
