@@ -540,10 +540,10 @@ class Sim:
             self.event(f"{inc} starts: input from {[starts[tp] for tp in tps]}")
             while True:
                 yield 5 + rng.randrange(40)
-                yield from me.point("before poll")
                 batch = reader.poll(0, rng.randint(1, 4))
                 if not batch:
-                    continue
+                    continue  # an idle stage only polls: no fault is drawn
+                yield from me.point("after a poll")
                 positions: dict[tuple[str, int], Committed] = {}
                 for r in batch:
                     positions[(DATA, r.partition)] = Committed(r.offset + 1)
@@ -931,7 +931,8 @@ class AckerShell:
                 if r.reason == REASON_TERMINATED:
                     ack = decode_ack(rec.value or b"", rec.headers)
                     sim.terminated_refused.add(ack.incarnation)
-        if polled:  # a new session: when it joined (nothing terminates before the tick)
+            # a new session: when it joined (per message: a later Register in the same poll
+            # may replace it)
             for (_, p), session in sessions.items():
                 if (session.incarnation, p) not in joined:
                     joined[(session.incarnation, p)] = self._last_terminated(p)
