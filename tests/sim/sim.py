@@ -125,7 +125,8 @@ KNOWN_ISSUE = (
     "keep a zombie's successor fault-free until its first "
     "commit returned; idle_zombies=True (--idle-zombies) lifts that and finds it."
 )
-"""A liveness issue of the current code the simulator found (seed 905 with idle zombies)."""
+"""A liveness issue of the current code the simulator found (seed 344 with idle zombies; 905
+before the stage and Spark joined the schedules)."""
 
 
 @contextmanager
