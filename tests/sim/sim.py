@@ -29,10 +29,27 @@ What runs (all randomness from ``random.Random(seed)``, all time from a :class:`
   a checkpoint (``state.dumps()``) atomically.  It crashes at random and restarts from its
   last checkpoint.
 
+* *A stage* (half the schedules; ``acker/stage.py``): reads the data topic
+  ``read_committed`` from its group's committed positions and writes 0-2 outputs per input
+  to ``OUT`` (terminal: the sources then only send, the stage receives and delivers), with
+  the real :class:`Tracker` in role STAGE; outputs, RCV of the inputs and the input positions
+  (``send_offsets``) go in one transaction.  It crashes, pauses and freezes as a zombie at
+  every step like a source, and always restarts.
+* *A Spark query* (40%; ``spark/executor.py`` and ``spark/sink.py``): per batch one task
+  per unit, each attempt its own writer and STAGE tracker (Register, its marker = the unit
+  group's offset on the commit topic, skip when at or past the batch, else its rows and the
+  marker in one transaction; a failed attempt is retried while its driver lives); the
+  driver, a SOURCE registered never evicted for silence, seals the batch with its marker on
+  the commit topic once every unit reported, and after a crash (its tasks die with it or run
+  on) restarts within :data:`DRIVER_RESTART_MS` from the last marker it committed.
+
 Checks (:func:`check`): notifications in order and once per substream; each holds
 exactly the committed records of its time (count, and every one inside its offset
-ranges); none before its records' commit; every time with a committed record terminates;
-no live incarnation evicted; a zombie's calls fail.
+ranges: the data topic's, the stage's outputs', or the query's rows'); none before its
+records' commit; every time with a committed record terminates; no source record committed
+twice (a restart resumes after what its source committed); stage outputs exactly once (an
+input below the group's position has exactly its outputs, one past it none); each unit's
+part of a batch committed by one attempt; no live incarnation evicted; a zombie's calls fail.
 """
 
 from __future__ import annotations
