@@ -116,7 +116,8 @@ DRAIN_MS = TXN_TIMEOUT_MS + 6 * TIMEOUT_MS
 """How long the acker runs on after the sources ended, at most, for every time to end."""
 SNAPSHOT_EVERY = 100
 IDLE_POLL_MS = 50
-"""The acker's poll timeout: a step that read nothing waits that long for the next."""
+"""The acker's and the stage's poll timeout: a poll that read nothing waits that long for
+the next."""
 
 Gen = Generator[int, None, None]
 """An actor: yields how many simulated ms until its next step."""
@@ -142,7 +143,7 @@ KNOWN_ISSUE = (
     "keep a zombie's successor fault-free until its first "
     "commit returned; idle_zombies=True (--idle-zombies) lifts that and finds it."
 )
-"""A liveness issue of the current code the simulator found (seed 344 with idle zombies; 905
+"""A liveness issue of the current code the simulator found (seed 1444 with idle zombies; 905
 before the stage and Spark joined the schedules)."""
 
 
@@ -559,8 +560,9 @@ class Sim:
             while True:
                 yield 5 + rng.randrange(40)
                 batch = reader.poll(0, rng.randint(1, 4))
-                if not batch:
-                    continue  # an idle stage only polls: no fault is drawn
+                if not batch:  # an idle stage waits in its poll (no fault is drawn)
+                    yield IDLE_POLL_MS
+                    continue
                 yield from me.point("after a poll")
                 positions: dict[tuple[str, int], Committed] = {}
                 for r in batch:

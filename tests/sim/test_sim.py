@@ -68,7 +68,7 @@ def test_old_unregister_is_unreachable_while_fencing_holds() -> None:
 def test_known_issue_an_idle_zombie_keeps_its_source_alive_forever() -> None:
     """Found by the simulator (``--idle-zombies``), not fixed here: see
     ``tests.sim.sim.KNOWN_ISSUE``.  When fixed, this test fails: drop it and the guard."""
-    r = run_schedule(344, idle_zombies=True)
+    r = run_schedule(1444, idle_zombies=True)
     assert any(v.startswith("terminates:") for v in r.violations)
     assert any("thaws (a zombie)" in text for _, text in r.events)
 
