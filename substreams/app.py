@@ -1,4 +1,5 @@
-"""The composition root: which hook tracks each mechanism, chosen in one place.
+"""The composition root: which hook tracks each mechanism, chosen in one place, and every
+service (acker, aligner, stage) built from the same configuration and broker.
 
 Why a root and not a registry: a :class:`~substreams.streams.publisher.Publisher` lives below
 the mechanisms that track its records (the acker, punctuations), so it cannot import them;
@@ -9,16 +10,17 @@ tests choose another (:data:`DIRECT`) by building another application, not by pa
 
 Layering: this module sits above ``acker`` and ``punctuation`` and below ``spark`` and
 ``cli`` (and the benchmarks, package ``substreams_bench``), which build their publishers
-through it.
+and services through it.  A stage's output and a Spark write unit are STAGE writers put
+together in one place below it (:func:`~substreams.acker.tracker.stage_writer`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from substreams.acker.deadletter import write_late_record
 from substreams.acker.tracker import source_tracker
@@ -28,6 +30,12 @@ from substreams.control.notifications import Notifications
 from substreams.control.subscriber import Start
 from substreams.punctuation.hook import PunctuationHook
 from substreams.streams.publisher import Mechanisms, Publisher
+
+if TYPE_CHECKING:  # the services are imported when built: a publisher needs none of them
+    from substreams.acker.service import AckerService
+    from substreams.acker.stage import Stage, Transform
+    from substreams.punctuation.aligner import Terminated
+    from substreams.punctuation.service import PunctuationAligner
 
 __all__ = ["DIRECT", "TRACKED", "UNTRACKED", "Application", "Mechanisms", "never_evicted"]
 
@@ -96,6 +104,41 @@ class Application:
             seal_policies=seal_policies,
             late_writer=write_late_record,
         )
+
+    def acker(
+        self,
+        *,
+        name: str | None = None,
+        standby: bool = False,
+        shard: int = 0,
+        shards: int | None = None,
+        from_shards: int | None = None,
+    ) -> AckerService:
+        """The acker service (one shard of it with ``shards``; see
+        :class:`~substreams.acker.service.AckerService`)."""
+        from substreams.acker.service import AckerService
+
+        return AckerService(
+            self.config, self.bootstrap, name, standby=standby, shard=shard, shards=shards,
+            from_shards=from_shards,
+        )
+
+    def aligner(
+        self, substream: str, *, on_terminated: Callable[[Terminated], None] | None = None
+    ) -> PunctuationAligner:
+        """The punctuation aligner of ``substream`` (``mechanism: punctuations``)."""
+        from substreams.punctuation.service import PunctuationAligner
+
+        return PunctuationAligner(
+            self.config, substream, bootstrap=self.bootstrap, on_terminated=on_terminated
+        )
+
+    def stage(self, name: str, transform: Transform, **options: Any) -> Stage:
+        """The configured stage ``name`` running ``transform`` (see
+        :class:`~substreams.acker.stage.Stage` for ``options``)."""
+        from substreams.acker.stage import Stage
+
+        return Stage(self.config, name, transform, bootstrap=self.bootstrap, **options)
 
     def notifications(
         self,

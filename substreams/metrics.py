@@ -248,6 +248,7 @@ class Periodic:
         return True
 
 
+# Process-wide like the registry it serves: a second server on the same address would fail to bind.
 _SERVED: dict[tuple[str, int], Any] = {}
 _SERVED_LOCK = threading.Lock()
 

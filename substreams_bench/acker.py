@@ -442,12 +442,10 @@ def _shard_worker(
     ``expected`` ack messages; put (shard, applied, notifications, t0, t1, CPU seconds) on
     ``out``."""
     service = AckerService(config, bootstrap, name, max_batch=5000, shard=shard, shards=shards)
-    handler = CommandHandler(config, service.bootstrap, service.name) if shard == 0 else None
-    if handler is not None:
-        service.command_handler = handler
+    handler = CommandHandler(config, service.bootstrap, service.name, owned=service.segments)
+    service.command_handler = handler
     service.start()
-    if handler is not None:
-        handler(service)  # the handler's one-off start-up
+    handler(service)  # the handler's one-off start-up
     ready.set()  # (a step here would already apply acks: the measurement starts at go)
     go.wait()
     t0, c0 = time.time(), time.process_time()
@@ -458,8 +456,7 @@ def _shard_worker(
     t1, c1 = time.time(), time.process_time()
     notifications = service.notifications
     service.close()
-    if handler is not None:
-        handler.close()
+    handler.close()
     out.put((shard, applied, notifications, t0, t1, c1 - c0))
 
 

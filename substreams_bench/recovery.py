@@ -1,5 +1,5 @@
 """Recovery benchmark: does an acker start as fast after a million notifications as after ten
-thousand?
+thousand, and a punctuation aligner after a million punctuations?
 
 History.  An acker that notified N epochs left on Kafka what :func:`write_history` writes: N
 ``EpochComplete`` records (and a ``FrontierSnapshot`` every ``snapshot_every``) on the
@@ -22,7 +22,20 @@ Measurements, per history size (each on a fresh broker):
 - **baseline, same run**: the previous start-up's read (``ControlWriter.recover()``): every
   record of the acker's control topics from offset 0 to the end.
 
-Run: ``substreams bench recovery [--quick]``; ``--quick`` uses 1k and 10k notifications.
+The punctuation aligner, per size N (same broker): its history is N punctuations on a data
+topic of ``ALIGNER_PARTITIONS`` partition(s) -- ``ALIGNER_PRODUCERS`` producers REGISTER, then
+SEAL times 0, 1, 2, ... into every partition (P x Q punctuations per time), written by a
+plain producer with the punctuation hook's encoding and headers (no data records: each time
+is announced empty; a record costs a re-read what a punctuation costs) -- then the real
+aligner service runs over it once, writing its control topic and its checkpoints, and stops.
+
+- **aligner start-up**: a new ``PunctuationAligner`` from its construction until its reader
+  has caught up with the data topic (it continues from its checkpoint);
+- **baseline, same run**: the start-up before checkpoints: the control topic read from
+  offset 0 and the data topic re-read and aligned from offset 0 until caught up.
+
+Run: ``substreams bench recovery [--quick]``; ``--quick`` uses 1k and 10k notifications (and
+punctuations).
 """
 
 from __future__ import annotations
@@ -47,6 +60,11 @@ from substreams.control.messages import (
 )
 from substreams.kafka import client
 from substreams.kafka.topics import ensure_topics
+from substreams.kafka.write import produce
+from substreams.punctuation.aligner import Punctuation
+from substreams.punctuation.reader import PunctuatedReader
+from substreams.punctuation.service import PunctuationAligner
+from substreams.streams.schemas import TYPE_PUNCTUATION, protocol_codec
 from substreams_bench.harness import (
     BenchContext,
     BenchResult,
@@ -75,7 +93,16 @@ COLUMNS = [
     Column("startup_s", "acker start-up (s)", "{:.3f}"),
     Column("takeover_s", "standby take-over (s)", "{:.3f}"),
     Column("replay_s", "baseline: replay from 0 (s)", "{:.3f}"),
+    Column("aligner_generate_s", "aligner history (s)", "{:.1f}"),
+    Column("aligner_startup_s", "aligner start-up (s)", "{:.3f}"),
+    Column("aligner_replay_s", "aligner baseline: replay from 0 (s)", "{:.3f}"),
 ]
+ALIGNER_PRODUCERS = 2
+ALIGNER_PARTITIONS = 1
+"""One partition: the aligner keeps up as it reads.  With several, a replay reads one
+partition's backlog ahead of the others', every time stays open meanwhile and each seal
+re-checks all of them (quadratic): the baseline would be slower still, and writing the
+history by running the aligner once would take hours at 1M."""
 
 
 def write_history(config: Config, notifications: int) -> dict[str, Any]:
@@ -185,12 +212,105 @@ def measure(ctx: BenchContext, notifications: int) -> dict[str, Any]:
     return row
 
 
+def write_punctuations(config: Config, punctuations: int) -> int:
+    """``punctuations`` punctuations on the data topic (see the module docstring); returns
+    how many times every producer sealed in every partition."""
+    sub = config.substreams[0].name
+    stream = config.substreams[0].stream
+    codec = protocol_codec("punctuation")
+    headers = codec.headers(TYPE_PUNCTUATION)
+    fast: dict[str, Any] = {"linger.ms": 20}
+    producer = client.producer(config.kafka.bootstrap, config, **fast)
+    now = int(time.time() * 1000)
+    written = 0
+
+    def put(kind: Any, who: str, t: int | None) -> None:
+        nonlocal written
+        value = codec.encode(Punctuation(kind, who, sub, t, -1, sent_at_ms=now).to_wire())
+        for q in range(ALIGNER_PARTITIONS):
+            produce(producer, stream, value, partition=q, headers=headers)
+            written += 1
+
+    names = [f"src{i}" for i in range(ALIGNER_PRODUCERS)]
+    for who in names:
+        put("REGISTER", who, None)
+    times = 0
+    while written < punctuations:
+        for who in names:
+            put("SEAL", who, times)
+        times += 1
+    if producer.flush(120):
+        raise RuntimeError("punctuations not all delivered")
+    return times
+
+
+def aligner_history(config: Config, punctuations: int) -> tuple[float, int]:
+    """Seconds to write the history (the punctuations, then the aligner's one run over them)
+    and the number of times it announced."""
+    t0 = time.perf_counter()
+    times = write_punctuations(config, punctuations)
+    sub = config.substreams[0].name
+    with PunctuationAligner(config, sub) as aligner:
+        while not (aligner.reader.caught_up and aligner.tracker.completed >= times):
+            aligner.step(0.1)
+    return time.perf_counter() - t0, times
+
+
+def aligner_startup(config: Config, times: int) -> float:
+    """Seconds from a new aligner's construction until it has caught up (from its
+    checkpoint: nothing is announced again)."""
+    sub = config.substreams[0].name
+    t0 = time.perf_counter()
+    with PunctuationAligner(config, sub) as aligner:
+        while not aligner.reader.caught_up:
+            aligner.step(0.05)
+        seconds = time.perf_counter() - t0
+        if aligner.recovered_from is None or aligner.tracker.completed != times:
+            raise RuntimeError(
+                f"aligner did not continue from its checkpoint ({aligner.tracker.completed} "
+                f"of {times} times)"
+            )
+    return seconds
+
+
+def aligner_replay(config: Config) -> float:
+    """The baseline: the start-up before checkpoints, the control topic from offset 0 and
+    the data topic read and aligned from offset 0 until caught up."""
+    sub = config.substreams[0].name
+    t0 = time.perf_counter()
+    with ControlTail(config.kafka.bootstrap, config.acker.control_topic(sub), 0, config) as tail:
+        sum(1 for _ in tail.read_to_end(timeout=1800.0))
+    with PunctuatedReader(config, sub, bound="soft") as reader:
+        while not reader.caught_up:
+            reader.poll(0.05)
+    return time.perf_counter() - t0
+
+
+def measure_aligner(ctx: BenchContext, punctuations: int) -> dict[str, Any]:
+    config = ctx.config(
+        [("clicks", ALIGNER_PARTITIONS)],
+        [{"name": "punct", "stream": "clicks", "kind": "epoch", "field": "ts",
+          "mechanism": "punctuations"}],
+        acker={"heartbeat_ms": 100},
+    )
+    generate_s, times = aligner_history(config, punctuations)
+    ctx.log(f"{punctuations:,} punctuations ({times:,} times) written and aligned in "
+            f"{generate_s:.1f} s")
+    return {
+        "punctuations": punctuations,
+        "aligner_times": times,
+        "aligner_generate_s": round(generate_s, 2),
+        "aligner_startup_s": round(aligner_startup(config, times), 3),
+        "aligner_replay_s": round(aligner_replay(config), 3),
+    }
+
+
 def run(ctx: BenchContext) -> BenchResult:
     result = BenchResult(NAME, ctx.quick, command_line(), ctx.broker_label, columns=COLUMNS)
     ctx.label = NAME
     sizes = (1_000, 10_000) if ctx.quick else (10_000, 1_000_000)
-    for n in ctx.track(sizes, lambda n: f"{n:,} notifications"):
-        result.rows.append(measure(ctx, n))
+    for n in ctx.track(sizes, lambda n: f"{n:,} notifications / punctuations"):
+        result.rows.append({**measure(ctx, n), **measure_aligner(ctx, n)})
     small, large = result.rows[0], result.rows[-1]
     big = f"{large['notifications']:,}"
     for key, what in (("startup_s", "acker start-up"), ("takeover_s", "standby take-over")):
@@ -206,6 +326,24 @@ def run(ctx: BenchContext) -> BenchResult:
                 large[key] <= small[key] + SAME_SLACK_S,
             )
         )
+    punct = f"{large['punctuations']:,} punctuations"
+    result.targets.append(
+        Target(f"aligner start-up after {punct}", f"<= {TARGET_S:g} s",
+               f"{large['aligner_startup_s']:.3f} s", large["aligner_startup_s"] <= TARGET_S)
+    )
+    result.targets.append(
+        Target(
+            f"aligner start-up: {punct} vs {small['punctuations']:,}",
+            f"the same (within {SAME_SLACK_S:g} s)",
+            f"{large['aligner_startup_s']:.3f} s vs {small['aligner_startup_s']:.3f} s",
+            large["aligner_startup_s"] <= small["aligner_startup_s"] + SAME_SLACK_S,
+        )
+    )
+    result.notes.append(
+        f"aligner histories: {ALIGNER_PRODUCERS} producers x {ALIGNER_PARTITIONS} partition "
+        "of punctuations only (REGISTER, then a SEAL of each time in every partition), "
+        "written by a plain producer, then aligned once by the real aligner service"
+    )
     result.notes.append(
         f"histories written directly by the acker's own table, tracker, state and control "
         f"writer ({BATCH} notifications per transaction; the acks topic is empty), not by "
@@ -235,11 +373,14 @@ def plot(result: BenchResult, path: Path) -> None:
         ("startup_s", "acker start-up", "o-"),
         ("takeover_s", "standby take-over", "s-"),
         ("replay_s", "baseline: replay from offset 0", "x--"),
+        ("aligner_startup_s", "aligner start-up", "^-"),
+        ("aligner_replay_s", "aligner baseline: replay from offset 0", "v:"),
     ):
-        ax.plot(xs, [r[key] for r in result.rows], style, label=label)
+        if all(key in r for r in result.rows):  # runs from before the aligner's line
+            ax.plot(xs, [r[key] for r in result.rows], style, label=label)
     ax.axhline(TARGET_S, color="red", linestyle="-.", linewidth=0.8, label="target")
     ax.set_xscale("log")
-    ax.set_xlabel("notifications in the history")
+    ax.set_xlabel("notifications (punctuations) in the history")
     ax.set_ylabel("seconds")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)

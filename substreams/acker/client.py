@@ -4,6 +4,11 @@ A client is one controller session: a random controller id and nonce, commands n
 0, responses read from the response topic and filtered by (controller, nonce).  Where it starts
 reading responses: the response topic's high watermark *before* the Hello is sent, so no answer
 to us can be missed and older responses of other sessions are not read at all.
+
+A sharded acker (``acker.shards`` > 1) answers a Hello or a Status once per shard, each for
+what it owns, and a peek from the shard that owns the substream: :meth:`AckerClient.status_all`
+waits for every shard (at most the timeout) and merges what came, naming the shards that did
+not answer, so a caller never takes a fraction of the substreams for the whole.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import TopicPartition
@@ -33,7 +39,9 @@ from substreams.acker.commands import (
     command_headers,
     decode_response,
     encode_command,
+    merge_statuses,
 )
+from substreams.acker.protocol import segment_partition
 from substreams.config import Config
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time
@@ -54,6 +62,24 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+@dataclass(frozen=True)
+class Answers:
+    """The answers to one command by the ackers that were asked (by acker name), and the
+    ones that did not answer within the timeout."""
+
+    responses: dict[str, Response]
+    missing: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ShardStatus:
+    """A status merged from every shard that answered (:func:`merge_statuses`)."""
+
+    status: StatusResponse
+    answered: tuple[str, ...]
+    missing: tuple[str, ...]
+
+
 class AckerClient:
     """One controller session with the acker of ``config``.  Use as a context manager."""
 
@@ -64,9 +90,20 @@ class AckerClient:
         *,
         controller: str | None = None,
         timeout: float = 5.0,
+        shards: int | None = None,
+        name: str | None = None,
     ) -> None:
         self.config = config
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
+        self.shards = shards or config.acker.shards
+        self.base = name or config.acker.name
+        """The acker's name (its shards' are ``<name>.shard<i>of<N>``)."""
+        self.ackers = tuple(
+            config.acker.shard_name(i, self.shards, name) for i in range(self.shards)
+        )
+        """The name of every shard that answers (one name without sharding)."""
+        self._any_name = self.shards == 1 and name is None
+        """One acker whose name was not given: whichever answers is it (as before shards)."""
         self.controller = controller or f"ctl-{uuid.uuid4().hex[:12]}"
         self.nonce = uuid.uuid4().hex
         self.timeout = timeout
@@ -128,28 +165,100 @@ class AckerClient:
             if left <= 0:
                 break
             self.inbox += self.poll(min(0.1, left))
-        raise AckerUnavailableError(
-            f"no acker answered within {limit:g} s on topic '{self.command_topic}'; "
+        raise self._unavailable(limit, self.ackers)
+
+    def _unavailable(self, limit: float, names: Sequence[str]) -> AckerUnavailableError:
+        if len(names) == 1 and not self._any_name:
+            who = f"acker '{names[0]}' did not answer"
+        elif len(names) > 1:
+            who = f"no acker answered (asked: {', '.join(names)})"
+        else:
+            who = "no acker answered"
+        return AckerUnavailableError(
+            f"{who} within {limit:g} s on topic '{self.command_topic}'; "
             "is `substreams acker run` running?"
         )
 
+    def wait_all(
+        self, seq: int, ackers: Sequence[str] | None = None, timeout: float | None = None
+    ) -> Answers:
+        """The answers to command ``seq`` of each of ``ackers`` (default: every shard),
+        waiting until all answered or the timeout passed.  Raises
+        :class:`AckerUnavailableError` when none answered."""
+        names = tuple(self.ackers if ackers is None else ackers)
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        got: dict[str, Response] = {}
+        while True:
+            keep: list[Response] = []
+            for resp in self.inbox:
+                who = names[0] if self._any_name and len(names) == 1 else resp.acker
+                if resp.seq != seq:
+                    keep.append(resp)
+                elif who in names and who not in got:
+                    got[who] = resp
+                # else: an answer to seq from an acker not asked (another layout's): dropped
+            self.inbox = keep
+            left = deadline - time.monotonic()
+            if len(got) == len(names) or left <= 0:
+                break
+            self.inbox += self.poll(min(0.1, left))
+        if not got:
+            raise self._unavailable(limit, names)
+        if len(names) == 1:
+            self.acker = got[names[0]].acker
+        return Answers(got, tuple(n for n in names if n not in got))
+
+    def owner(self, substream: str) -> str | None:
+        """The shard that answers peeks of ``substream`` (None: no acker tracks it; any
+        shard answers with the error)."""
+        if not any(s.name == substream and s.mechanism == "acker"
+                   for s in self.config.substreams):
+            return None
+        home = segment_partition(substream, self.config.acker.acks_partitions)
+        return self.ackers[home % self.shards]
+
     # -- the session ---------------------------------------------------------------------
 
-    def connect(self, timeout: float | None = None) -> StatusResponse:
-        """Hello, CreateInstance, InitializationComplete; returns the Hello's status."""
+    def connect_all(self, timeout: float | None = None) -> ShardStatus:
+        """Hello, CreateInstance, InitializationComplete; every shard's status of the Hello,
+        merged."""
         hello = self.send(Hello())
         self.send(CreateInstance())
         self.send(InitializationComplete())
-        return self._status_of(self.wait(hello.seq, timeout))
+        return self._merged(self.wait_all(hello.seq, timeout=timeout))
+
+    def connect(self, timeout: float | None = None) -> StatusResponse:
+        """:meth:`connect_all`'s merged status (of the shards that answered)."""
+        return self.connect_all(timeout).status
+
+    def status_all(
+        self, timeout: float | None = None, ackers: Sequence[str] | None = None
+    ) -> ShardStatus:
+        """Every shard's status (or ``ackers``'), merged."""
+        seq = self.send(StatusRequest()).seq
+        return self._merged(self.wait_all(seq, ackers, timeout=timeout))
 
     def status(self, timeout: float | None = None) -> StatusResponse:
-        return self._status_of(self.wait(self.send(StatusRequest()).seq, timeout))
+        return self.status_all(timeout).status
+
+    def _merged(self, answers: Answers) -> ShardStatus:
+        names = tuple(n for n in self.ackers if n in answers.responses)
+        if not names:  # a single acker known by whichever name answered
+            names = tuple(answers.responses)
+        statuses = [self._status_of(answers.responses[n]) for n in names]
+        return ShardStatus(merge_statuses(statuses), names, answers.missing)
 
     def peek(
         self, substream: str, time: Time | None = None, timeout: float | None = None
     ) -> PeekResponse:
+        """The peek, answered by the shard that owns ``substream``."""
         cmd = self.send(Peek(uuid.uuid4().hex, substream, time))
-        resp = self.wait(cmd.seq, timeout)
+        owner = self.owner(substream)
+        if owner is None:
+            resp = self.wait(cmd.seq, timeout)
+        else:
+            resp = self.wait_all(cmd.seq, (owner,), timeout).responses[owner]
         if isinstance(resp.body, Rejected):
             raise CommandRejectedError(f"acker '{resp.acker}': {resp.body.reason}")
         if not isinstance(resp.body, PeekResponse):

@@ -6,6 +6,10 @@ order.  Every command carries ``(controller, nonce, seq)``: the nonce names the 
 started (commands of an older nonce are stale), the seq makes a re-delivered command a
 recognisable duplicate.  Responses carry the ``(controller, nonce, seq)`` they answer.
 
+With several acker shards every shard reads every command and answers it for what it owns
+(its substreams, its acks partitions), under its own name in ``Response.acker``; a controller
+waits for the shards it needs and merges their answers (:func:`merge_statuses`).
+
 This module only maps the Avro records of ``substreams/avro/command.avsc`` and
 ``response.avsc`` to frozen dataclasses and back; what the commands *mean* lives in
 :mod:`.history` and :mod:`.handler`.  It also parses times typed on a command line.
@@ -208,6 +212,36 @@ class StatusResponse:
     substreams: tuple[SubstreamStatus, ...]
     acks: tuple[AcksPartition, ...]
     configured: tuple[str, ...] = ()
+
+
+_STAGES = list(Stage)
+
+
+def merge_statuses(answers: Sequence[StatusResponse]) -> StatusResponse:
+    """One status of a sharded acker from its shards' answers: each answers for the
+    substreams and acks partitions it owns, so the parts are disjoint and are put side by
+    side (sorted by substream, by partition).  Every shard reads the same command topic, so
+    their sessions agree; while one lags behind the others, the least advanced stage is the
+    one every shard has reached.  A substream or partition answered twice (two layouts
+    running during a change of ``shards``) keeps its first answer."""
+    if not answers:
+        raise ValueError("no status to merge")
+    subs: dict[str, SubstreamStatus] = {}
+    acks: dict[int, AcksPartition] = {}
+    configured: tuple[str, ...] = ()
+    for st in answers:
+        for s in st.substreams:
+            subs.setdefault(s.substream, s)
+        for a in st.acks:
+            acks.setdefault(a.partition, a)
+        configured = configured or st.configured
+    stage = min((st.stage for st in answers), key=_STAGES.index)
+    return StatusResponse(
+        stage,
+        tuple(subs[k] for k in sorted(subs)),
+        tuple(acks[p] for p in sorted(acks)),
+        configured,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,13 @@ answering only what the response topic shows as not yet answered (commands sent 
 acker ran, peeks a crashed incarnation still owed), then sends the configured substreams'
 Frontiers.
 
+With several acker shards every shard runs a handler (``owned``: its substreams).  Each reads
+the whole command topic, so every shard's sessions, configuration and compaction frontiers
+are the same; each answers Hello and Status for what it owns, peeks of its own substreams
+only (another shard's are ignored: that shard answers), and pushes the Frontiers of its own
+configured substreams.  Answers carry the shard's name (``Response.acker``): a controller
+knows which shards answered, and a restarted shard skips only its own earlier answers.
+
 Completed times are kept for peeks (read from the substreams' control topics: their
 ``EpochComplete`` records) until an AllowCompaction lets the acker forget them, as Materialize
 keeps arrangement history until its ``since`` advances (and at most ``keep_completed`` per
@@ -21,7 +28,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -107,12 +114,16 @@ class CommandHandler:
         keep_idle_sessions: int = 64,
         keep_completed: int = 10_000,
         capture_interval_ms: int = 1000,
+        owned: Iterable[str] | None = None,
     ) -> None:
         self.config = config
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.name = name or config.acker.name
         self.substreams = tracked_substreams(config)
-        self.history = CommandHistory(self.substreams, keep_idle_sessions=keep_idle_sessions)
+        mine = None if owned is None else set(owned)
+        self.history = CommandHistory(
+            self.substreams, keep_idle_sessions=keep_idle_sessions, owned=mine
+        )
         self.frontier_interval = frontier_interval_ms / 1000.0
         self.reduce_every = reduce_every
         self.keep_completed = keep_completed
@@ -137,7 +148,12 @@ class CommandHandler:
         self._last_push = 0.0
         self._commands: Reader | None = None
         self._control: Reader | None = None
-        self._topic_sub = {config.acker.control_topic(s): s for s in self.substreams}
+        self._topic_sub = {
+            config.acker.control_topic(s): s
+            for s in self.substreams
+            if mine is None or s in mine
+        }
+        """The control topics read for completed times: this shard's substreams' only."""
         self._backfill: dict[str, int] = {}
         """The service's own control topics still read from the topic at start-up: their end
         offset then (records there are the service's, committed before this handler ran)."""
@@ -191,6 +207,7 @@ class CommandHandler:
             log.warning("command handler: response topic '%s' watermark not available (%s); "
                         "keeping %d", topic, exc, self._responses_from)
         return {
+            "acker": self.name,
             "position": self._position,
             "responses_from": self._responses_from,
             "commands": [
@@ -215,11 +232,18 @@ class CommandHandler:
         from the topic only up to its end now, then taken from the service's commits
         (:meth:`_take_committed`): why, decoding every ``EpochsComplete`` its own service
         had just encoded would make the handler one of the acker's largest costs at
-        granularity 1.  The other shards' topics are still read."""
+        granularity 1.  Topics the service does not write (a handler without a service of
+        its own) are read."""
         acker = self.config.acker
         position = responses_from = 0
         kept: list[Command] = []
+        answered_as: set[str] | None = {self.name}
         if saved is not None:
+            # Whose answers count as ours: this shard's, and those of the acker that
+            # captured the history (a predecessor after a change of layout).  A history
+            # without the name was captured when one handler served every command.
+            by = saved.get("acker")
+            answered_as = None if by is None else {self.name, str(by)}
             try:
                 position, responses_from = int(saved["position"]), int(saved["responses_from"])
                 kept = [decode_command(base64.b64decode(c)) for c in saved["commands"]]
@@ -244,7 +268,8 @@ class CommandHandler:
                     resp = decode_response(msg.value() or b"", msg.headers())
                 except ProtocolError:
                     continue
-                answered.add((resp.controller, resp.nonce, resp.seq))
+                if answered_as is None or resp.acker in answered_as:
+                    answered.add((resp.controller, resp.nonce, resp.seq))
         finally:
             responses.close()
         self._control = Reader(self.bootstrap, self.config, name="command handler: control")

@@ -104,6 +104,11 @@ class CommandState:
 
     known_substreams: frozenset[str]
     sessions: dict[str, Session] = field(default_factory=dict)
+    owned: frozenset[str] | None = None
+    """The substreams this acker answers peeks of (None: every known one).  A shard of a
+    sharded acker knows the whole deployment's substreams (a controller configures and
+    compacts any of them) but owns a part: a peek of another shard's substream is that
+    shard's to answer, so here it is ignored, neither answered nor kept as owed."""
     configured: Kept | None = None
     since: dict[str, Kept] = field(default_factory=dict)
     peeks: dict[str, Kept] = field(default_factory=dict)
@@ -217,6 +222,8 @@ class CommandState:
         if isinstance(body, Peek):
             if body.substream not in self.known_substreams:
                 return self._unknown([body.substream])
+            if self.owned is not None and body.substream not in self.owned:
+                return Outcome(OutcomeKind.IGNORED, f"{body.substream!r} is another shard's")
             if body.uuid in self.peeks:
                 return Outcome(OutcomeKind.REJECTED, f"peek {body.uuid} is already pending")
             self.peeks[body.uuid] = kept
@@ -282,9 +289,14 @@ class CommandHistory:
     """
 
     def __init__(
-        self, known_substreams: Iterable[str], keep_idle_sessions: int | None = 64
+        self,
+        known_substreams: Iterable[str],
+        keep_idle_sessions: int | None = 64,
+        owned: Iterable[str] | None = None,
     ) -> None:
-        self.state = CommandState(frozenset(known_substreams))
+        self.state = CommandState(
+            frozenset(known_substreams), owned=None if owned is None else frozenset(owned)
+        )
         self.keep_idle_sessions = keep_idle_sessions
         self._log: dict[int, Command] = {}
         self._next = 0
@@ -329,9 +341,13 @@ class CommandHistory:
         self._log = {p: synthesized.get(p) or self._log[p] for p in keep | set(synthesized)}
 
 
-def replay(commands: Iterable[Command], known_substreams: Iterable[str]) -> CommandState:
+def replay(
+    commands: Iterable[Command],
+    known_substreams: Iterable[str],
+    owned: Iterable[str] | None = None,
+) -> CommandState:
     """The state a fresh acker reaches by applying ``commands`` in order."""
-    history = CommandHistory(known_substreams, keep_idle_sessions=None)
+    history = CommandHistory(known_substreams, keep_idle_sessions=None, owned=owned)
     for cmd in commands:
         history.push(cmd)
     return history.state

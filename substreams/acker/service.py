@@ -415,8 +415,9 @@ class AckerService:
             ensure_topics(admin, [self.config.topic_spec(topic)])
             full, found = self._retire(pred, topic)
             subs = {s for s, p in self.home.items() if p in parts}
-            first = self.shard == 0 and pred == self.config.acker.shard_name(0, old, self.base_name)
-            state.merge(full.part(parts, subs, commands=first))
+            # Every shard serves commands: the first predecessor's command history is
+            # this shard's (all of them read the same command topic).
+            state.merge(full.part(parts, subs, commands=state.commands is None))
             log.warning(
                 "acker '%s': took acks partitions %s over from '%s' (%s; %d substreams), "
                 "and retired it", self.name, sorted(parts), pred,

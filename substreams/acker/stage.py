@@ -38,15 +38,13 @@ from confluent_kafka import TopicPartition
 
 from substreams import metrics
 from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter, DeadLetterWriter
-from substreams.acker.protocol import STAGE
 from substreams.acker.table import acker_segments
-from substreams.acker.tracker import Tracker
+from substreams.acker.tracker import stage_writer
 from substreams.config import Config, StageConfig
 from substreams.errors import DecodeError, SubstreamsError
 from substreams.kafka import client
 from substreams.kafka.read import Reader
 from substreams.streams.listener import StreamDecoder
-from substreams.streams.publisher import Publisher
 from substreams.streams.records import Entry
 
 log = logging.getLogger(__name__)
@@ -83,21 +81,11 @@ class Stage:
         self.source_id = f"stage.{name}"
         segments = [s for s in acker_segments(config).values() if self.stage.input in s.streams]
         self.substreams = [s.substream for s in segments]
-        # batch_size: the stage commits its outputs itself, once per input batch.
-        self.output = Publisher(
-            config,
-            self.stage.output,
-            self.source_id,
-            bootstrap=self.bootstrap,
-            mechanisms={},  # the stage's own tracker (below) reports for every substream
-            batch_size=1 << 62,
+        # The stage commits its outputs itself, once per input batch.
+        self.output, self.tracker = stage_writer(
+            config, self.stage.output, self.source_id, self.substreams,
+            bootstrap=self.bootstrap, inherited_times=True,
         )
-        self.tracker = Tracker(
-            config, self.stage.output, self.source_id, self.output.incarnation,
-            self.substreams, STAGE, inherited_times=True,
-        )
-        self.output.add_hook(self.tracker)
-        self.output.commit()  # the Register, before any report
         self.out_partitions = self.output.partitions
         self.decoder = StreamDecoder(config, self.stage.input)
         self.group = f"substreams.stage.{name}"
@@ -165,9 +153,10 @@ class Stage:
                 self._records_out.inc()
             # Written with the outputs' commit: RCV(input) then means "done with, outputs
             # durable", and it travels in the same report as the outputs' SNDs.
-            self.tracker.received(
-                (s, entry.times[s], entry.tracking_id) for s in subs if s in entry.times
-            )
+            if self.tracker is not None:
+                self.tracker.received(
+                    (s, entry.times[s], entry.tracking_id) for s in subs if s in entry.times
+                )
         if msgs:  # also a batch of only dead letters / punctuations: not read again
             self.output.send_offsets(
                 [TopicPartition(self.stage.input, p, o) for p, o in self._positions.items()],

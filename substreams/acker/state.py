@@ -286,7 +286,8 @@ class AckerState:
         ``substreams``): what a shard taking these partitions over starts from.  Everything
         of a segment lives in its partition's tables, trackers and sessions, so parts of
         disjoint partition sets never overlap and their merge (:meth:`merge`) is the whole.
-        ``commands``: keep the command handler's state (it goes to shard 0)."""
+        ``commands``: keep the command handler's state (every shard reads the whole command
+        topic, so a new shard continues from one predecessor's)."""
         return AckerState(
             tables={s: t for s, t in self.tables.items() if s in substreams},
             trackers={s: t for s, t in self.trackers.items() if s in substreams},

@@ -45,7 +45,7 @@ from substreams.kafka.write import produce
 from substreams.streams.publisher import Ending, Publisher, Write, transactional_id
 from substreams.streams.records import SentRecord
 
-__all__ = ["SOURCE", "STAGE", "Heartbeat", "Tracker", "source_tracker"]
+__all__ = ["SOURCE", "STAGE", "Heartbeat", "Tracker", "source_tracker", "stage_writer"]
 
 
 class Tracker:
@@ -226,3 +226,38 @@ def source_tracker(
     )
     tracker.on_release = Heartbeat(publisher, tracker.agent).close
     return tracker
+
+
+def stage_writer(
+    config: Config,
+    stream: str,
+    source_id: str,
+    substreams: Iterable[str],
+    *,
+    bootstrap: str | None = None,
+    inherited_times: bool = False,
+    batch_size: int = 1 << 62,
+) -> tuple[Publisher, Tracker | None]:
+    """A writer the acker tracks as a STAGE (a Python stage's output, a Spark write unit):
+    its publisher, whose start fences every earlier incarnation of ``source_id``, and its
+    tracker over ``substreams`` (None when there are none), with the Register committed
+    before any record.  The one place such a writer is put together, so a stage and a
+    Spark unit cannot drift apart in what they register or when.  ``batch_size``: the
+    caller commits itself (once per input batch, once per unit)."""
+    names = list(substreams)
+    publisher = Publisher(
+        config, stream, source_id, bootstrap=bootstrap, mechanisms={}, batch_size=batch_size
+    )
+    try:
+        if not names:
+            return publisher, None
+        tracker = Tracker(
+            config, stream, source_id, publisher.incarnation, names, STAGE,
+            inherited_times=inherited_times,
+        )
+        publisher.add_hook(tracker)
+        publisher.commit()  # the Register, before any report
+        return publisher, tracker
+    except BaseException:
+        publisher.abort()
+        raise

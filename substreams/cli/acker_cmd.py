@@ -1,5 +1,10 @@
 """`substreams acker run|status|epochs|peek`: run the acker and inspect it over its command
-protocol (the CLI is a controller like any other: it says Hello and reads responses)."""
+protocol (the CLI is a controller like any other: it says Hello and reads responses).
+
+With several shards every shard serves the command protocol for what it owns: status and
+epochs ask them all and merge the answers, a peek asks the substream's shard, and a shard
+that does not answer within ``--timeout`` is named (exit code 2) after what the others
+answered, never left out silently."""
 
 from __future__ import annotations
 
@@ -15,11 +20,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from substreams.acker.client import AckerClient
+from substreams.acker.client import AckerClient, ShardStatus
 from substreams.acker.commands import (
     PeekResponse,
     PeekRow,
-    StatusResponse,
     format_time,
     format_times,
     parse_time,
@@ -43,6 +47,15 @@ timeout_option = click.option(
     default=5.0,
     show_default=True,
     help="Seconds to wait for the acker's answer.",
+)
+
+
+shards_option = click.option(
+    "--shards",
+    type=click.IntRange(min=1),
+    default=None,
+    help="How many shards the acker runs as (default: acker.shards of the config); every "
+    "shard is asked.",
 )
 
 
@@ -140,21 +153,21 @@ def run(
     """Run the acker until Ctrl-C or SIGTERM (a clean stop: the last transaction commits).
 
     With several shards, run one process per shard (``--shard i``), each with its own
-    ``--standby`` if wanted; shard 0 also serves the command protocol."""
+    ``--standby`` if wanted; each serves the command protocol for its own substreams."""
     from substreams.acker.handler import CommandHandler
     from substreams.acker.service import AckerService, relax_gc
+    from substreams.app import Application
 
     config = load_config(config_path)
     relax_gc()  # this process is the acker's own
     try:
-        service = AckerService(
-            config, bootstrap, name, standby=standby, shard=shard, shards=shards,
-            from_shards=from_shards,
+        service = Application(config, bootstrap).acker(
+            name=name, standby=standby, shard=shard, shards=shards, from_shards=from_shards
         )
     except SubstreamsError as exc:
         raise click.UsageError(str(exc)) from exc
-    # One command handler for the deployment (answers would otherwise come N times).
-    handler = CommandHandler(config, service.bootstrap, service.name) if shard == 0 else None
+    # Every shard answers commands for what it owns, under its own name.
+    handler = CommandHandler(config, service.bootstrap, service.name, owned=service.segments)
     printed = [0]
 
     def step_hook(svc: AckerService) -> list[tuple[str, bytes]]:
@@ -167,7 +180,7 @@ def run(
             )
             detail = f"; last {last[0]}@{format_time(last[1][0])}" if last else ""
             click.echo(f"{svc.notifications} notifications{detail}")
-        return [] if handler is None else handler(svc)
+        return handler(svc)
 
     service.command_handler = step_hook
     stop = threading.Event()
@@ -182,8 +195,7 @@ def run(
         try:
             service.run(stop)
         finally:
-            if handler is not None:
-                handler.close()
+            handler.close()
     click.echo(f"acker '{service.name}' stopped after {service.notifications} notifications")
 
 
@@ -209,33 +221,66 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 def _session(
-    config: Config, bootstrap: str | None, timeout: float
-) -> tuple[AckerClient, StatusResponse]:
-    """A controller session (Hello, CreateInstance, InitializationComplete) and its status."""
-    ctl = AckerClient(config, bootstrap, timeout=timeout)
+    config: Config, bootstrap: str | None, timeout: float, shards: int | None
+) -> tuple[AckerClient, ShardStatus]:
+    """A controller session (Hello, CreateInstance, InitializationComplete) and the status
+    of every shard that answered its Hello."""
+    ctl = AckerClient(config, bootstrap, timeout=timeout, shards=shards)
     try:
-        status = ctl.connect()
+        status = ctl.connect_all()
     except BaseException:
         ctl.close()
         raise
     return ctl, status
 
 
+def _missing(ctl: AckerClient, missing: tuple[str, ...], timeout: float) -> None:
+    """Say which shards did not answer and what is therefore not shown (exit code 2)."""
+    if not missing:
+        return
+    config = ctl.config
+    parts = []
+    for name in missing:
+        shard = ctl.ackers.index(name)
+        subs = [s.name for s in config.substreams if ctl.owner(s.name) == name]
+        acks = [p for p in range(config.acker.acks_partitions) if p % ctl.shards == shard]
+        parts.append(f"shard {shard} ('{name}': substreams {', '.join(subs) or '(none)'}; "
+                     f"acks partitions {', '.join(map(str, acks))})")
+    raise SubstreamsError(
+        f"{len(missing)} of {ctl.shards} acker shards did not answer within {timeout:g} s, "
+        f"so what they own is not shown above: {'; '.join(parts)}; is `substreams acker run "
+        "--shard I` running for each?"
+    )
+
+
 @command.command()
 @config_option
 @bootstrap_option
 @timeout_option
-def status(config_path: str, bootstrap: str | None, timeout: float) -> None:
-    """Frontiers, open times, acks lag and the last notification of every substream."""
-    ctl, _ = _session(load_config(config_path), bootstrap, timeout)
+@shards_option
+def status(config_path: str, bootstrap: str | None, timeout: float, shards: int | None) -> None:
+    """Frontiers, open times, acks lag and the last notification of every substream (every
+    shard is asked; the answers are merged)."""
+    ctl, hello = _session(load_config(config_path), bootstrap, timeout, shards)
     with ctl:
         t0 = time.monotonic()
-        st = ctl.status()
+        # A shard silent to the Hello is not waited for again (a second full timeout).
+        merged = ctl.status_all(ackers=hello.answered)
+        missing = tuple(n for n in ctl.ackers if n not in merged.answered)
         rtt = (time.monotonic() - t0) * 1000
+        st = merged.status
         lags = ctl.acks_lag(st)
     console = Console()
-    table = Table(title=f"acker '{ctl.acker}' (answered in {rtt:.0f} ms)")
-    for col in ("substream", "lower", "upper", "open times", "compacted to", "last notification"):
+    sharded = ctl.shards > 1
+    if sharded:
+        title = (f"acker '{ctl.base}': {len(merged.answered)} of "
+                 f"{ctl.shards} shards answered in {rtt:.0f} ms")
+    else:
+        title = f"acker '{ctl.acker}' (answered in {rtt:.0f} ms)"
+    table = Table(title=title)
+    cols = ("substream", *(("shard",) if sharded else ()), "lower", "upper", "open times",
+            "compacted to", "last notification")
+    for col in cols:
         table.add_column(col, justify="right" if col == "open times" else "left")
     for s in st.substreams:
         last = "-"
@@ -243,8 +288,10 @@ def status(config_path: str, bootstrap: str | None, timeout: float) -> None:
             t, at = s.last_notification
             last = f"{format_time(t)} ({_age(at)})"
         since = "-" if s.since is None else format_times(s.since)
+        owner = ctl.owner(s.substream)
         table.add_row(
             s.substream,
+            *((str(ctl.ackers.index(owner)) if owner else "?",) if sharded else ()),
             format_times(s.lower),
             format_times(s.upper),
             str(s.open_times),
@@ -262,6 +309,7 @@ def status(config_path: str, bootstrap: str | None, timeout: float) -> None:
     console.print(acks)
     if st.configured:
         console.print(f"configured by a controller: {', '.join(st.configured)}")
+    _missing(ctl, missing, timeout)
 
 
 def _rows_table(title: str, rows: list[tuple[str, PeekRow]], show_state: bool) -> Table:
@@ -306,28 +354,36 @@ def _peek(ctl: AckerClient, substream: str, t: Time | None) -> PeekResponse:
 @config_option
 @bootstrap_option
 @timeout_option
+@shards_option
 @click.option("--substream", "-s", default=None, help="Only this substream (default: all).")
-def epochs(config_path: str, bootstrap: str | None, timeout: float, substream: str | None) -> None:
-    """The open times: their XOR state, record counts and the sources that have not sealed."""
+def epochs(
+    config_path: str, bootstrap: str | None, timeout: float, shards: int | None,
+    substream: str | None,
+) -> None:
+    """The open times: their XOR state, record counts and the sources that have not sealed
+    (each substream's from the shard that owns it)."""
     config = load_config(config_path)
     if substream is not None:
         config.substream(substream)  # a ConfigError naming the known ones
-    ctl, st = _session(config, bootstrap, timeout)
-    names = [substream] if substream else [s.substream for s in st.substreams]
+    ctl, merged = _session(config, bootstrap, timeout, shards)
+    names = [substream] if substream else [s.substream for s in merged.status.substreams]
     rows: list[tuple[str, PeekRow]] = []
     with ctl:
         for name in names:
             rows += [(name, r) for r in _peek(ctl, name, None).rows]
     if not rows:
         click.echo("no open times: every substream is complete up to its frontier")
-        return
-    Console().print(_rows_table(f"open times ({len(rows)})", rows, show_state=False))
+    else:
+        Console().print(_rows_table(f"open times ({len(rows)})", rows, show_state=False))
+    if substream is None:
+        _missing(ctl, merged.missing, timeout)
 
 
 @command.command()
 @config_option
 @bootstrap_option
 @timeout_option
+@shards_option
 @click.option("--substream", "-s", required=True, help="The substream to peek at.")
 @click.option(
     "--time",
@@ -338,12 +394,14 @@ def epochs(config_path: str, bootstrap: str | None, timeout: float, substream: s
     help="One time: 5, 1,2 or key@5 (default: every open time).",
 )
 def peek(
-    config_path: str, bootstrap: str | None, timeout: float, substream: str, at: Time | None
+    config_path: str, bootstrap: str | None, timeout: float, shards: int | None,
+    substream: str, at: Time | None,
 ) -> None:
-    """The acker's state of one substream: its open times, or one time (open or complete)."""
+    """The acker's state of one substream (asked of the shard that owns it): its open times,
+    or one time (open or complete)."""
     config = load_config(config_path)
     config.substream(substream)  # a ConfigError naming the known ones
-    ctl, _ = _session(config, bootstrap, timeout)
+    ctl, _ = _session(config, bootstrap, timeout, shards)
     with ctl:
         resp = _peek(ctl, substream, at)
     if not resp.rows:

@@ -32,7 +32,7 @@ def command(
     """Align the punctuations of SUBSTREAM and write its control topic (EpochComplete per
     terminated time), so subscribers and Spark jobs follow it as they follow the acker.
     Stops cleanly on Ctrl-C."""
-    from substreams.punctuation.service import PunctuationAligner
+    from substreams.app import Application
 
     config = load_config(config_path)
     stop = threading.Event()
@@ -44,8 +44,8 @@ def command(
         ranges = " ".join(f"{r.partition}:[{r.start},{r.end})" for r in ev.ranges) or "-"
         click.echo(f"terminated {ev.time!r} records={ev.records} ranges={ranges}")
 
-    aligner = PunctuationAligner(
-        config, substream, bootstrap=bootstrap, on_terminated=report if verbose else None
+    aligner = Application(config, bootstrap).aligner(
+        substream, on_terminated=report if verbose else None
     )
     serve_metrics(metrics_port)
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -88,10 +88,12 @@ def build_command(
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark settings.")
 @click.option(
-    "--kafka-connector",
-    is_flag=True,
-    help='Add Spark\'s own Kafka connector (format("kafka")) to --packages, fetched into '
-    "~/.m2 with Maven first (needs `mvn`).",
+    "--kafka-connector/--no-kafka-connector",
+    default=True,
+    show_default=True,
+    help='Add Spark\'s own Kafka connector (format("kafka")) and spark-avro to --packages, '
+    "fetched into ~/.m2 with Maven first (needs `mvn`): the JVM read path of "
+    "substreams.spark.run needs them.",
 )
 @click.option("--dry-run", is_flag=True, help="Print the spark-submit command, do not run it.")
 @click.argument("job", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -113,10 +115,10 @@ def command(
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     packages: list[str] = []
     if kafka_connector:
-        from substreams.spark.connector import ensure_kafka_connector
+        from substreams.spark.connector import ensure_jvm_packages
 
         # In ~/.m2 before spark-submit starts: its Ivy resolution looks there first.
-        packages.append(ensure_kafka_connector(lambda line: click.echo(line, err=True)))
+        packages.extend(ensure_jvm_packages(lambda line: click.echo(line, err=True)))
     with tempfile.TemporaryDirectory(prefix="substreams-submit-") as tmp:
         zipped = None if master.startswith("local") else package_zip(Path(tmp))
         cmd = build_command(job.resolve(), master, conf, job_args, zipped, packages)

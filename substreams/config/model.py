@@ -5,6 +5,10 @@ validation happens once, at load time, with file/line diagnostics (see
 :mod:`substreams.config.loader`), and the rest of the code can trust the values.
 Defaults live here so that tests can build configs in code without a YAML file.
 
+The field annotations also say what the file accepts (``Count``: an integer >= 1, ``Name``...):
+pydantic validates the file against them (the loader), while the classes stay plain
+dataclasses that build, compare and pickle without pydantic's help.
+
 Every class pickles (plain ``pickle`` and the ``cloudpickle`` PySpark uses) and compares
 equal after a round trip: a Spark job ships the :class:`Config` it validated on the driver
 to its tasks, which therefore never read (or need) the YAML file or the ``.avsc`` files.
@@ -14,11 +18,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, ConfigDict, Field, PlainValidator, Strict
+from pydantic_core import PydanticCustomError
 
 from substreams.errors import ConfigError
 
@@ -49,6 +57,95 @@ MIN_CHECKPOINT_RETENTION_BYTES: int = 16 * MIB
 producer sends with default settings (1 MB), so the retained tail holds whole checkpoints."""
 
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+"""Names of streams, substreams, stages and the acker: they become Kafka topic names
+and transactional ids, so only characters Kafka accepts everywhere are allowed."""
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
+
+
+def _invalid(problem: str, allowed: str | None = None) -> PydanticCustomError:
+    """A validation error worded like the loader's own (it passes ``problem`` through)."""
+    return PydanticCustomError("config", "{problem}", {"problem": problem, "allowed": allowed})
+
+
+def _name(value: str) -> str:
+    if not re.fullmatch(NAME_PATTERN[1:-1], value):
+        raise _invalid(
+            f"{value!r} is not a valid name; names must match {NAME_PATTERN}"
+            " (they become Kafka topic names)"
+        )
+    return value
+
+
+def _topic(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", value):
+        raise _invalid(
+            f"{value!r} is not a valid Kafka topic name; use letters, digits, '.', '_', '-'"
+        )
+    return value
+
+
+def _retention(value: int) -> int:
+    if value != KEEP and value < MINUTE_MS:
+        raise _invalid(
+            f"{value} is out of range; must be {KEEP} (keep forever) or >= {MINUTE_MS}"
+            " (one minute, in ms)"
+        )
+    return value
+
+
+def _bootstrap(value: str) -> str:
+    for part in value.split(",") if value != EMBEDDED else ():
+        m = _HOST_PORT.fullmatch(part)
+        if m is None or not 1 <= int(m.group(1)) <= 65535:
+            raise _invalid(
+                f"{value!r} is not a valid bootstrap; expected {EMBEDDED!r} or "
+                "host:port[,host:port...]",
+                f"{EMBEDDED}, host:port[,host:port...]",
+            )
+    return value
+
+
+def show(value: object) -> str:
+    """A value as the user wrote it, YAML-flavoured (``null``, ``true``, ``'text'``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return repr(value)
+
+
+def _client_value(value: object) -> ClientValue:
+    if not isinstance(value, str | int | float | bool):
+        raise _invalid(f"expected a string, number or boolean, got {show(value)}")
+    return value
+
+
+def _timeout_or_null(value: object) -> int | None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise _invalid(
+            f"expected a timeout in ms or null, got {show(value)}",
+            "null (off, the default) or an integer >= 1",
+        )
+    return value
+
+
+# What a key of the file accepts.  Strict: ``'2'`` is not an integer nor ``1`` a string.
+Text = Annotated[str, Strict()]
+Flag = Annotated[bool, Strict()]
+Count = Annotated[int, Strict(), Field(ge=1)]
+Name = Annotated[str, Strict(), AfterValidator(_name)]
+Topic = Annotated[str, Strict(), AfterValidator(_topic)]
+RetentionMs = Annotated[int, Strict(), Field(ge=KEEP), AfterValidator(_retention)]
+"""A topic's retention.ms: -1 (keep forever) or at least a minute."""
+_FILE = ConfigDict(extra="forbid")
+"""Every class of the file: a key it does not define is an error, not ignored."""
+
+
 def _empty_client() -> Mapping[str, ClientValue]:
     return MappingProxyType({})
 
@@ -62,14 +159,17 @@ def _rebuild(cls: type[Any], fields: dict[str, Any]) -> Any:
 class KafkaConfig:
     """Where the broker is and how topics are created."""
 
-    bootstrap: str = EMBEDDED
-    replication_factor: int | None = None
+    __pydantic_config__: ClassVar[ConfigDict] = _FILE
+    bootstrap: Annotated[str, Strict(), AfterValidator(_bootstrap)] = EMBEDDED
+    replication_factor: Count | None = None
     """None: automatic, min(3, brokers in the cluster) when a topic is created."""
-    client: Mapping[str, ClientValue] = dataclasses.field(default_factory=_empty_client)
+    client: Mapping[str, Annotated[ClientValue, PlainValidator(_client_value)]] = dataclasses.field(
+        default_factory=_empty_client
+    )
     """Extra librdkafka settings, passed through untouched (read-only mapping)."""
-    min_insync_replicas: int | None = None
+    min_insync_replicas: Count | None = None
     """None: 2 when the replication factor is >= 3, else 1 (:func:`default_min_insync`)."""
-    data_retention_ms: int = 7 * DAY_MS
+    data_retention_ms: RetentionMs = 7 * DAY_MS
     """Retention of data topics (-1: keep forever); ``streams[].retention_ms`` overrides it."""
 
     def __post_init__(self) -> None:
@@ -104,15 +204,16 @@ def default_min_insync(replication_factor: int) -> int:
 class StreamConfig:
     """A Kafka data topic (named like the stream) and the Avro schema of its records."""
 
-    name: str
+    __pydantic_config__: ClassVar[ConfigDict] = _FILE
+    name: Name
     schema_path: Path
     """Absolute path of the ``.avsc`` file."""
     schema: dict[str, Any]
     """The schema as JSON (not fastavro-parsed), so it can be re-serialised or shipped."""
-    partitions: int
-    order_key: str
+    partitions: Count
+    order_key: Text
     """An int/long field, non-decreasing per partition: what firm bounds are built on."""
-    retention_ms: int | None = None
+    retention_ms: RetentionMs | None = None
     """The data topic's retention.ms (-1: forever); None: ``kafka.data_retention_ms``."""
 
     def parsed_schema(self) -> Any:
@@ -139,8 +240,9 @@ class SealPolicy:
     nothing written) or ``dead_letter`` (written to the dead-letter topic with the reason and
     the time it missed, counted in ``substreams_dead_letters_total``; the rest go on)."""
 
-    lateness_ms: int = 0
-    idle_ms: int | None = None
+    __pydantic_config__: ClassVar[ConfigDict] = _FILE
+    lateness_ms: Annotated[int, Strict(), Field(ge=0)] = 0
+    idle_ms: Count | None = None
     late: LateRule = "raise"
 
     def __post_init__(self) -> None:
@@ -162,16 +264,17 @@ class SubstreamConfig:
     for session and per_key only.
     """
 
-    name: str
-    stream: str
+    __pydantic_config__: ClassVar[ConfigDict] = _FILE
+    name: Name
+    stream: Text
     kind: Kind
-    field: str | None = None
-    size_ms: int | None = None
-    key: str | None = None
-    gap_ms: int | None = None
+    field: Text | None = None
+    size_ms: Count | None = None
+    key: Text | None = None
+    gap_ms: Count | None = None
     mechanism: Mechanism = "acker"
     bound: Bound = "firm"
-    ordered: bool = True
+    ordered: Flag = True
     seal: SealPolicy | None = None
     """None: ``seal: manual``, the publisher's code seals."""
 
@@ -183,56 +286,60 @@ class StageConfig:
     ``input == output`` is allowed: that is a cycle, which only the acker can track.
     """
 
-    name: str
-    input: str
-    output: str
+    __pydantic_config__: ClassVar[ConfigDict] = _FILE
+    name: Name
+    input: Text
+    output: Text
 
 
 @dataclass(frozen=True)
 class AckerConfig:
     """The acker service: its identity, internal topics and timing knobs."""
 
-    name: str = "acker"
+    __pydantic_config__: ClassVar[ConfigDict] = _FILE
+    name: Name = "acker"
     """Used for the transactional.id, so that a restarted acker fences the old one."""
-    acks_topic: str = "_substreams.acks"
-    acks_partitions: int = 1
+    acks_topic: Topic = "_substreams.acks"
+    acks_partitions: Count = 1
     """Messages about acker substream S go to partition crc32(S) % acks_partitions."""
-    shards: int = 1
+    shards: Count = 1
     """How many acker processes share the acks partitions (shard i owns the partitions
     p with p % shards == i; ``acker run --shard i``).  At most ``acks_partitions``."""
-    control_topic_prefix: str = "_substreams.control."
-    command_topic: str = "_substreams.commands"
-    response_topic: str = "_substreams.responses"
-    dead_letter_topic: str = "_substreams.dead_letter"
-    flush_ms: int = 5
+    control_topic_prefix: Topic = "_substreams.control."
+    command_topic: Topic = "_substreams.commands"
+    response_topic: Topic = "_substreams.responses"
+    dead_letter_topic: Topic = "_substreams.dead_letter"
+    flush_ms: Count = 5
     """Ignored since reports travel inside their writer's transaction (kept so that older
     files load)."""
-    flush_reports: int = 1000
+    flush_reports: Count = 1000
     """Ignored, like ``flush_ms``."""
-    source_heartbeat_ms: int = 1000
+    source_heartbeat_ms: Count = 1000
     """A source that committed nothing for this long says it is alive."""
-    source_timeout_ms: int = 30000
+    source_timeout_ms: Count = 30000
     """A source silent for this long is evicted (fenced; the acker stops waiting for its
     seals; what it committed stays tracked).  Must exceed ``source_heartbeat_ms``."""
-    unsealed_timeout_ms: int | None = None
+    unsealed_timeout_ms: Annotated[int | None, PlainValidator(_timeout_or_null)] = None
     """A live source that has held a substream's oldest open time unsealed for this long is
     evicted like a silent one (None, the default: never; see docs/design.md, "A live source
     that never seals", for what its later records at the times then notified become).  Must
     exceed the longest a healthy source keeps a window open: its size plus lateness (plus
     ``idle_ms`` when idle), or how long it takes between two epoch seals."""
-    heartbeat_ms: int = 500
-    standby_timeout_ms: int = 3000
+    heartbeat_ms: Count = 500
+    standby_timeout_ms: Count = 3000
     """A standby takes over after this long without a heartbeat (> heartbeat_ms)."""
-    snapshot_every: int = 100
+    snapshot_every: Count = 100
     """Write a frontier snapshot every N notifications (bounds recovery replay)."""
-    acks_retention_ms: int = 7 * DAY_MS
+    acks_retention_ms: RetentionMs = 7 * DAY_MS
     """The acks topic's retention.ms: how long the acker may be down (it resumes from the
     acks offsets of its last checkpoint, and refuses to start if retention passed them)."""
-    response_retention_ms: int = DAY_MS
+    response_retention_ms: RetentionMs = DAY_MS
     """The response topic's retention.ms (a client reads only what follows its Hello)."""
-    dead_letter_retention_ms: int = 30 * DAY_MS
+    dead_letter_retention_ms: RetentionMs = 30 * DAY_MS
     """The dead-letter topic's retention.ms (-1: forever)."""
-    checkpoint_retention_bytes: int = 64 * MIB
+    checkpoint_retention_bytes: Annotated[
+        int, Strict(), Field(ge=MIN_CHECKPOINT_RETENTION_BYTES)
+    ] = 64 * MIB
     """Size retention of each acker's checkpoint topic.  Never a time retention: recovery
     needs the latest checkpoint however long the acker was down."""
 
@@ -253,11 +360,16 @@ class AckerConfig:
         """The acker's own control topic: its checkpoints and heartbeats (standbys watch it)."""
         return f"{self.control_topic_prefix}__acker.{acker_name or self.name}"
 
+    def aligner_checkpoint_topic(self, substream: str) -> str:
+        """The punctuation aligner's checkpoints of ``substream`` (kept like an acker's)."""
+        return f"{self.control_topic_prefix}__aligner.{substream}"
+
 
 @dataclass(frozen=True)
 class Config:
     """The whole of ``substreams.yaml``."""
 
+    __pydantic_config__: ClassVar[ConfigDict] = _FILE
     path: Path
     """Absolute path of the config file (schemas were resolved against its directory)."""
     kafka: KafkaConfig
@@ -296,6 +408,11 @@ class Config:
             self._spec(a.checkpoint_topic(a.shard_name(i)), 1, "checkpoint")
             for i in range(a.shards)
         ]
+        out += [
+            self._spec(a.aligner_checkpoint_topic(s.name), 1, "checkpoint")
+            for s in self.substreams
+            if s.mechanism == "punctuations"
+        ]
         out.append(self._spec(a.acks_topic, a.acks_partitions, "acks", a.acks_retention_ms))
         out += [
             self._spec(a.command_topic, 1, "command"),
@@ -306,12 +423,14 @@ class Config:
 
     def topic_spec(self, topic: str) -> TopicSpec:
         """The spec of one topic of :meth:`topics`, or of the checkpoint topic of an acker of
-        any name (``<control prefix>__acker.<name>``); a :class:`ConfigError` if neither."""
+        any name (``<control prefix>__acker.<name>``) or of an aligner
+        (``<control prefix>__aligner.<substream>``); a :class:`ConfigError` if neither."""
         specs = self.topics()
         for spec in specs:
             if spec.name == topic:
                 return spec
-        if topic.startswith(f"{self.acker.control_topic_prefix}__acker."):
+        prefix = self.acker.control_topic_prefix
+        if topic.startswith((f"{prefix}__acker.", f"{prefix}__aligner.")):
             return self._spec(topic, 1, "checkpoint")
         raise self._unknown("topics", "topic", topic, [s.name for s in specs])
 

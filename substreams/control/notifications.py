@@ -12,13 +12,14 @@ time and no other, whatever was written since).
 
 from __future__ import annotations
 
-import time as _time
+import math
 from collections.abc import Iterator
 
 from substreams.config import Config
 from substreams.control.notes import EpochNote
 from substreams.control.subscriber import Data, Start, Subscriber
 from substreams.errors import SubstreamsError
+from substreams.kafka.clock import Deadline
 
 
 class Notifications:
@@ -57,14 +58,14 @@ class Notifications:
 
     def poll(self, timeout: float = 1.0) -> list[EpochNote]:
         """The notes that arrived within ``timeout`` seconds (possibly none)."""
-        deadline = _time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
-            events = self._subscriber.poll(max(0.0, deadline - _time.monotonic()))
+            events = self._subscriber.poll(deadline.left())
             notes = [self._note(e) for e in events if isinstance(e, Data)]
             if self._after is not None:
                 after = self._after
                 notes = [n for n in notes if n.ident > after]
-            if notes or _time.monotonic() >= deadline:
+            if notes or deadline.passed:
                 return notes
 
     def _note(self, event: Data) -> EpochNote:
@@ -80,16 +81,13 @@ class Notifications:
         )
 
     def __iter__(self) -> Iterator[EpochNote]:
-        idle_since = _time.monotonic()
+        idle = Deadline(math.inf if self.idle_timeout is None else self.idle_timeout)
         while True:
             notes = self.poll(0.2)
             if notes:
-                idle_since = _time.monotonic()
+                idle.restart()
                 yield from notes
-            elif (
-                self.idle_timeout is not None
-                and _time.monotonic() - idle_since >= self.idle_timeout
-            ):
+            elif idle.passed:
                 return
 
     def close(self) -> None:

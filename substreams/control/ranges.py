@@ -7,7 +7,6 @@ records again.  Offsets make the read deterministic.
 
 from __future__ import annotations
 
-import time as _time
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
@@ -17,6 +16,7 @@ from substreams.config import Config
 from substreams.control.messages import OffsetRange, epoch_covers
 from substreams.errors import SubstreamsError
 from substreams.frontier import Keyed, Time
+from substreams.kafka.clock import Deadline
 from substreams.kafka.read import Reader
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
@@ -72,9 +72,9 @@ def read_ranges(
     with Reader(bootstrap, config, name="read_ranges") as reader:
         remaining = {(r.stream, r.partition): r for r in wanted}
         reader.assign([TopicPartition(r.stream, r.partition, r.start) for r in wanted])
-        deadline = _time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while remaining:
-            if _time.monotonic() > deadline:
+            if deadline.passed:
                 missing = ", ".join(
                     f"{s}[{p}]<{r.end} (at {reader.positions.get((s, p), r.start)})"
                     for (s, p), r in remaining.items()
@@ -85,7 +85,7 @@ def read_ranges(
             # poll_batch: returns with what arrived (consume(n, t) would wait out t for n).
             batch = reader.poll_batch(0.2, 1000)
             if batch:
-                deadline = _time.monotonic() + timeout
+                deadline.restart()
             for msg in batch:
                 key = (msg.topic(), msg.partition())
                 rng = remaining.get(key)

@@ -18,6 +18,7 @@ reader has passed the ranges it names (so no record of a time follows its comple
 
 from __future__ import annotations
 
+import math
 import time as _time
 from collections import defaultdict, deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -46,6 +47,7 @@ from substreams.control.traffic import CONTROL_READ, TRAFFIC
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Antichain, Time
 from substreams.kafka import client
+from substreams.kafka.clock import Deadline
 from substreams.kafka.read import Reader
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
@@ -268,22 +270,21 @@ class Subscriber:
         """Events that became available within ``timeout`` seconds (possibly none)."""
         if self._closed:
             raise SubstreamsError("poll() on a closed subscriber")
-        deadline = _time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
-            remaining = max(0.0, deadline - _time.monotonic())
-            events = self._step(min(remaining, 0.1))
-            if events or _time.monotonic() >= deadline:
+            events = self._step(deadline.left(cap=0.1))
+            if events or deadline.passed:
                 return events
 
     def events(self, idle_timeout: float | None = None) -> Iterator[Event]:
         """Iterate events; with ``idle_timeout`` stop after that long without one."""
-        idle_since = _time.monotonic()
+        idle = Deadline(math.inf if idle_timeout is None else idle_timeout)
         while True:
             batch = self.poll(0.2)
             if batch:
-                idle_since = _time.monotonic()
+                idle.restart()
                 yield from batch
-            elif idle_timeout is not None and _time.monotonic() - idle_since >= idle_timeout:
+            elif idle.passed:
                 return
 
     def __iter__(self) -> Iterator[Event]:

@@ -12,7 +12,6 @@ docs/design.md, "Resuming a broken chain").
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ from substreams.control.io import ControlTail, ControlWriter, Corrupt, find_resu
 from substreams.control.messages import ChainResume, ControlRecord
 from substreams.errors import SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.clock import Deadline
 
 # Why a record broke the chain, as short labels for tables and tests.
 UNDECODABLE = "undecodable record"
@@ -93,12 +93,12 @@ def verify_topic(bootstrap: str, topic: str, substream: str, config: Config | No
     pending: dict[int, tuple[Break, ControlRecord]] = {}
     with ControlTail(bootstrap, topic, 0, config) as tail:
         report.start_offset = tail.log_start()
-        deadline = time.monotonic() + idle_timeout
+        deadline = Deadline(idle_timeout)
         while not tail.at_end:
             batch = tail.poll(0.2, max_records=5000)
             if batch:
-                deadline = time.monotonic() + idle_timeout
-            elif time.monotonic() > deadline:
+                deadline.restart()
+            elif deadline.passed:
                 raise SubstreamsError(
                     f"control topic '{topic}': no end of partition within {idle_timeout} s"
                 )

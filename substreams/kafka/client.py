@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import (
@@ -30,6 +28,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from substreams.config import Config
 from substreams.errors import BrokerError
+from substreams.kafka.clock import Deadline, retry
 from substreams.kafka.embedded import read_state
 
 ENV_BOOTSTRAP = "SUBSTREAMS_BOOTSTRAP"
@@ -142,28 +141,22 @@ def commit_transaction(
     never aborted (an abort is refused with ``_CONFLICT`` and the outcome stays unknown).
     Every other error is raised: abortable ones for the caller to abort, fatal ones (a
     fenced producer) for it to stop."""
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            producer.commit_transaction(max(1.0, min(30.0, deadline - time.monotonic())))
-            return
-        except KafkaException as exc:
-            err = exc.args[0]
-            retriable = isinstance(err, KafkaError) and err.retriable()
-            if not retriable or time.monotonic() >= deadline:
-                raise
-            log.warning("%s: commit still in progress (%s); calling it again", what, err)
+    retry(
+        lambda deadline: producer.commit_transaction(deadline.left(1.0, 30.0)),
+        transient,
+        patience,
+        on_retry=lambda exc: log.warning(
+            "%s: commit still in progress (%s); calling it again", what, exc.args[0]
+        ),
+    )
 
 
 def flush_producer(producer: Producer, what: str, patience: float = COMMIT_PATIENCE_S) -> None:
     """Wait until every produced message is delivered (delivery callbacks served), through
     a broker outage of up to ``patience`` seconds; a ``BrokerError`` after that."""
-    deadline = time.monotonic() + patience
-    while True:
-        left = producer.flush(max(1.0, min(30.0, deadline - time.monotonic())))
-        if not left:
-            return
-        if time.monotonic() >= deadline:
+    deadline = Deadline(patience)
+    while left := producer.flush(deadline.left(1.0, 30.0)):
+        if deadline.passed:
             raise BrokerError(f"{what}: {left} messages not delivered within {patience:.0f} s")
         log.warning("%s: %d messages not delivered yet; waiting on", what, left)
 
@@ -184,6 +177,13 @@ MOVING = frozenset(
 """Errors of a partition that is being created or whose leader moves: they pass."""
 
 
+def transient(exc: Exception, also: frozenset[int] = frozenset()) -> bool:
+    """Is ``exc`` a Kafka error that passes (librdkafka calls it retriable, or its code is
+    one of ``also``)?"""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and (err.retriable() or err.code() in also)
+
+
 def watermarks(
     consumer: Consumer, topic: str, partition: int, timeout: float = 30.0
 ) -> tuple[int, int]:
@@ -192,23 +192,23 @@ def watermarks(
     Retries retriable errors until ``timeout``: right after a topic is created, or while a
     leader moves, the broker answers NOT_LEADER_FOR_PARTITION for a moment (seen on
     Apache Kafka 4.1 under load)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=max(1.0, min(10.0, timeout)),
-                cached=False,
-            )
-            return int(low), int(high)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if not (isinstance(err, KafkaError) and (err.retriable() or err.code() in MOVING)):
-                raise
-            if time.monotonic() >= deadline:
-                raise BrokerError(
-                    f"no offsets for {topic}[{partition}] within {timeout:.0f} s: {err}"
-                ) from exc
-            time.sleep(0.1)
+    tp = TopicPartition(topic, partition)
+    try:
+        low, high = retry(
+            lambda _: consumer.get_watermark_offsets(
+                tp, timeout=max(1.0, min(10.0, timeout)), cached=False
+            ),
+            lambda exc: transient(exc, MOVING),
+            timeout,
+            pause=0.1,
+        )
+    except KafkaException as exc:
+        if not transient(exc, MOVING):
+            raise
+        raise BrokerError(
+            f"no offsets for {topic}[{partition}] within {timeout:.0f} s: {exc.args[0]}"
+        ) from exc
+    return int(low), int(high)
 
 
 def end_offsets(
@@ -254,6 +254,3 @@ def fence(bootstrap: str, config: Config | None, transactional_id: str) -> None:
     fencer.init_transactions(30)
     fencer.flush(1)
 
-
-def headers_dict(headers: list[tuple[str, bytes]] | None) -> Mapping[str, bytes]:
-    return {k: v for k, v in headers or ()}

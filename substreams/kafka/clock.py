@@ -9,11 +9,14 @@ or a simulator goes through an hour of timeouts in microseconds and repeats it e
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-__all__ = ["Clock", "SimClock", "SystemClock", "wait_until"]
+__all__ = ["SYSTEM", "Clock", "Deadline", "SimClock", "SystemClock", "retry", "wait_until"]
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -75,19 +78,78 @@ class SimClock:
         self.advance(ms / 1000.0)
 
 
+SYSTEM: SystemClock = SystemClock()
+"""The machine's clock, for code that is not handed one."""
+
+
+class Deadline:
+    """The moment ``seconds`` from now on ``clock``: what every wait and retry loop counts
+    down to.  One class instead of ``time.monotonic() + t`` arithmetic in each loop, so that
+    the loops read alike and run on a :class:`SimClock` too."""
+
+    def __init__(self, seconds: float, clock: Clock = SYSTEM) -> None:
+        self.seconds = seconds
+        self.clock = clock
+        self.at = clock.monotonic() + seconds
+
+    def restart(self) -> None:
+        """``seconds`` from now again: a wait for progress starts over on each progress."""
+        self.at = self.clock.monotonic() + self.seconds
+
+    def shorten(self, seconds: float) -> None:
+        """Bring the moment forward to ``seconds`` from now, if that is sooner."""
+        self.at = min(self.at, self.clock.monotonic() + seconds)
+
+    def left(self, floor: float = 0.0, cap: float = math.inf) -> float:
+        """Seconds to go, kept within [``floor``, ``cap``]: the timeout of one call inside
+        the wait (at least ``floor``, so that a last call still gets time to answer)."""
+        return max(floor, min(cap, self.at - self.clock.monotonic()))
+
+    @property
+    def passed(self) -> bool:
+        return self.clock.monotonic() >= self.at
+
+
 def wait_until(
     clock: Clock, done: Callable[[], bool], timeout: float, step: float = 0.05
 ) -> bool:
     """Check ``done`` every ``step`` seconds of ``clock`` until it holds (True) or
     ``timeout`` passed (False).  On a :class:`SimClock` each step moves simulated time, so
     the same wait works against a real broker and the in-memory log."""
-    deadline = clock.monotonic() + timeout
+    deadline = Deadline(timeout, clock)
     while True:
         if done():
             return True
-        if clock.monotonic() >= deadline:
+        if deadline.passed:
             return False
         clock.sleep(step)
+
+
+def retry(
+    call: Callable[[Deadline], T],
+    transient: Callable[[Exception], bool],
+    timeout: float,
+    pause: float = 0.0,
+    on_retry: Callable[[Exception], object] = lambda exc: None,
+    clock: Clock = SYSTEM,
+) -> T:
+    """``call(deadline)`` until it returns.  An error ``transient`` says will pass is retried
+    (``on_retry`` told, then ``pause`` seconds) until ``timeout`` passed, then raised; any
+    other error is raised at once.  ``call`` gets the deadline to size its own timeout.
+
+    Why not tenacity: these loops size each call's timeout from the time left and raise
+    their own error at the end, which tenacity's ``Retrying`` makes longer to write, and
+    tenacity reads ``time.monotonic`` itself, so it cannot run on a :class:`SimClock`."""
+    deadline = Deadline(timeout, clock)
+    while True:
+        try:
+            return call(deadline)
+        except Exception as exc:
+            if not transient(exc) or deadline.passed:
+                raise
+            on_retry(exc)
+            if pause:
+                clock.sleep(pause)
 
 
 if TYPE_CHECKING:  # mypy proves that the classes implement the Protocol

@@ -44,6 +44,7 @@ from confluent_kafka.admin import AdminClient
 
 from substreams import jvm
 from substreams.errors import BrokerError
+from substreams.kafka.clock import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -359,7 +360,7 @@ class KafkaCluster:
         """Wait until each of ``node_ids`` (default: all) serves and is in the cluster
         metadata; a node that exits meanwhile is an error naming its log."""
         wanted = set(node_ids or [n.node_id for n in self.nodes])
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
             for node_id in wanted:
                 if self.pid(node_id) is None:
@@ -371,7 +372,7 @@ class KafkaCluster:
                 live |= _live_node_ids(f"127.0.0.1:{self.node(node_id).port}", timeout=1.0)
             if wanted <= live:
                 return
-            if time.monotonic() > deadline:
+            if deadline.passed:
                 raise BrokerError(
                     f"Kafka nodes {sorted(wanted - live)} did not serve within {timeout:.0f} s; "
                     f"see {self.home}/node-*/logs/server.log"
@@ -407,8 +408,8 @@ class KafkaCluster:
 
     def _reap(self, node_id: int, pid: int, timeout: float) -> bool:
         proc = self._procs.get(node_id)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout)
+        while not deadline.passed:
             if proc is not None and proc.pid == pid:
                 try:
                     proc.wait(0.05)
@@ -435,15 +436,15 @@ class KafkaCluster:
         for pid in pending.values():
             os.kill(pid, signal.SIGTERM)
         majority = len(self.nodes) // 2 + 1
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         quorum_lost = False
-        while pending and time.monotonic() < deadline:
+        while pending and not deadline.passed:
             for node_id, pid in list(pending.items()):
                 if self._reap(node_id, pid, 0.05):
                     del pending[node_id]
             if not quorum_lost and pending and len(self.nodes) - len(pending) >= majority:
                 quorum_lost = True
-                deadline = min(deadline, time.monotonic() + quorum_lost_grace)
+                deadline.shorten(quorum_lost_grace)
         for node_id, pid in pending.items():
             log.info("kafka node %d did not stop within its grace: SIGKILL", node_id)
             os.kill(pid, signal.SIGKILL)

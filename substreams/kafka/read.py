@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -30,6 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from substreams.config import Config
 from substreams.errors import BrokerError
 from substreams.kafka import client
+from substreams.kafka.clock import Deadline, retry
 
 __all__ = ["Reader", "drain", "record_at"]
 
@@ -131,23 +131,22 @@ class Reader:
         Retries while the group coordinator is being elected or loads its offsets
         (``NOT_COORDINATOR``, ``COORDINATOR_LOAD_IN_PROGRESS``...: seen on a fresh broker,
         for seconds after its start)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                found: list[TopicPartition] = self.consumer.committed(
-                    partitions, timeout=max(1.0, min(10.0, deadline - time.monotonic()))
-                )
-                return found
-            except KafkaException as exc:
-                err = exc.args[0]
-                transient = isinstance(err, KafkaError) and (
-                    err.retriable() or err.code() in _COORDINATOR_MOVING
-                )
-                if not transient or time.monotonic() >= deadline:
-                    raise BrokerError(f"{self.name}: committed offsets: {err}") from exc
-                log.info("%s: committed offsets not available yet (%s); retrying",
-                         self.name, err)
-                time.sleep(0.2)
+        try:
+            found: list[TopicPartition] = retry(
+                lambda deadline: self.consumer.committed(
+                    partitions, timeout=deadline.left(1.0, 10.0)
+                ),
+                lambda exc: client.transient(exc, _COORDINATOR_MOVING),
+                timeout,
+                pause=0.2,
+                on_retry=lambda exc: log.info(
+                    "%s: committed offsets not available yet (%s); retrying",
+                    self.name, exc.args[0],
+                ),
+            )
+        except KafkaException as exc:
+            raise BrokerError(f"{self.name}: committed offsets: {exc.args[0]}") from exc
+        return found
 
     def watermarks(
         self, topic: str, partition: int = 0, timeout: float = 30.0
@@ -209,9 +208,9 @@ class Reader:
         The end is the one librdkafka reports: a partition that reported its end and has
         delivered nothing since counts as at end without another round trip, so call this on
         a reader that is new or has been polled to its end by its owner (every caller)."""
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
-            if time.monotonic() > deadline:
+            if deadline.passed:
                 missing = [f"{t}[{p}]" for t, p in self._assigned if (t, p) not in self.at_end]
                 why = "" if self.last_transient is None else f" (last error: {self.last_transient})"
                 raise BrokerError(
@@ -279,8 +278,8 @@ def record_at(
         name=f"{topic}[{partition}]@{offset}", **{"isolation.level": "read_uncommitted"},
     )
     try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout)
+        while not deadline.passed:
             for msg in reader.poll(0.2, 1):
                 return msg if msg.offset() == offset else None
             if (topic, partition) in reader.at_end:

@@ -35,6 +35,7 @@ from substreams.config.model import (
     default_min_insync,
 )
 from substreams.errors import BrokerError
+from substreams.kafka.clock import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ def _wait_served(admin: AdminClient, names: list[str], timeout: float) -> None:
     Why: CreateTopics returns once the controller recorded the topic, and the brokers learn
     of it a moment later; a client that asks for offsets in between gets
     NOT_LEADER_FOR_PARTITION (seen here on Apache Kafka 4.1 under load)."""
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     waiting = set(names)
     while waiting:
         meta = admin.list_topics(timeout=10.0)
@@ -168,7 +169,7 @@ def _wait_served(admin: AdminClient, names: list[str], timeout: float) -> None:
                 waiting.discard(name)
         if not waiting:
             return
-        if time.monotonic() > deadline:
+        if deadline.passed:
             raise BrokerError(
                 f"topics {sorted(waiting)} were created but have no leader after {timeout:.0f} s"
             )

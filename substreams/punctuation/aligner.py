@@ -38,6 +38,14 @@ can still write.  Records of producers that never registered are accepted when t
 is still open but never block alignment (nothing tells the aligner to wait for them).
 Every producer must seal every time it could write (or leave): a producer that stays
 registered without sealing blocks the substream, which is the baseline's known cost.
+
+State for a restart (:meth:`Aligner.to_state` / :meth:`Aligner.from_state`): what decides
+terminations -- the producers and their seals per partition, the open times with their
+ranges, the maximal terminated times, the latest punctuation stamp -- as a JSON-able
+document.  Records held back by the firm bound are not in it (it refuses to dump while any
+are): a caller that checkpoints reads with the soft bound, as the aligner service does,
+which hands records to nobody.  An aligner restored from a dump taken after some messages
+and fed the rest emits the same events as one fed everything.
 """
 
 from __future__ import annotations
@@ -307,6 +315,80 @@ class Aligner:
         sealed = p.time  # a seal frees only times below it
         same = self._by_class.get(_chain(sealed), {})
         return self._advance([t for t in same if less_equal(t, sealed)])
+
+    # -- state for a restart -----------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything that decides what terminates next, as JSON-able values (the open times
+        in their order: unordered termination follows it)."""
+        if self._held_count:
+            raise ValueError(
+                f"aligner of '{self.substream}' holds {self._held_count} records back (firm "
+                "bound): its state would not hold them; checkpoint a soft-bound aligner"
+            )
+
+        def wire(t: Time | None) -> Any:
+            return None if t is None else time_to_wire(t)
+
+        return {
+            "partitions": list(self.partitions),
+            "parts": [
+                [q, [[name, st.registered, wire(st.start), [wire(t) for t in st.sealed.elements()]]
+                     for name, st in states.items()]]
+                for q, states in self._parts.items()
+            ],
+            "producers": [[name, wire(start)] for name, start in self._producers.items()],
+            "pending": [
+                [wire(t), [[q, lo, hi] for q, (lo, hi) in st.ranges.items()], st.records]
+                for t, st in self._pending.items()
+            ],
+            "done": [wire(t) for t in self._done.elements()],
+            "last_ms": self._last_ms,
+            "terminated": self.terminated,
+        }
+
+    @classmethod
+    def from_state(
+        cls,
+        state: Mapping[str, Any],
+        substream: str,
+        stream: str,
+        *,
+        bound: Bound = "soft",
+        ordered: bool = True,
+    ) -> Aligner:
+        """The aligner :meth:`to_state` dumped; :class:`ProtocolError` for a document that is
+        not one."""
+
+        def time(raw: Any) -> Time | None:
+            return None if raw is None else time_from_wire(raw)
+
+        try:
+            aligner = cls(substream, stream, state["partitions"], bound=bound, ordered=ordered)
+            for q, producers in state["parts"]:
+                states = aligner._partition(int(q))
+                for name, registered, start, sealed in producers:
+                    st = states[str(name)] = _ProducerState(bool(registered), time(start))
+                    for t in sealed:
+                        st.sealed.insert(time_from_wire(t))
+            for name, start in state["producers"]:
+                aligner._producers[str(name)] = time(start)
+            for raw, ranges, records in state["pending"]:
+                t = time_from_wire(raw)
+                aligner._pending[t] = _TimeState(
+                    {int(q): [int(lo), int(hi)] for q, lo, hi in ranges}, int(records)
+                )
+                # the class index in the same (insertion) order; verdicts recomputed
+                aligner._by_class.setdefault(_chain(t), {})[t] = None
+            for raw in state["done"]:
+                aligner._done.insert(time_from_wire(raw))
+            aligner._last_ms = int(state["last_ms"])
+            aligner.terminated = int(state["terminated"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(
+                f"aligner state of '{substream}' is malformed: {exc!r}"
+            ) from exc
+        return aligner
 
     # -- queries -------------------------------------------------------------------------
 

@@ -85,6 +85,34 @@ class PunctuatedReader:
         starts = {p: (from_offsets or {}).get(p, OFFSET_BEGINNING) for p in self.partitions}
         self._reader.assign([TopicPartition(self.stream, p, o) for p, o in starts.items()])
 
+    def restore(self, aligner: Aligner, positions: Mapping[int, int]) -> None:
+        """Continue from a checkpoint: ``aligner`` has applied every message before
+        ``positions`` (a partition missing there is read from its start).  Before the
+        first :meth:`poll` only.  Refused when retention deleted records past a position
+        (they would be skipped: their times could never be announced whole)."""
+        if aligner.partitions != tuple(self.partitions):
+            raise SubstreamsError(
+                f"aligner checkpoint of '{self.substream}' covers partitions "
+                f"{list(aligner.partitions)} of stream '{self.stream}', this reader "
+                f"{self.partitions} (did the stream's partitions change?)"
+            )
+        gone = {
+            p: (o, low) for p, o in positions.items()
+            if o < (low := self._reader.log_start(self.stream, p))
+        }
+        if gone:
+            raise SubstreamsError(
+                f"aligner of '{self.substream}': stream '{self.stream}' starts past the "
+                f"checkpoint's positions (partition: (position, log start)) {gone}: records "
+                "were deleted by retention before the aligner read them"
+            )
+        aligner.track_new_times = self.aligner.track_new_times
+        self.aligner = aligner
+        self._reader.assign([
+            TopicPartition(self.stream, p, positions.get(p, OFFSET_BEGINNING))
+            for p in self.partitions
+        ])
+
     @property
     def positions(self) -> dict[int, int]:
         """Next offset per partition read so far."""

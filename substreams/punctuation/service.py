@@ -7,16 +7,23 @@ each terminated time, writes the ``EpochComplete`` (with the offset ranges holdi
 that time's records, and a snapshot every ``snapshot_every`` completions) produced by the
 shared :class:`~substreams.control.progress.ProgressTracker`.
 
-Restart (the simplest correct approach): the service keeps no state of its own.  It
-``recover()``\\ s its control writer (continuing its hash chain, fencing a zombie), replays
-the ``EpochComplete`` records already on the control topic into a fresh tracker, then
-re-reads the data topic *from the start* and skips every time already announced.  Alignment
-is a function of what was read, so the replay re-derives the open times; the cost is a full
-re-read of the data topic on start-up, which retention bounds.  Late records (see
+Restart, bounded (docs/design.md, "Bounded recovery"): every transaction that writes the
+control topic also writes an :class:`~substreams.punctuation.checkpoint.AlignerCheckpoint`
+on the aligner's checkpoint topic, as does the heartbeat once the aligner has read on.  A
+restart ``recover_heads()`` its control writer (continuing its hash chain from the end,
+fencing a zombie), loads the latest checkpoint and reads the data topic from its positions:
+the aligner's state there is the one that wrote the control topic up to its end, so the next
+notification is the next one, none lost or repeated.  Without a usable checkpoint (the
+first start of an aligner whose control topic an older version wrote) it falls back to the
+full replay: the ``EpochComplete`` records on the control topic into a fresh tracker, the
+data topic from the start, every time already announced skipped.  The aligner reads with
+the soft bound (it hands records to nobody, so the firm bound's holding would only cost
+memory, and held records could not be checkpointed).  Late records (see
 :mod:`substreams.punctuation.aligner`) go to the dead-letter topic as JSON
 ``{"reason", "stream", "partition", "offset", "substream"}``, and so do undecodable
-messages (reason ``malformed``, with ``detail`` and the base64 ``raw`` bytes); the ones already
-there are read back on start so that a restart does not report them twice.
+messages (reason ``malformed``, with ``detail`` and the base64 ``raw`` bytes); the ones
+already there (from the checkpoint's ``dead_from``) are read back on start so that a
+restart does not report them twice.
 """
 
 from __future__ import annotations
@@ -28,19 +35,27 @@ import threading
 import time
 from collections.abc import Callable
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from substreams import metrics
 from substreams.config import Config
-from substreams.control.io import ControlWriter, now_ms
-from substreams.control.messages import ControlBody, FrontierSnapshot, completions
+from substreams.control.io import ControlWriter, find_last, now_ms, read_control
+from substreams.control.messages import (
+    Checkpoint,
+    ControlBody,
+    ControlRecord,
+    FrontierSnapshot,
+    completions,
+)
 from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
 from substreams.errors import BrokerError, SubstreamsError
-from substreams.frontier import Time
+from substreams.frontier import Time, sort_key
 from substreams.kafka import client
 from substreams.kafka.read import Reader
-from substreams.punctuation.aligner import Event, Late, Terminated
+from substreams.kafka.topics import ensure_topics
+from substreams.punctuation.aligner import Aligner, Event, Late, Terminated
+from substreams.punctuation.checkpoint import AlignerCheckpoint
 from substreams.punctuation.reader import Malformed, PunctuatedReader
 
 DeadKey = tuple[str, int, int]
@@ -66,19 +81,32 @@ class PunctuationAligner:
         self.dead_letter_topic = config.acker.dead_letter_topic
         self.on_terminated = on_terminated
         self.writer_name = f"aligner.{substream}"
+        self.checkpoint_topic = config.acker.aligner_checkpoint_topic(substream)
         self.tracker = ProgressTracker(substream, config.acker.snapshot_every)
         self.late = 0
         self.malformed = 0
+        self.checkpoints = 0
+        self.recovered_from: AlignerCheckpoint | None = None
+        """The checkpoint the last start-up continued from (None: a full replay)."""
         self._announced: set[Time] = set()
-        self._dead: set[DeadKey] = set()
+        self._dead: dict[DeadKey, int] = {}
+        """Records dead-lettered (read back or written since), with their dead letter's
+        offset: a restart must read from the lowest of those past the checkpoint's positions."""
+        self._dead_end = 0
+        """The dead-letter offset after the last one known (read back or delivered)."""
+        self._saved_positions: dict[int, int] | None = None
         self._last_heartbeat = time.monotonic()
         self._first_seen: dict[Time, int] = {}  # open times -> when first seen (a gauge)
         self._open_gauges = metrics.OpenTimes(self.writer_name)
         self._gauges_due = metrics.Periodic(1.0)
         # the reader validates the substream (exists, punctuations) before anything is written
-        self.reader = PunctuatedReader(config, substream, bootstrap=self.bootstrap)
+        self.reader = PunctuatedReader(config, substream, bootstrap=self.bootstrap, bound="soft")
         self.reader.aligner.track_new_times = True
-        self.writer = ControlWriter(self.bootstrap, self.writer_name, [self.topic], config)
+        ensure_topics(client.admin(self.bootstrap, config),
+                      [config.topic_spec(self.checkpoint_topic)])
+        self.writer = ControlWriter(
+            self.bootstrap, self.writer_name, [self.topic, self.checkpoint_topic], config
+        )
         self._dlq = client.producer(self.bootstrap, config)
         self._recover()
 
@@ -88,35 +116,97 @@ class PunctuationAligner:
         began = time.monotonic()
         log.info("aligner '%s' starting: writer '%s' of '%s'", self.substream, self.writer_name,
                  self.topic)
-        records = self.writer.recover()[self.topic]
+        heads = self.writer.recover_heads()  # both chains, read backwards from the ends
+        found = self._latest_checkpoint(heads.get(self.checkpoint_topic))
+        head = heads.get(self.topic)
+        next_seq = 0 if head is None else head[1].seq + 1
+        ckpt = None if found is None else AlignerCheckpoint.from_body(found)
+        if ckpt is not None and ckpt.control_seq != next_seq:
+            log.warning(
+                "aligner '%s': the latest checkpoint was written with control seq %d but the "
+                "chain on '%s' is at %d (written by an aligner that did not checkpoint?); "
+                "replaying the control topic instead", self.substream, ckpt.control_seq,
+                self.topic, next_seq,
+            )
+            ckpt = None
+        if ckpt is not None:
+            self._restore(ckpt)
+            self._dead = self._read_dead_letters(ckpt.dead_from)
+            metrics.RESTARTS.labels("aligner", self.substream).inc()
+            log.info(
+                "aligner '%s' recovery in %.3f s: checkpoint of '%s' (%d times complete, "
+                "%d open), %d dead letters of '%s' from offset %d; reading data topic '%s' "
+                "from offsets %s", self.substream, time.monotonic() - began,
+                self.checkpoint_topic, self.tracker.completed,
+                len(self.reader.aligner.pending_times()),
+                len(self._dead), self.dead_letter_topic, ckpt.dead_from, self.reader.stream,
+                dict(sorted(ckpt.positions.items())),
+            )
+            return
+        records = read_control(self.bootstrap, self.topic, self.config) if head else []
+        self._replay(records)
+        self._dead = self._read_dead_letters(0)
+        if self._announced:  # resumed where an earlier run of this aligner stopped
+            metrics.RESTARTS.labels("aligner", self.substream).inc()
+        log.info(
+            "aligner '%s' recovery in %.3f s: no checkpoint; read %d control records of '%s' "
+            "from offset 0 (%d times announced), %d dead letters of '%s'; re-reading data "
+            "topic '%s' from its start (announced times are skipped)", self.substream,
+            time.monotonic() - began, len(records), self.topic, len(self._announced),
+            len(self._dead), self.dead_letter_topic, self.reader.stream,
+        )
+
+    def _latest_checkpoint(self, last: tuple[int, ControlRecord] | None) -> Checkpoint | None:
+        """This aligner's last checkpoint: its last record on the checkpoint topic unless
+        that is not one (then searched backwards)."""
+        def mine(rec: ControlRecord) -> bool:
+            return rec.writer == self.writer_name and isinstance(rec.body, Checkpoint)
+
+        if last is None:
+            return None
+        found = last if mine(last[1]) else find_last(
+            self.bootstrap, self.checkpoint_topic, mine, self.config
+        )
+        body = None if found is None else found[1].body
+        return body if isinstance(body, Checkpoint) else None
+
+    def _restore(self, ckpt: AlignerCheckpoint) -> None:
+        """Continue from ``ckpt``: its aligner and tracker, the data topic from its
+        positions (refused when retention already deleted records it has not read)."""
+        sub = self.config.substream(self.substream)
+        aligner = Aligner.from_state(ckpt.aligner, self.substream, self.reader.stream,
+                                     bound="soft", ordered=sub.ordered)
+        self.reader.restore(aligner, ckpt.positions)
+        self.tracker = ProgressTracker.from_state(
+            self.substream, ckpt.tracker, self.config.acker.snapshot_every
+        )
+        self._announced = set(ckpt.announced)
+        self._saved_positions = dict(ckpt.positions)
+        self.recovered_from = ckpt
+
+    def _replay(self, records: list[tuple[int, ControlRecord]]) -> None:
+        """The full replay: the times the control topic announced, into the tracker."""
         for _, rec in records:
             for body in completions(rec.body):
                 if body.substream != self.substream or body.time in self._announced:
                     continue
                 self._announced.add(body.time)
                 self.tracker.complete(body.time, body.ranges, body.records, body.sealed_at_ms)
-        self._dead = self._read_dead_letters()
-        if self._announced:  # resumed where an earlier run of this aligner stopped
-            metrics.RESTARTS.labels("aligner", self.substream).inc()
-        log.info(
-            "aligner '%s' recovery in %.3f s: read %d control records of '%s' from offset 0 "
-            "(%d times announced), %d dead letters of '%s'; re-reading data topic '%s' from "
-            "its start (announced times are skipped)", self.substream,
-            time.monotonic() - began, len(records), self.topic, len(self._announced),
-            len(self._dead), self.dead_letter_topic, self.reader.stream,
-        )
 
-    def _read_dead_letters(self, timeout: float = 10.0) -> set[DeadKey]:
-        seen: set[DeadKey] = set()
+    def _read_dead_letters(self, start: int, timeout: float = 10.0) -> dict[DeadKey, int]:
+        seen: dict[DeadKey, int] = {}
+        self._dead_end = max(self._dead_end, start)
         topic = self.dead_letter_topic
-        with Reader(self.bootstrap, self.config, [TopicPartition(topic, 0, 0)],
+        with Reader(self.bootstrap, self.config, [TopicPartition(topic, 0, start)],
                     name=f"dead-letter topic '{topic}'") as reader:
             try:
                 for msg in reader.iter_to_end(timeout):
+                    self._dead_end = max(self._dead_end, msg.offset() + 1)
                     try:
                         d = json.loads(msg.value() or b"")
                         if d.get("substream") == self.substream:
-                            seen.add((str(d["stream"]), int(d["partition"]), int(d["offset"])))
+                            key = (str(d["stream"]), int(d["partition"]), int(d["offset"]))
+                            seen.setdefault(key, msg.offset())
                     except (ValueError, KeyError, TypeError, AttributeError):
                         continue  # someone else's dead letter
             except BrokerError as exc:
@@ -159,19 +249,57 @@ class PunctuationAligner:
         self.reader.malformed.clear()
         if late:
             self._dlq.flush(10)
+        heartbeat = False
         if time.monotonic() - self._last_heartbeat >= self.config.acker.heartbeat_ms / 1000:
             self._last_heartbeat = time.monotonic()
+            heartbeat = True
             update = self.tracker.pending_update()
             if update is not None:
                 items.append((self.topic, update))
-        if items:
-            self.writer.write(items)
-            TRAFFIC.add(CONTROL_WRITTEN, self.substream, len(items))
+        positions = self.reader.positions
+        if items or (heartbeat and positions != self._saved_positions):
+            # With every control write (so the latest checkpoint accounts for the whole
+            # control topic), and on the heartbeat once the aligner read on (so a restart
+            # re-reads at most a heartbeat's worth of the data topic).
+            written = sum(1 for topic, _ in items if topic == self.topic)
+            ckpt = self._checkpoint(positions, self.writer.heads[self.topic].next_seq + written)
+            self.writer.write([*items, (self.checkpoint_topic, ckpt.to_body())])
+            self._saved_positions = positions
+            self.checkpoints += 1
+            if items:
+                TRAFFIC.add(CONTROL_WRITTEN, self.substream, len(items))
         if self.on_terminated is not None:
             for ev in done:
                 self.on_terminated(ev)
         if self._gauges_due.due():
             self._export_gauges()
+        return done
+
+    def _checkpoint(self, positions: dict[int, int], control_seq: int) -> AlignerCheckpoint:
+        """Where the aligner stands after what it read up to ``positions``.  The dead
+        letters of records before the positions are forgotten (never read again); a restart
+        reads the dead-letter topic from the first of the others (one a previous run wrote
+        for a record this run has not reached yet may lie below this run's own)."""
+        self._dead = {k: o for k, o in self._dead.items() if k[2] >= positions.get(k[1], 0)}
+        dead_from = min(self._dead.values(), default=self._dead_end)
+        return AlignerCheckpoint(
+            dict(positions),
+            self.reader.aligner.to_state(),
+            self.tracker.to_state(),
+            control_seq,
+            dead_from,
+            sorted(self._announced, key=sort_key),
+        )
+
+    def _delivered(self, key: DeadKey) -> Callable[[object, Message], None]:
+        def done(err: object, msg: Message) -> None:
+            offset = msg.offset()
+            if err is not None or offset is None or offset < 0:
+                self._dead.pop(key, None)  # not written: a restart writes it again
+                return
+            self._dead[key] = offset
+            self._dead_end = max(self._dead_end, offset + 1)
+
         return done
 
     def _export_gauges(self) -> None:
@@ -209,7 +337,7 @@ class PunctuationAligner:
         key = (self.reader.stream, partition, offset)
         if key in self._dead:  # written before a restart
             return False
-        self._dead.add(key)
+        self._dead[key] = self._dead_end  # a lower bound until its delivery says where
         value = {
             "reason": reason,
             "stream": self.reader.stream,
@@ -220,7 +348,8 @@ class PunctuationAligner:
         }
         log.warning("dead letter: %s at %s[%d]@%d%s", reason, self.reader.stream, partition,
                     offset, f": {extra['detail']}" if "detail" in extra else "")
-        self._dlq.produce(self.dead_letter_topic, json.dumps(value).encode(), partition=0)
+        self._dlq.produce(self.dead_letter_topic, json.dumps(value).encode(), partition=0,
+                          on_delivery=self._delivered(key))
         metrics.DEAD_LETTERS.labels(self.writer_name, reason).inc()
         return True
 

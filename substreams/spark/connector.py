@@ -7,13 +7,11 @@ JVM package that PySpark does not ship: ``spark.jars.packages`` names it and Spa
 it with Ivy when the JVM starts, looking in ``~/.m2`` first.  :func:`ensure_kafka_connector`
 fetches it there with Maven once, so Ivy finds it offline afterwards.
 
-Why a fallback version: the connector must match Spark, so it is asked for at exactly
-``pyspark.__version__`` first.  A PySpark release can reach PyPI before (or without) its
-connector reaching the Maven repository in use (PySpark 4.3.0 was in this position when this
-was written: Maven Central served the connector up to 4.2.0).  Then the newest connector of
-the same Spark major line that we checked is used instead, with a warning through
-``progress``; ``tests/spark/test_connector.py`` reads a substreams topic with whichever one
-is in use, batch and streaming, so a mismatch that breaks shows up there.
+Why one version: the connector and ``spark-avro`` are JVM code compiled against one Spark
+release, so they are asked for at exactly ``pyspark.__version__``.  ``pyproject.toml`` pins
+PySpark to the newest release whose ``spark-sql-kafka-0-10_2.13`` and ``spark-avro_2.13``
+Maven Central serves (4.2.0: 4.2.1 and 4.3.0 were on PyPI but not on Maven Central when this
+was written), so nothing runs a connector of another Spark version.
 
 Records on a data topic are substreams envelopes (schemaless Avro, the writer schema's
 fingerprint in the ``ss.fp`` header, punctuations marked ``ss.type: punct``):
@@ -23,7 +21,6 @@ payload columns.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -31,18 +28,15 @@ import pyspark
 
 from substreams import jvm
 from substreams.config import StreamConfig
-from substreams.errors import BrokerError
 from substreams.spark.schema import PayloadLayout
 
 _ARTIFACT = "org.apache.spark:spark-sql-kafka-0-10_2.13"
+_AVRO_ARTIFACT = "org.apache.spark:spark-avro_2.13"
 KAFKA_CONNECTOR = f"{_ARTIFACT}:{pyspark.__version__}"
-"""The connector matching the installed PySpark exactly."""
-_FALLBACK_VERSION = "4.2.0"
-KAFKA_CONNECTOR_FALLBACK = f"{_ARTIFACT}:{_FALLBACK_VERSION}"
-"""Used only when :data:`KAFKA_CONNECTOR` cannot be fetched and PySpark is 4.x: the newest
-4.x connector served when this was written, checked against PySpark 4.3.0."""
+"""Spark's Kafka connector, at the installed PySpark's version."""
+AVRO_PACKAGE = f"{_AVRO_ARTIFACT}:{pyspark.__version__}"
+"""``spark-avro`` (``from_avro``), at the installed PySpark's version."""
 PACKAGES = "spark.jars.packages"
-_MISS_TTL_S = 24 * 3600
 
 ENVELOPE_COLUMNS = ("order_key", "partition", "offset")
 """Columns :func:`decode_envelopes` adds after the payload's (the envelope's order key and
@@ -54,27 +48,15 @@ def ensure_kafka_connector(progress: jvm.Progress = jvm.stderr_progress) -> str:
     coordinates (``group:artifact:version``) for ``spark.jars.packages`` / ``--packages``.
 
     Raises :class:`BrokerError` (with the fix) when Maven is missing or cannot fetch it."""
-    same_major = pyspark.__version__.split(".")[0] == _FALLBACK_VERSION.split(".")[0]
-    fallback_ok = same_major and KAFKA_CONNECTOR != KAFKA_CONNECTOR_FALLBACK
-    # A failed attempt at the exact version is remembered for a day: Maven costs ~5 s per
-    # start, and every Spark session of a test run or benchmark asks again.
-    missing = jvm.cache_home() / f"missing-{KAFKA_CONNECTOR.replace(':', '_')}"
-    recent_miss = missing.exists() and time.time() - missing.stat().st_mtime < _MISS_TTL_S
-    if not (fallback_ok and recent_miss):
-        try:
-            jvm.fetch_artifact(KAFKA_CONNECTOR, progress)
-            return KAFKA_CONNECTOR
-        except BrokerError:
-            if not fallback_ok:
-                raise
-            missing.parent.mkdir(parents=True, exist_ok=True)
-            missing.touch()
-    jvm.fetch_artifact(KAFKA_CONNECTOR_FALLBACK, progress)
-    progress(
-        f"warning: {KAFKA_CONNECTOR} (matching PySpark {pyspark.__version__}) could not be "
-        f"fetched with Maven; using {KAFKA_CONNECTOR_FALLBACK} instead"
-    )
-    return KAFKA_CONNECTOR_FALLBACK
+    jvm.fetch_artifact(KAFKA_CONNECTOR, progress)
+    return KAFKA_CONNECTOR
+
+
+def ensure_jvm_packages(progress: jvm.Progress = jvm.stderr_progress) -> list[str]:
+    """The packages of the JVM read path (:mod:`substreams.spark.jvm_read`): Spark's Kafka
+    connector and ``spark-avro``, fetched into ``~/.m2`` once."""
+    jvm.fetch_artifact(AVRO_PACKAGE, progress)
+    return [ensure_kafka_connector(progress), AVRO_PACKAGE]
 
 
 def merge_packages(existing: str | None, *coords: str) -> str:
@@ -92,13 +74,14 @@ def merge_packages(existing: str | None, *coords: str) -> str:
 def kafka_connector_conf(
     existing: str | None = None, progress: jvm.Progress = jvm.stderr_progress
 ) -> dict[str, str]:
-    """``{"spark.jars.packages": ...}`` with the connector merged into ``existing``: the
-    keyword settings for :func:`substreams.spark.session.session` (``**conf``)."""
-    return {PACKAGES: merge_packages(existing, ensure_kafka_connector(progress))}
+    """``{"spark.jars.packages": ...}`` with the connector and ``spark-avro`` merged into
+    ``existing``: the keyword settings for :func:`substreams.spark.session.session`
+    (``**conf``); what the JVM read path needs."""
+    return {PACKAGES: merge_packages(existing, *ensure_jvm_packages(progress))}
 
 
 def add_kafka_connector(builder: Any, progress: jvm.Progress = jvm.stderr_progress) -> Any:
-    """``builder`` (a ``SparkSession.Builder``) with the connector added to its
+    """``builder`` (a ``SparkSession.Builder``) with the connector (and ``spark-avro``) added to its
     ``spark.jars.packages``, keeping the packages it already names.
 
     Effective only before the first JVM of the process starts (the first ``getOrCreate()``):

@@ -117,15 +117,13 @@ def _tracker(
     config: Config, bootstrap: str, sub: SubstreamConfig, report: DemoReport
 ) -> Iterator[None]:
     """The substream's progress writer in a thread: the acker, or the punctuation aligner."""
-    from substreams.acker.service import AckerService
-    from substreams.punctuation.service import PunctuationAligner
-
+    app = Application(config, bootstrap)
     stop = threading.Event()
     if sub.mechanism == "acker":
-        service = AckerService(config, bootstrap)
+        service = app.acker()
         thread = threading.Thread(target=service.run, args=(stop,), name="acker", daemon=True)
     else:
-        aligner = PunctuationAligner(config, sub.name, bootstrap=bootstrap)
+        aligner = app.aligner(sub.name)
         report.tracker = "punctuation aligner"
         thread = threading.Thread(target=aligner.run, args=(stop,), name="aligner", daemon=True)
     thread.start()
@@ -201,7 +199,8 @@ def run_demo(
         console.print("[bold]spark[/] starting a local session...")
         # ERROR: the demo's output is its own lines, not Spark's "batch falling behind" WARNs.
         spark = session(
-            "substreams-demo", master=master, shuffle_partitions=2, **{"spark.log.level": "ERROR"}
+            "substreams-demo", master=master, shuffle_partitions=2, jvm_read=True,
+            **{"spark.log.level": "ERROR"},
         )
         warm_up(spark)
         checkpoint = stack.enter_context(tempfile.TemporaryDirectory(prefix="substreams-demo-"))

@@ -32,8 +32,8 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from substreams.acker.protocol import STAGE, acks_partition
-from substreams.acker.tracker import Tracker
+from substreams.acker.protocol import acks_partition
+from substreams.acker.tracker import stage_writer
 from substreams.config import Config
 from substreams.errors import SubstreamsError
 from substreams.kafka.read import Reader
@@ -48,7 +48,6 @@ from substreams.spark.operator import (
     groups,
     summaries,
 )
-from substreams.streams.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -111,18 +110,12 @@ class UnitWriter:
         self.group = unit_group(driver_source, unit)
         self.marker_tp = TopicPartition(commit_topic(stream), 0)
         # Fences every earlier attempt of this unit before the marker is trusted.
-        self.publisher = Publisher(
-            config, stream, self.source_id, bootstrap=bootstrap, mechanisms={},
-            batch_size=UNLIMITED,
+        self.publisher, _ = stage_writer(
+            config, stream, self.source_id, [s.name for s in config.substreams_of(stream)],
+            bootstrap=bootstrap, batch_size=UNLIMITED,
         )
         self.reader: Reader | None = None
         try:
-            subs = [s.name for s in config.substreams_of(stream)]
-            if subs:
-                self.publisher.add_hook(Tracker(
-                    config, stream, self.source_id, self.publisher.incarnation, subs, STAGE,
-                ))
-                self.publisher.commit()  # the Register, before any report
             self.reader = Reader(
                 bootstrap, config, name=f"spark unit '{self.source_id}'",
                 **{"group.id": self.group},
@@ -189,6 +182,11 @@ class UnitPlan:
     bootstrap: str = ""
     sealed: bool = False
     """The driver committed this batch's seals before: everything of it is durable."""
+    verify: bool = False
+    """Fail an epoch whose records differ in number from its notification's count before
+    anything of it is written (the JVM path, whose read is not the source's: the Python
+    read task checks this itself).  Per-epoch operators only: with ``group_by`` a task holds
+    one key of an epoch."""
 
 
 def run_unit(plan: UnitPlan, unit: int, rows: Iterable[Row]) -> list[Summary]:
@@ -211,11 +209,28 @@ def run_unit_batches(plan: UnitPlan, unit: int, batches: Iterable[Any]) -> list[
     return run_groups(plan, unit, arrow_groups(batches))
 
 
+def _verified(grouped: Iterator[Group]) -> Iterator[Group]:
+    """``grouped`` with each whole epoch's record count checked against its notification."""
+    for g in grouped:
+        info = g.info
+        if g.marker is not None:
+            seen = info.table.num_rows if info.table is not None else len(info.rows)
+            if seen != info.records:
+                raise SubstreamsError(
+                    f"epoch at control offset {info.control_offset} "
+                    f"(index {info.control_index}): its EpochComplete announces "
+                    f"{info.records} records but its ranges hold {seen}"
+                )
+        yield g
+
+
 def run_groups(plan: UnitPlan, unit: int, grouped: Iterator[Group]) -> list[Summary]:
     """The unit's epochs (or keys of them) in order -> results written exactly once."""
     import time
 
     op = plan.operator
+    if plan.verify and op.group_by is None:
+        grouped = _verified(grouped)
     t0 = time.perf_counter()
     if plan.output_stream is None or plan.config is None:
         out = _consume(apply_operator(op, grouped), unit, written=False, plan=plan)

@@ -57,6 +57,13 @@ def job_command(
         default=None,
         help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics.",
     )
+    @click.option(
+        "--read",
+        type=click.Choice(["jvm", "python"]),
+        default="python",
+        show_default=True,
+        help="Who reads the records: Spark's Kafka source + from_avro, or Python tasks.",
+    )
     def command(
         config_path: str | None,
         substream: str,
@@ -67,6 +74,7 @@ def job_command(
         once: bool,
         bootstrap: str | None,
         metrics_port: int | None,
+        read: str,
     ) -> None:
         from substreams.spark.runner import run
 
@@ -89,6 +97,7 @@ def job_command(
                 bootstrap=bootstrap,
                 query_name=query_name,
                 metrics_port=metrics_port,
+                read=read,
             )
         except SubstreamsError as exc:
             raise click.ClickException(str(exc)) from exc

@@ -21,6 +21,7 @@ from substreams.errors import SubstreamsError
 from substreams.kafka import client
 
 Mode = Literal["firm", "soft"]
+Read = Literal["python", "notes"]
 Starting = Literal["earliest", "latest"]
 
 
@@ -119,6 +120,11 @@ class SourceOptions:
     """Firm mode: read tasks yield one Arrow batch per epoch (option ``arrow``, default
     true); false yields a tuple per row, the path before the columnar one (same rows; kept
     to compare the two in ``bench spark`` and as a fallback)."""
+    read: Read = "python"
+    """Firm mode: ``python`` (option ``read``, the default) reads each epoch's records in
+    the read task; ``notes`` yields only the notification rows, each with the epoch's data
+    ranges in a ``note`` column, for a caller that reads the records itself (the JVM path
+    of :func:`substreams.spark.run`, :mod:`substreams.spark.jvm_read`)."""
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SourceOptions:
@@ -152,6 +158,12 @@ class SourceOptions:
                 "mode only (a soft batch is not made of whole epochs); remove them or use "
                 "mode firm"
             )
+        read = options.get("read", "python")
+        if read not in ("python", "notes") or (read == "notes" and mode != "firm"):
+            raise SubstreamsError(
+                f"substreams source: option 'read' must be python or notes (firm mode only), "
+                f"not {read!r}"
+            )
         return SourceOptions(
             config=config,
             substream=sub.name,
@@ -167,4 +179,5 @@ class SourceOptions:
             max_epochs=max_epochs,
             max_records=max_records,
             arrow=_flag(options, "arrow", True),
+            read=cast(Read, read),
         )

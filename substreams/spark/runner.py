@@ -13,10 +13,11 @@ in notification order.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from substreams import metrics
 from substreams.config import Config, load_config
+from substreams.control.messages import OffsetRange
 from substreams.errors import SubstreamsError
 from substreams.kafka import client
 from substreams.spark.executor import (
@@ -36,6 +38,8 @@ from substreams.spark.executor import (
     run_unit,
     run_unit_batches,
 )
+from substreams.spark.jvm_read import Decoding, jvm_unsupported
+from substreams.spark.jvm_read import records as jvm_records
 from substreams.spark.offsets import worker_logging
 from substreams.spark.operator import (
     EpochFunction,
@@ -52,9 +56,13 @@ from substreams.spark.operator import (
 )
 from substreams.spark.options import CONFIG_PICKLE, ship_config
 from substreams.spark.sink import BatchSink
+from substreams.spark.source import NOTE_COLUMN
 
 log = logging.getLogger(__name__)
 
+SINGLE_UNIT_RECORDS = 100_000
+"""A JVM-path batch announcing at most this many records runs as one unit, without a
+shuffle (the latency of small steady-state batches); larger ones use the query's units."""
 SUMMARY_DDL = ", ".join(f"{name} {kind}" for name, kind in SUMMARY_FIELDS)
 
 
@@ -69,7 +77,7 @@ def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
         worker_logging()
         ctx = TaskContext.get()
         unit = ctx.partitionId() if ctx is not None else 0
-        if plan.units == DIRECT_UNITS and columnar(plan.operator):
+        if columnar(plan.operator):  # whole epochs in order (direct, or sorted by epoch)
             sums = run_unit_batches(plan, unit, batches)
         else:
             sums = run_unit(plan, unit, (row for b in batches for row in b.to_pylist()))
@@ -80,6 +88,87 @@ def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
             yield pa.RecordBatch.from_pylist([asdict(s) for s in sums], schema=schema)
 
     return task
+
+
+class JvmRead:
+    """What the JVM path of a query needs on the driver: the stream, and its writer
+    schemas (the schema topic re-read each batch: a publisher registers a new schema
+    before its first record, so before any EpochComplete that covers it)."""
+
+    def __init__(self, config: Config, substream: str, bootstrap: str, query: str) -> None:
+        from substreams.spark.schema import PayloadLayout
+
+        self.config = config
+        self.substream = substream
+        self.stream = config.substream(substream).stream
+        self.bootstrap = bootstrap
+        self.group_id = f"substreams.spark.{query}.read"
+        """Stable: Spark pools executor consumers by (group id, partition)."""
+        self.layout_struct = PayloadLayout(config.stream(self.stream)).struct()
+        self._decoding: Decoding | None = None
+        self._schema_seen: int | None = None
+        self._consumer: Any = None
+
+    def decoding(self) -> Decoding:
+        """The writer schemas, the schema topic re-read only when its end moved (one
+        watermark request a batch instead of a consumer a batch)."""
+        from substreams.streams.evolution import registry
+
+        end = self._schema_end()
+        if self._decoding is None or end is None or end != self._schema_seen:
+            reg = registry(self.config, self.bootstrap)
+            reg.refresh()
+            self._decoding = Decoding.of(self.config, self.stream, reg.schemas(self.stream))
+            self._schema_seen = end
+        return self._decoding
+
+    def _schema_end(self) -> int | None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        from substreams.streams.evolution import schema_topic
+
+        try:
+            if self._consumer is None:
+                self._consumer = client.consumer(self.bootstrap, self.config)
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(schema_topic(self.config), 0), timeout=10, cached=False)
+            return int(high)
+        except KafkaException as exc:  # unknown: re-read the topic, as before
+            log.debug("schema topic end unknown (%s): re-reading it", exc)
+            return None
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def batch_rows(self, spark: SparkSession, marks: list[Any]) -> tuple[DataFrame, bool]:
+        """The batch's rows as the Python read would give them -- records read and decoded
+        in the JVM, then the notification rows ``marks`` (collected from the batch) -- and
+        whether every range is of the substream's own stream (counts checkable)."""
+        from pyspark.sql.types import ArrayType, LongType, StructField, StructType
+
+        notes = [json.loads(r[NOTE_COLUMN]) for r in marks]
+        ranges = [OffsetRange(str(a), int(b), int(c), int(d))
+                  for n in notes for a, b, c, d in n["ranges"]]
+        struct = self.layout_struct
+        schema = StructType([*struct.fields,
+                             StructField("until_coords", ArrayType(LongType()), True)])
+        local = [
+            (*(r[f.name] for f in struct.fields),
+             None if n["until"] is None else list(n["until"]["coords"]))
+            for r, n in zip(marks, notes, strict=True)
+        ]
+        note_df = spark.createDataFrame(local, schema)
+        marks_df = note_df.drop("until_coords")
+        if not any(r.stream == self.stream and r.end > r.start for r in ranges):
+            # epochs without records here: nothing to read
+            return marks_df, all(r.stream == self.stream for r in ranges)
+        rows = jvm_records(
+            spark, self.config, self.stream, self.substream, self.bootstrap, ranges, note_df,
+            self.decoding(), self.group_id, spans=any(n["until"] is not None for n in notes),
+        ).unionByName(marks_df)
+        return rows, all(r.stream == self.stream for r in ranges)
 
 
 class EpochBatchHandler:
@@ -104,6 +193,9 @@ class EpochBatchHandler:
         self.query_name = source_id
         self.units: int | None = None
         """Tasks of each batch's write stage; fixed for the query's life (see :func:`units`)."""
+        self.jvm: JvmRead | None = None
+        """Set when the batches hold notification rows only (source option ``read=notes``)
+        and the records are read here, by Spark's Kafka source (:meth:`jvm_batch`)."""
         self._last_batch = -1
         self._started = 0.0
         self._ran = 0.0
@@ -146,6 +238,9 @@ class EpochBatchHandler:
         op = self.operator
         self._started = time.time()
         sealed = self._begin(batch_id)
+        if self.jvm is not None:
+            self._jvm_batch(df, batch_id, sealed, self.jvm)
+            return
         if op.group_by is None:
             # Direct: the source's read tasks are the units.  Each holds whole epochs in
             # notification order, records in read order before their notification row --
@@ -167,6 +262,49 @@ class EpochBatchHandler:
             )
             rows = part.mapInArrow(_unit_task(self.plan(batch_id, units, sealed)), SUMMARY_DDL)
         sums = [Summary(**r.asDict()) for r in rows.collect()]  # summaries, not records
+        self._ran = time.time()
+        self.deliver(batch_id, sums, sealed)
+
+    def _jvm_batch(self, df: DataFrame, batch_id: int, sealed: bool, jvm: JvmRead) -> None:
+        """One batch on the JVM path: ``df`` holds the batch's notification rows (with
+        their ranges); the records are read and decoded by Spark
+        (:func:`substreams.spark.jvm_read.records`), shuffled by notification (and key),
+        sorted, and handed to the same unit tasks as the Python read's."""
+        op = self.operator
+        t0 = time.perf_counter()
+        marks = sorted(df.collect(), key=lambda r: (r["control_offset"], r["control_index"]))
+        t_notes = time.perf_counter()
+        if sealed or not marks:
+            if marks:
+                log.info("batch %d: started (%d epochs, JVM read, a replay of a sealed batch)",
+                         batch_id, len(marks))
+            # A replay of a sealed batch writes nothing: its notes come from the rows alone.
+            sums = [Summary(int(r["control_offset"]), int(r["control_index"]),
+                            str(r["epoch_label"]), True, int(r["records"] or 0),
+                            int(r["sealed_at_ms"] or 0), 0, 0, False) for r in marks]
+            self._ran = time.time()
+            self.deliver(batch_id, sums, sealed)
+            return
+        # A small batch is one unit in one stage (no shuffle: the read tasks coalesce into
+        # one sorted task); a large one is hash-partitioned into the query's units.  The
+        # choice depends on the batch's notifications only, so a replay makes the same one.
+        total = sum(int(r["records"] or 0) for r in marks)
+        single = total <= SINGLE_UNIT_RECORDS
+        units = 1 if single else self.units or int(
+            df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1)
+        log.info("batch %d: started (%d epochs, %d records, JVM read, %d units)", batch_id,
+                 len(marks), total, units)
+        rows, ours = jvm.batch_rows(df.sparkSession, marks)
+        t_plan = time.perf_counter()
+        placed = rows.coalesce(1) if single else rows.repartition(
+            units, *partition_columns(op.group_by))
+        part = placed.sortWithinPartitions(*sort_columns(op.group_by))
+        plan = replace(self.plan(batch_id, units, sealed), verify=ours)
+        sums = [Summary(**r.asDict())
+                for r in part.mapInArrow(_unit_task(plan), SUMMARY_DDL).collect()]
+        log.debug("batch %d: JVM path: notes %.0f ms, schemas + plan %.0f ms, jobs %.0f ms",
+                  batch_id, (t_notes - t0) * 1000, (t_plan - t_notes) * 1000,
+                  (time.perf_counter() - t_plan) * 1000)
         self._ran = time.time()
         self.deliver(batch_id, sums, sealed)
 
@@ -217,6 +355,8 @@ class EpochBatchHandler:
         if self.sink is not None:
             self.sink.close()
             self.sink = None
+        if self.jvm is not None:
+            self.jvm.close()
 
 
 UNITS_FILE = "substreams-units"
@@ -271,6 +411,7 @@ def run(
     block: bool = True,
     options: Mapping[str, str] | None = None,
     metrics_port: int | None = None,
+    read: str = "python",
 ) -> EpochQuery:
     """Run ``operator`` over the completed epochs of ``substream``, on the executors.
 
@@ -287,8 +428,21 @@ def run(
     planned as soon as the last one ends, and an idle query is paced by the source, whose
     ``latestOffset`` waits up to 50 ms on the control topic and returns as soon as an
     EpochComplete arrives (with a 100 ms timer, a seal waited ~40 ms more, median).
+    ``read``: ``python`` (default) reads the records in the source's Python read tasks;
+    ``jvm`` reads and decodes each batch's records with Spark's own Kafka consumers and
+    ``from_avro`` (:mod:`substreams.spark.jvm_read`; the session needs
+    :func:`substreams.spark.connector.kafka_connector_conf`'s packages).  Not the default
+    yet: at steady state its batch is several small Spark jobs and plans where the Python
+    read's is one, so its seal -> callback is longer (docs/design.md, "Spark's own data
+    path").  ``jvm`` falls back to ``python``, with a warning, where the JVM cannot serve
+    (:func:`substreams.spark.jvm_read.jvm_unsupported`).
     """
-    from substreams.spark.session import register, session
+    from substreams.spark.session import (
+        jvm_read_available,
+        quiet_group_id_warning,
+        register,
+        session,
+    )
 
     op = as_operator(operator)
     if not isinstance(config, Config):
@@ -304,6 +458,17 @@ def run(
     handler = EpochBatchHandler(op, config, output_stream, f"spark.{name}", server)
     handler.substream, handler.query_name = substream, name
     handler.units = query_units(location, spark)
+    if read not in ("jvm", "python"):
+        raise SubstreamsError(f"spark runner: read must be jvm or python, not {read!r}")
+    why_not = jvm_unsupported(config, config.substream(substream).stream)
+    if read == "jvm" and why_not is None and not jvm_read_available(spark):
+        why_not = ("the session has no Spark Kafka connector and spark-avro (create it with "
+                   "substreams.spark.session(), or submit with substreams submit)")
+    if read == "jvm" and why_not is not None:
+        log.warning("spark runner: query '%s' reads in Python: %s", name, why_not)
+    elif read == "jvm":
+        handler.jvm = JvmRead(config, substream, server, name)
+        quiet_group_id_warning(spark)
     handler._sink()  # the driver's SOURCE registers before any task writes
     if metrics_port is not None:
         metrics.serve(metrics_port)
@@ -317,6 +482,8 @@ def run(
         .option("markers", "true")
         .option("bootstrap", server)
     )
+    if handler.jvm is not None:
+        reader = reader.option("read", "notes")
     for key, value in (options or {}).items():
         reader = reader.option(key, value)
     writer = (

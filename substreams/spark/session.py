@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from substreams.spark.source import SubstreamsDataSource
 
+# Process-wide: a SparkSession is the JVM's, shared by every caller in this driver process.
 _REGISTERED: set[int] = set()
 
 
@@ -30,11 +31,16 @@ def session(
     app_name: str = "substreams",
     master: str | None = None,
     shuffle_partitions: int = 4,
+    jvm_read: bool = True,
     **conf: str,
 ) -> SparkSession:
     """The active session (or a new one) with the source registered.
 
-    ``master`` defaults to what ``spark-submit`` set, else ``local[*]``."""
+    ``master`` defaults to what ``spark-submit`` set, else ``local[*]``.  ``jvm_read`` adds
+    Spark's Kafka connector and ``spark-avro`` to ``spark.jars.packages`` (the JVM read
+    path of :func:`substreams.spark.run`; fetched into ``~/.m2`` once) unless the JVM is
+    already up (under ``spark-submit``, ``substreams submit`` passes them as
+    ``--packages``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # Local runs bind to loopback (and Spark stops warning that the hostname does).
     if master is None or master.startswith("local"):
@@ -48,6 +54,10 @@ def session(
         # Python-side SparkConf cannot see before the gateway is up, so checking only the
         # SparkConf set local[*] over `submit --master spark://...`.
         builder = builder.master("local[*]")
+    if jvm_read and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        from substreams.spark.connector import PACKAGES, kafka_connector_conf
+
+        conf = {**conf, **kafka_connector_conf(conf.get(PACKAGES))}
     settings = {
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
@@ -77,3 +87,35 @@ def warm_up(spark: SparkSession) -> None:
         return 0
 
     spark.sparkContext.parallelize(range(2), 2).map(touch).count()
+
+
+def jvm_read_available(spark: SparkSession) -> bool:
+    """Whether ``spark`` can serve the JVM read path: Spark's Kafka source and
+    ``from_avro`` are on its classpath."""
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        loadable = jvm.org.apache.spark.util.Utils.classIsLoadable
+        return all(bool(loadable(c)) for c in (
+            "org.apache.spark.sql.kafka010.KafkaSourceProvider",
+            "org.apache.spark.sql.kafka010.KafkaSourceRDD",  # jvm_read.direct_frame
+            "org.apache.spark.sql.avro.AvroDataToCatalyst",
+        ))
+    except Exception:  # no JVM gateway (Spark Connect) or a py4j error: not usable here
+        return False
+
+
+def quiet_group_id_warning(spark: SparkSession) -> None:
+    """Spark's Kafka source warns on every batch read that sets ``kafka.group.id``
+    (consumers of one group would interfere); the JVM read path sets it on purpose to keep
+    executor consumers pooled, and its reads ``assign`` partitions (no group membership,
+    no offsets committed), so the warning is noise on every batch."""
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.kafka010.KafkaSourceProvider",
+            jvm.org.apache.logging.log4j.Level.ERROR,
+        )
+    except Exception:  # logging only
+        pass

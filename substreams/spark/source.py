@@ -32,7 +32,7 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from substreams.control.messages import OffsetRange, merge_ranges
 from substreams.control.ranges import EpochIndex, read_ranges
@@ -52,6 +52,10 @@ from substreams.spark.schema import PayloadLayout, row
 from substreams.streams.records import Entry
 
 SOURCE_NAME = "substreams"
+NOTE_COLUMN = "note"
+"""With option ``read=notes``: the column (JSON) holding a notification's data ranges
+(``[[stream, partition, start, end], ...]``) and ``until`` (a session's last time, the Avro
+``Time`` as a dict, or null)."""
 ARROW_BATCH_ROWS = 10_000
 """Rows per Arrow batch a firm read task yields (Spark's default
 ``spark.sql.execution.arrow.maxRecordsPerBatch``)."""
@@ -113,6 +117,18 @@ def _marker_meta(n: Notification) -> tuple[Any, ...]:
         n.records,
         True,
     )
+
+
+def note_json(n: Notification) -> str:
+    """The :data:`NOTE_COLUMN` value of ``n``."""
+    import json
+
+    from substreams.frontier import time_to_wire
+
+    return json.dumps({
+        "ranges": [[r.stream, r.partition, r.start, r.end] for r in n.ranges],
+        "until": None if n.until is None else time_to_wire(n.until),
+    })
 
 
 def epoch_batch(
@@ -341,8 +357,12 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _read_epochs(self, notes: Sequence[Notification]) -> Iterator[Any]:
         """One ``RecordBatch`` per epoch (:func:`epoch_batch`), in notification order (row
-        tuples with ``arrow`` false)."""
+        tuples with ``arrow`` false); with ``read=notes`` only the notification rows."""
         opts = self.opts
+        if opts.read == "notes":
+            for n in notes:
+                yield (*row(self.layout, None, _marker_meta(n)), note_json(n))
+            return
         schema = arrow_schema(self.layout)
         index: EpochIndex[int] = EpochIndex()
         for i, n in enumerate(notes):
@@ -406,7 +426,10 @@ class SubstreamsDataSource(DataSource):  # type: ignore[misc]
         return cached
 
     def schema(self) -> StructType:
-        return self._layout()[1].struct()
+        opts, layout = self._layout()
+        if opts.read == "notes":
+            return StructType([*layout.struct().fields, StructField(NOTE_COLUMN, StringType())])
+        return layout.struct()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts, layout = self._layout()

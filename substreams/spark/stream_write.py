@@ -142,6 +142,8 @@ class UnitSummaries(WriterCommitMessage):  # type: ignore[misc]
         self.summaries = list(summaries)
 
 
+# Process-wide: Spark reuses this Python worker across batches; the sink (its transactional
+# producer, fenced by a new one) lives as long as the worker, not as one batch's call.
 _SINKS: dict[tuple[str, str, str], BatchSink] = {}
 
 

@@ -235,6 +235,8 @@ class SchemaRegistry:
 
 MISS_RETRY_S = 5.0
 
+# Process-wide cache: every reader and publisher of a cluster shares one view of its schema topic
+# (one consumer, one producer) instead of re-reading the topic per client.
 _REGISTRIES: dict[tuple[str, str], SchemaRegistry] = {}
 _REGISTRIES_LOCK = threading.Lock()
 

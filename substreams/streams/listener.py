@@ -20,6 +20,7 @@ from confluent_kafka import KafkaException, Message, TopicPartition
 from substreams.config import Config
 from substreams.errors import ProtocolError, SchemaMismatchError, SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.clock import Deadline
 from substreams.kafka.read import Reader
 from substreams.streams.records import Entry, times_from_wire
 from substreams.streams.schemas import (
@@ -197,12 +198,11 @@ class Listener:
 
     def poll(self, timeout: float = 1.0) -> Entry | PunctuationEntry | None:
         """The next entry, or None after ``timeout`` seconds without one."""
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while not self.finished:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if deadline.passed:
                 return None
-            msgs = self._reader.poll(min(remaining, 0.5), 1)
+            msgs = self._reader.poll(deadline.left(cap=0.5), 1)
             if not msgs:
                 continue
             entry = self.decoder.decode(msgs[0])

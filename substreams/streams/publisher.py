@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 REGISTER_PATIENCE_S = 30.0
 """How long a starting publisher waits for its registration to commit before it fails."""
 
+# Process-wide: a second Publisher of one (cluster, stream, source) in this process would fence
+# the first through their shared transactional id; refused at once here, with a clear error.
 _ACQUIRED: set[tuple[str, str, str]] = set()
 _ACQUIRED_LOCK = threading.Lock()
 

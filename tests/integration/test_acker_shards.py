@@ -5,7 +5,9 @@
   while shard 0 is down;
 - one shard becomes two while a workload runs (``--from-shards 1``, the old acker still
   running: it is fenced and retired): exactly once and in order through the change of owner,
-  each control topic written by one owner at a time.
+  each control topic written by one owner at a time;
+- every shard serves the command protocol: `acker status|epochs|peek` show both shards'
+  substreams, and a stopped shard is named rather than left out.
 """
 
 from __future__ import annotations
@@ -325,3 +327,67 @@ def dashboard_snapshot(config: Config, timeout: float = 20.0) -> dict[str, Any]:
             time.sleep(0.2)
     finally:
         model.close()
+
+
+def cli_wide(*args: str) -> subprocess.CompletedProcess[str]:
+    """``substreams ARGS`` with a wide terminal (the tables' names are not cut)."""
+    import os
+
+    env = {**os.environ, "COLUMNS": "300"}
+    return subprocess.run([sys.executable, "-m", "substreams", *args], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env=env)
+
+
+def test_every_shard_serves_commands_and_the_cli_merges_them(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """`acker status|epochs|peek` against two `acker run --shard` processes show the
+    substreams of both shards; with one shard stopped, `status` shows the other's and names
+    the silent one (exit code 2), instead of showing half as if it were all."""
+    config = sharded_config(make_config, {"shards": 2})
+    subs = [s.name for s in config.substreams]
+    mine = {i: [s for s in subs if shard_of(config, s) == i] for i in (0, 1)}
+    path = str(config.path)
+    with ackers() as procs:
+        for i in (0, 1):
+            procs.append(Acker(config, tmp_path / f"shard{i}.log", "--shard", str(i)))
+        for a in procs:
+            a.wait_for("command handler recovery")
+        with Application(config).publisher(config.streams[0].name, "src") as pub:
+            pub.publish({"user": "u", "url": "/0", "ts": 0})
+            for s in subs:
+                pub.seal(s, 0, commit=s == subs[-1])
+            for k in range(3):  # time 1: open (unsealed) in every substream
+                pub.publish({"user": "u", "url": f"/1/{k}", "ts": 1})
+            pub.flush()
+            wait_until(lambda: all(len(notifications(config, s)) == 1 for s in subs), 30)
+            status = cli_wide("acker", "status", "-c", path, "--timeout", "10")
+            epochs = cli_wide("acker", "epochs", "-c", path, "--timeout", "10")
+            peeks = {s: cli_wide("acker", "peek", "-c", path, "-s", s, "--timeout", "10")
+                     for s in (mine[0][0], mine[1][0])}
+            procs[1].stop()  # shard 1 gone: its part cannot be shown
+            partial = cli_wide("acker", "status", "-c", path, "--timeout", "2")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "2 of 2 shards answered" in status.stdout
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+            for line in status.stdout.splitlines() if line.startswith("│")}
+    for i in (0, 1):
+        for s in mine[i]:
+            shard, lower, open_times = rows[s][1], rows[s][2], rows[s][4]
+            assert (shard, lower, open_times) == (str(i), "{1}", "1"), status.stdout
+    acks = [line.split("│")[1].strip() for line in status.stdout.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip().isdigit()]
+    assert sorted(acks) == ["0", "1", "2", "3"], status.stdout  # every shard's partitions
+    assert epochs.returncode == 0, epochs.stdout + epochs.stderr
+    assert "open times (4)" in epochs.stdout
+    assert all(f"│ {s} " in epochs.stdout for s in subs), epochs.stdout
+    for s, out in peeks.items():
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"peek {s}" in out.stdout and "OPEN" in out.stdout, out.stdout
+    assert partial.returncode == 2, partial.stdout + partial.stderr
+    assert "1 of 2 shards answered" in partial.stdout
+    assert all(f"│ {s} " in partial.stdout for s in mine[0]), partial.stdout
+    assert not any(f"│ {s} " in partial.stdout for s in mine[1]), partial.stdout
+    name1 = config.acker.shard_name(1, 2)
+    assert f"shard 1 ('{name1}'" in partial.stderr, partial.stderr
+    assert all(s in partial.stderr for s in mine[1]), partial.stderr

@@ -200,13 +200,18 @@ def test_bench_recovery_quick_writes_json_and_png(bootstrap: str, tmp_path: Path
         assert row["control_records"] == row["notifications"] * 101 // 100, row
         assert row["checkpoints"] == row["notifications"] // 1000, row
         assert row["replay_records"] >= row["control_records"] + 2 * row["checkpoints"], row
-        for field in ("startup_s", "takeover_s", "replay_s"):
+        for field in ("startup_s", "takeover_s", "replay_s", "aligner_startup_s",
+                      "aligner_replay_s"):
             assert isinstance(row[field], float) and row[field] > 0, (field, row)
+        # 2 producers x 1 partition: a REGISTER each, then 2 punctuations per time
+        assert row["aligner_times"] == (row["punctuations"] - 2 + 1) // 2, row
     assert [t["name"] for t in data["targets"]] == [
         "acker start-up after 10,000",
         "acker start-up: 10,000 vs 1,000",
         "standby take-over after 10,000",
         "standby take-over: 10,000 vs 1,000",
+        "aligner start-up after 10,000 punctuations",
+        "aligner start-up: 10,000 punctuations vs 1,000",
     ]
     assert (out / "recovery.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -245,13 +250,11 @@ def test_bench_spark_quick_writes_both_parts_and_targets(bootstrap: str, tmp_pat
     assert data["name"] == "spark" and data["quick"] is True
     a = [r for r in data["rows"] if r["part"] == "a"]
     b = [r for r in data["rows"] if r["part"] == "b"]
-    # columnar firm at 10 and 100 windows, the watermark query (the per-row firm path runs
-    # in full runs only)
-    assert [(r["query"].split()[0], r["windows"]) for r in a] == [
-        ("substreams", 10), ("substreams", 100), ("withWatermark", 10)
+    # the JVM firm paths, the Python read, the two watermark queries: one run
+    assert [(r["path"], r["windows"]) for r in a] == [
+        ("jvm-df", 10), ("jvm-arrow", 10), ("jvm-arrow", 100), ("python", 10),
+        ("watermark-avro", 10), ("watermark-pandas", 10),
     ]
-    assert not any("per-row" in r["query"] for r in a), a
-    assert any("per-row firm path runs in full runs only" in n for n in data["notes"])
     for row in a:
         assert row["error"] is None, row
         assert row["records"] == 20_000 and row["records_per_s"] > 0, row
@@ -259,9 +262,9 @@ def test_bench_spark_quick_writes_both_parts_and_targets(bootstrap: str, tmp_pat
         assert row["cpu_s"] > 0 and row["records_per_cpu_s"] > 0, row
         assert row["correct"] is True, row
     # the firm queries drained the backlog in batches of whole epochs (maxEpochsPerTrigger)
-    assert a[0]["batches"] == 1 and a[1]["batches"] == 10, a
-    assert len(b) == 2 and all(r["samples"] > 0 for r in b), b
-    assert [t["name"][:3] for t in data["targets"]] == ["(a)", "(a)", "(b)", "(b)", "(b)"]
+    assert a[1]["batches"] == 1 and a[2]["batches"] == 10, a
+    assert len(b) == 3 and all(r["samples"] > 0 for r in b), b
+    assert [t["name"][:3] for t in data["targets"]] == ["(a)", "(a)", "(a)", "(b)", "(b)"]
     assert all(t["met"] is not None for t in data["targets"]), data["targets"]
     assert (out / "spark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -269,22 +272,26 @@ def test_bench_spark_quick_writes_both_parts_and_targets(bootstrap: str, tmp_pat
 def test_spark_targets_report_misses_and_unmeasured() -> None:
     from substreams_bench.spark import targets
 
-    def a(query: str, windows: int, rate: float, mb: float) -> dict[str, object]:
-        return {"part": "a", "query": query, "windows": windows, "records_per_s": rate,
+    def a(path: str, windows: int, rate: float, mb: float) -> dict[str, object]:
+        return {"part": "a", "path": path, "windows": windows, "records_per_cpu_s": rate,
                 "driver_peak_mb": mb, "correct": True}
 
-    def b(query: str, p50: float, p99: float) -> dict[str, object]:
-        return {"part": "b", "query": query, "p50_ms": p50, "p99_ms": p99, "error": None}
+    def b(path: str, p50: float, p99: float) -> dict[str, object]:
+        return {"part": "b", "path": path, "p50_ms": p50, "p99_ms": p99, "error": None}
 
     rows = [
-        a("substreams run (firm)", 50, 900.0, 1300.0),
-        a("substreams run (firm)", 500, 800.0, 1000.0),
-        a("withWatermark + window", 50, 1000.0, 900.0),
-        b("substreams on_epoch (firm)", 250.0, 1100.0),
-        b("withWatermark + window", 4000.0, 9000.0),
+        a("jvm-df", 50, 1100.0, 900.0),
+        a("jvm-arrow", 50, 900.0, 1300.0),
+        a("jvm-arrow", 500, 800.0, 1000.0),
+        a("watermark-avro", 50, 1000.0, 900.0),
+        a("watermark-pandas", 50, 800.0, 900.0),
+        b("firm", 150.0, 700.0),
+        b("watermark-avro", 4000.0, 9000.0),
     ]
-    rate, rss, p50, p99, below = targets(rows)
-    assert rate.met is False and "900 rec/s vs 1,000 rec/s" in rate.value
+    df, arrow, rss, p50, p99 = targets(rows)
+    assert df.met is False and df.value.startswith("1.10x")
+    assert arrow.met is True and arrow.value.startswith("1.12x")
     assert rss.met is False and rss.value.startswith("1.30x")
-    assert (p50.met, p99.met, below.met) == (True, False, True)
-    assert [t.met for t in targets(rows[3:])] == [None, None, True, False, True]
+    assert (p50.met, p99.met) == (True, False)
+    assert "9,000 ms" in p99.value
+    assert [t.met for t in targets(rows[5:])] == [None, None, None, True, False]

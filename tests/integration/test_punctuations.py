@@ -1,5 +1,6 @@
 """Punctuations on a real broker: 3+ producers x 4 partitions, firm/soft bound, order, leaving
-and late producers, the aligner service's control records, traffic counts, the CLI."""
+and late producers, the aligner service's control records, traffic counts, the CLI, and the
+aligner's restart from its checkpoint after a SIGKILL."""
 
 from __future__ import annotations
 
@@ -416,3 +417,99 @@ def test_example_config_defines_a_punctuation_substream(name: str) -> None:
         "firm",
         True,
     )
+
+
+class AlignProcess:
+    """One `substreams align` process, its log in a file."""
+
+    def __init__(self, config: Config, sub: str, log: Path) -> None:
+        self.log = log
+        self.handle = log.open("ab")
+        cmd = [sys.executable, "-m", "substreams", "--log-level", "INFO", "align", "-c",
+               str(config.path), "--substream", sub]
+        self.proc = subprocess.Popen(cmd, stdout=self.handle, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.handle.close()
+
+
+def test_a_sigkilled_aligner_restarts_from_its_checkpoint_exactly_once(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """The aligner is SIGKILLed twice while producers write and seal windows; each restart
+    continues from its checkpoint (not from offset 0), and every window is announced exactly
+    once, in order, with exactly its records."""
+    import threading
+
+    from substreams.control.verify import verify_config
+
+    # A long heartbeat: between two, only the checkpoints written with the notifications
+    # tell a restart where it stands (one written apart from them would be stale by then).
+    config, stream, sub = setup(make_config, acker={"heartbeat_ms": 2000, "snapshot_every": 5})
+    windows = 36
+    rng = random.Random(11)
+    pubs = publishers(config, stream)
+    sent: Counter[Any] = Counter()
+    errors: list[BaseException] = []
+
+    def announced() -> list[Any]:
+        return [c.time for c in epoch_completes(config, sub)]
+
+    def produce() -> None:
+        """At most 8 windows ahead of the aligner: the stream is still going at each kill,
+        however slowly a loaded machine runs the aligner."""
+        try:
+            for w in range(windows):
+                sent.update(workload(pubs, sub, [w], rng, per=4))
+                deadline = time.monotonic() + 60
+                while w - len(announced()) > 8 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def wait_for(cond: Callable[[], bool], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, announced()
+            time.sleep(0.01)
+
+    runs = [AlignProcess(config, sub, tmp_path / "align0.log")]
+    writer = threading.Thread(target=produce, daemon=True)
+    writer.start()
+    try:
+        for i, at in enumerate((6, 16)):
+            wait_for(lambda at=at: len(announced()) >= at)  # type: ignore[misc]
+            runs[-1].kill()  # just after a notification: no last commit
+            assert len(announced()) < windows  # mid-stream
+            runs.append(AlignProcess(config, sub, tmp_path / f"align{i + 1}.log"))
+            wait_for(lambda: "recovery in" in runs[-1].text())
+        writer.join(120)
+        assert not errors, errors
+        wait_for(lambda: len(announced()) >= windows)
+        time.sleep(1.0)  # anything announced twice would be there by now
+    finally:
+        for run in runs:
+            if run.proc.poll() is None:
+                run.kill()
+        for p in pubs:
+            p.close()
+    completes = epoch_completes(config, sub)
+    assert [c.time for c in completes] == list(range(windows))  # once each, in order
+    for c in completes:
+        assert c.records == sent[c.time], c
+        got = read_ranges(config.kafka.bootstrap, config, c.ranges, sub, c.time)
+        assert len(got) == c.records and all(e.payload["ts"] // SIZE == c.time for e in got)
+    # nothing read twice as if late (a restart that re-read what its checkpoint had applied
+    # would dead-letter those records)
+    letters = [json.loads(v) for v in read_topic(config, config.acker.dead_letter_topic)]
+    assert [x for x in letters if x.get("substream") == sub] == []
+    for run in runs[1:]:  # the restarts continued from a checkpoint, mid-stream
+        text = run.text()
+        assert "recovery in" in text and "checkpoint of" in text, text[-2000:]
+        assert "no checkpoint" not in text
+    assert all(r.ok for r in verify_config(config)), [r.broken for r in verify_config(config)]

@@ -12,14 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
 from substreams.app import Application
 from substreams.config import Config
 from substreams.spark.connector import (
+    AVRO_PACKAGE,
     KAFKA_CONNECTOR,
-    KAFKA_CONNECTOR_FALLBACK,
     PACKAGES,
     add_kafka_connector,
     decode_envelopes,
@@ -48,9 +49,13 @@ def test_add_kafka_connector_merges_into_the_builder() -> None:
     builder = SparkSession.Builder().config(PACKAGES, "a:b:1")  # no JVM is started
     notes: list[str] = []
     out = add_kafka_connector(builder, notes.append)
-    packages = out._options[PACKAGES].split(",")
-    assert packages[0] == "a:b:1"
-    assert packages[1] in (KAFKA_CONNECTOR, KAFKA_CONNECTOR_FALLBACK)
+    assert out._options[PACKAGES].split(",") == ["a:b:1", KAFKA_CONNECTOR, AVRO_PACKAGE]
+    assert notes == []  # no version-mismatch warning: connector and PySpark are one version
+
+
+def test_connectors_are_at_the_installed_pyspark_version() -> None:
+    assert KAFKA_CONNECTOR.endswith(f":{pyspark.__version__}")
+    assert AVRO_PACKAGE.endswith(f":{pyspark.__version__}")
 
 
 def _publish(config: Config) -> tuple[list[Key], int]:

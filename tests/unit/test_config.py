@@ -174,6 +174,7 @@ def test_shipped_example_helpers_and_topics() -> None:
         ("_substreams.control.clicks_1s_punct", 1),
         ("_substreams.control.sessions", 1),
         ("_substreams.control.__acker.acker", 1),
+        ("_substreams.control.__aligner.clicks_1s_punct", 1),
         ("_substreams.acks", 1),
         ("_substreams.commands", 1),
         ("_substreams.responses", 1),
@@ -1006,3 +1007,38 @@ def test_the_unsealed_timeout_is_off_by_default_and_a_positive_integer(project: 
         err = fail(project, STREAM + f"acker:\n  unsealed_timeout_ms: {bad}\n")
         assert (err.line, err.key, err.value) == (6, "acker.unsealed_timeout_ms", value)
         assert err.allowed == "null (off, the default) or an integer >= 1"
+
+
+def test_a_misspelt_key_is_reported_before_the_key_it_hides(project: Path) -> None:
+    err = fail(project, "acker: {heartbeat_ms: 100}\nstreamz: []\n")
+    assert (err.line, err.key) == (2, "streamz")
+    assert "did you mean 'streams'?" in str(err)
+
+
+def test_keys_the_loader_fills_in_are_not_keys_of_the_file(project: Path) -> None:
+    err = fail(project, STREAM + "    schema_path: /etc/passwd\n")
+    assert (err.line, err.key) == (5, "streams[0].schema_path")
+    assert "unknown key 'schema_path'; allowed: name, schema, partitions, order_key," in str(err)
+    err = fail(project, STREAM + "path: x\n")
+    assert (err.line, err.key) == (5, "path")
+
+
+def test_keys_must_be_strings(project: Path) -> None:
+    err = fail(project, STREAM + "acker: {1: x}\n")
+    assert (err.line, err.key, err.value) == (5, "acker.1", 1)
+    assert "unknown key 1; allowed: name, acks_topic," in str(err)
+    err = fail(project, STREAM + "kafka:\n  client:\n    1: x\n")
+    assert (err.line, err.key) == (7, "kafka.client")
+    assert "keys must be strings, got 1" in str(err)
+
+
+def test_a_merged_mapping_reused_by_an_alias_is_no_duplicate(project: Path) -> None:
+    # The second visit sees the mapping already merged (lateness_ms twice): not a mistake.
+    text = STREAM
+    text += "substreams:\n"
+    text += "  - {name: w, stream: events, kind: tumbling, size_ms: 5,\n"
+    text += "     seal: &p {<<: {lateness_ms: 1, late: dead_letter}, lateness_ms: 5}}\n"
+    text += "  - {name: v, stream: events, kind: tumbling, size_ms: 5, seal: *p}\n"
+    config = load(project, text)
+    policy = SealPolicy(lateness_ms=5, late="dead_letter")
+    assert [s.seal for s in config.substreams] == [policy, policy]

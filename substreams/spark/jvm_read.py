@@ -1,0 +1,316 @@
+"""The JVM read path: a batch's completed epochs read by Spark's own Kafka source and decoded
+by ``from_avro``, so no record passes through a Python worker on its way in.
+
+The ``substreams`` source (option ``read=notes``) still follows the control topic on the
+driver and puts each batch's notifications -- with their data ranges -- in Spark's offset
+log, so a replayed batch names the same epochs; only the records' read moves here:
+
+* Spark's Kafka batch read -- what ``spark.read.format("kafka")`` does with ``assign`` /
+  ``startingOffsets`` / ``endingOffsets`` (per-partition JSON, end exclusive), but with its
+  ``KafkaSourceRDD`` built directly (:func:`direct_frame`: no per-call offset resolution or
+  nested query on the driver) -- over the hull of the batch's ranges,
+  ``kafka.isolation.level=read_committed`` (aborted records and markers skipped) and a
+  stable ``kafka.group.id`` (Spark pools executor consumers by group id and partition: a
+  fresh id per batch would open new consumers every batch);
+* punctuation records (header ``ss.type``) are dropped; each record is decoded with
+  ``from_avro`` using the writer schema its ``ss.fp`` header names (every schema the
+  stream registered, :mod:`substreams.streams.evolution`) and the config's schema as the
+  reader schema (``avroSchema`` option: Avro resolution, so schema evolution keeps
+  working); a fingerprint no registered schema has fails the batch (``raise_error``), as
+  every substreams reader refuses it.  Record values are the schemaless Avro encoding of
+  the envelope with nothing before it (the fingerprint travels in a header, not a prefix),
+  so no ``substring`` cut is needed;
+* a record belongs to the notification whose time its envelope's ``times[substream]``
+  equals (a session's: between its ``time`` and ``until``): a broadcast join with the
+  batch's notifications, which also gives every record its epoch's columns.
+
+The result has the ``substreams`` source's columns (payload, then
+:data:`~substreams.spark.schema.META_FIELDS`); :func:`epoch_rows` adds the notification rows.
+
+Where the JVM cannot serve (the Python read path stays, :func:`jvm_unsupported`): soft mode
+(records before their epoch is complete, with data offsets in the offset log); a payload with
+nested or multi-branch fields (the Python source gives them as JSON text, ``from_avro`` as
+structs: the same job would see other values); a config with ``kafka.client`` settings
+(librdkafka properties, which Spark's Java Kafka client does not take by the same names).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from substreams.config import Config
+from substreams.control.messages import OffsetRange
+from substreams.spark.schema import PayloadLayout
+from substreams.streams.schemas import (
+    HEADER_FINGERPRINT,
+    HEADER_TYPE,
+    TYPE_PUNCTUATION,
+    envelope_schema,
+    expanded,
+)
+
+FETCH_MAX_WAIT_MS = 10
+"""The executor consumers' ``fetch.max.wait.ms`` (see :func:`kafka_options`)."""
+
+NOTE_META = (
+    "epoch", "epoch_label", "epoch_int", "epoch_key", "control_offset", "control_index",
+    "sealed_at_ms",
+)
+"""A notification's columns that every record of its epoch carries."""
+
+
+def jvm_unsupported(config: Config, stream: str) -> str | None:
+    """Why the JVM path cannot read ``stream`` of ``config`` (None when it can)."""
+    layout = PayloadLayout(config.stream(stream))
+    nested = [n for n, j in zip(layout.names, layout.as_json, strict=True) if j]
+    if nested:
+        return f"stream '{stream}' has nested or multi-branch fields {nested} (JSON text)"
+    if config.kafka.client:
+        return "the config sets kafka.client (librdkafka properties)"
+    return None
+
+
+def kafka_options(
+    bootstrap: str, topic: str, ranges: Sequence[OffsetRange], group_id: str
+) -> dict[str, str]:
+    """The Kafka source's options for one batch read of ``ranges`` of ``topic``: per
+    partition, from the lowest start to the highest end (records of other epochs in
+    between are dropped by the join with the notifications, as the Python read drops
+    them)."""
+    lo: dict[int, int] = {}
+    hi: dict[int, int] = {}
+    for r in ranges:
+        if r.stream == topic and r.end > r.start:
+            lo[r.partition] = min(lo.get(r.partition, r.start), r.start)
+            hi[r.partition] = max(hi.get(r.partition, r.end), r.end)
+    parts = sorted(lo)
+    return {
+        "kafka.bootstrap.servers": bootstrap,
+        "assign": json.dumps({topic: parts}),
+        "startingOffsets": json.dumps({topic: {str(p): lo[p] for p in parts}}),
+        "endingOffsets": json.dumps({topic: {str(p): hi[p] for p in parts}}),
+        "kafka.isolation.level": "read_committed",
+        "kafka.group.id": group_id,
+        "includeHeaders": "true",
+        # A range is exact: a missing offset (retention) must fail, not silently shrink.
+        "failOnDataLoss": "true",
+        # Spark's executor consumer asks the broker for the partition's earliest and latest
+        # offsets after every poll (KafkaDataConsumer.fetch -> getAvailableOffsetRange).  The
+        # poll has already sent the next fetch, which at the log's end the broker parks for
+        # fetch.max.wait.ms (Kafka's default: 500 ms), and a broker answers one connection's
+        # requests in order: the offsets request waited behind it, up to 500 ms per task
+        # (the JVM read's per-call floor; substreams_bench.spark_read_floor).
+        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
+    }
+
+
+POLL_TIMEOUT_MS = 120_000
+"""The executor consumer's poll timeout (Spark's default: ``spark.network.timeout``)."""
+
+
+def direct_frame(spark: Any, options: Mapping[str, str]) -> Any:
+    """What ``spark.read.format("kafka").options(**options).load()`` reads (the
+    :func:`kafka_options` of a batch), as a DataFrame over Spark's own ``KafkaSourceRDD``
+    (the same executor consumers, pool and record-to-row converter) built here instead of
+    by the Kafka relation.
+
+    Why: the relation resolves offsets on the driver per call -- an ``AdminClient`` made,
+    asked for the partitions and closed -- and hands its scan over as an ``RDD[Row]``
+    (``internalCreateDataFrame(...).rdd``), planned as a query of its own: together most
+    of a call's driver time for a 100-record read, though the ranges here are exact and
+    already checked against the control record.  The executor side is unchanged, so a
+    missing offset still fails the task (``failOnDataLoss``).  The classes are Spark's
+    internal ones (``private[kafka010]``, public in bytecode): one Spark version is pinned
+    (:mod:`substreams.spark.connector`), and :func:`substreams.spark.session.jvm_read_available`
+    checks they load.  What does not change between calls (the consumers' settings, the
+    converter, the schema) is made once per session and settings: each py4j call costs a
+    round trip."""
+    from pyspark.sql import DataFrame
+
+    consts = _DirectConsts.of(spark, options)
+    jvm = consts.jvm
+    assign = json.loads(options["assign"])
+    starts = json.loads(options["startingOffsets"])
+    ends = json.loads(options["endingOffsets"])
+    ranges = jvm.java.util.ArrayList()
+    for topic, parts in assign.items():
+        for p in parts:
+            ranges.add(consts.kafka.KafkaOffsetRange(
+                jvm.org.apache.kafka.common.TopicPartition(topic, int(p)),
+                int(starts[topic][str(p)]), int(ends[topic][str(p)]), consts.none))
+    seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(ranges).toSeq()
+    rdd = consts.kafka.KafkaSourceRDD(consts.sc, consts.params, seq, POLL_TIMEOUT_MS,
+                                      consts.fail_on_data_loss)
+    rows = rdd.map(consts.to_row, consts.tag)
+    jdf = spark._jsparkSession.internalCreateDataFrame(rows, consts.schema, False)
+    return DataFrame(jdf, spark)
+
+
+@dataclass(frozen=True)
+class _DirectConsts:
+    """The JVM objects :func:`direct_frame` reuses across calls."""
+
+    jvm: Any
+    kafka: Any
+    sc: Any
+    params: Any
+    none: Any
+    to_row: Any
+    tag: Any
+    schema: Any
+    fail_on_data_loss: bool
+
+    @staticmethod
+    def of(spark: Any, options: Mapping[str, str]) -> _DirectConsts:
+        settings = {key[len("kafka."):]: v for key, v in options.items()
+                    if key.startswith("kafka.")}
+        headers = options.get("includeHeaders", "false") == "true"
+        fail = options.get("failOnDataLoss", "true") == "true"
+        # keyed by the context: a streaming query's batches each get another session wrapper
+        key = (id(spark.sparkContext), tuple(sorted(settings.items())), headers, fail)
+        cached = _DIRECT.get(key)
+        if cached is not None:
+            return cached
+        jvm = spark.sparkContext._jvm
+        k = jvm.org.apache.spark.sql.kafka010
+        deser = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
+        params = jvm.java.util.HashMap()
+        executor: dict[str, str | int] = {
+            **settings,
+            # what KafkaSourceProvider.kafkaParamsForExecutors sets
+            "key.deserializer": deser, "value.deserializer": deser,
+            "auto.offset.reset": "none", "enable.auto.commit": "false",
+            "receive.buffer.bytes": 65536,  # an Integer, as Spark's
+        }
+        for name, value in executor.items():
+            params.put(name, value)
+        conv = k.KafkaRecordToRowConverter()
+        made = _DirectConsts(
+            jvm=jvm, kafka=k, sc=spark.sparkContext._jsc.sc(),
+            params=params, none=jvm.scala.Option.apply(None),
+            to_row=(conv.toInternalRowWithHeaders() if headers
+                    else conv.toInternalRowWithoutHeaders()),
+            tag=jvm.scala.reflect.ClassTag.apply(
+                jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.InternalRow")),
+            schema=k.KafkaRecordToRowConverter.kafkaSchema(headers),
+            fail_on_data_loss=fail,
+        )
+        _DIRECT[key] = made
+        return made
+
+
+_DIRECT: dict[tuple[Any, ...], _DirectConsts] = {}
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The stream's reader envelope schema and every writer envelope schema by
+    fingerprint (hex), as JSON for ``from_avro``."""
+
+    reader: str
+    writers: Mapping[str, str]
+
+    @staticmethod
+    def of(config: Config, stream: str, registered: Mapping[str, Mapping[str, Any]]) -> Decoding:
+        """``registered``: the stream's payload schemas by fingerprint (the schema topic's);
+        the config's own schema is always one of the writers."""
+        from substreams.streams.evolution import stream_fingerprint
+
+        own = config.stream(stream).schema
+        payloads = {**dict(registered), stream_fingerprint(own): own}
+        return Decoding(
+            json.dumps(expanded(envelope_schema(own))),
+            {fp: json.dumps(expanded(envelope_schema(p))) for fp, p in payloads.items()},
+        )
+
+
+def _header(name: str) -> Any:
+    from pyspark.sql import functions as F
+
+    matching = F.filter("headers", lambda h: h["key"] == F.lit(name))
+    return F.try_element_at(matching, F.lit(1))["value"]
+
+
+def decoded(kafka: Any, decoding: Decoding, label: str) -> Any:
+    """``kafka`` (a ``format("kafka")`` DataFrame with headers) -> its data records as
+    ``env`` (the envelope in the reader's shape), ``partition``, ``offset``; punctuations
+    dropped, an unknown fingerprint fails the query naming it."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    fp = _header(HEADER_FINGERPRINT).cast("string")
+    kind = _header(HEADER_TYPE)
+    data = kafka.where(kind.isNull() | (kind != F.lit(TYPE_PUNCTUATION)))
+    env: Any = None
+    options = {"avroSchema": decoding.reader, "mode": "FAILFAST"}
+    for writer_fp, writer in sorted(decoding.writers.items()):
+        branch = from_avro(F.col("value"), writer, options)
+        env = (F.when(fp == F.lit(writer_fp), branch) if env is None
+               else env.when(fp == F.lit(writer_fp), branch))
+    unknown = F.raise_error(F.concat(
+        F.lit(f"{label}: record written with schema fingerprint "),
+        F.coalesce(fp, F.lit("<none>")),
+        F.lit(", which no registered schema of the stream has; refusing to decode it"),
+    ))
+    return data.select(
+        env.otherwise(unknown).alias("env"), F.col("partition"), F.col("offset")
+    )
+
+
+def records(
+    spark: Any,
+    config: Config,
+    stream: str,
+    substream: str,
+    bootstrap: str,
+    ranges: Sequence[OffsetRange],
+    notes: Any,
+    decoding: Decoding,
+    group_id: str,
+    spans: bool = False,
+) -> Any:
+    """The records of the notifications in ``notes`` (a small DataFrame of the source's
+    notification rows plus ``until_coords``), with the source's columns, read and decoded
+    in the JVM.  ``spans``: some notification has an ``until`` (a session's)."""
+    from pyspark.sql import functions as F
+
+    layout = PayloadLayout(config.stream(stream))
+    kafka = direct_frame(spark, kafka_options(bootstrap, stream, ranges, group_id))
+    recs = decoded(kafka, decoding, f"stream '{stream}'").select(
+        *(F.col("env.payload")[n].cast(t).alias(n)
+          for n, t in zip(layout.names, layout.types, strict=True)),
+        F.col("env.order_key").alias("order_key"),
+        F.col("partition").cast("int").alias("partition"),
+        F.col("offset"),
+        F.col("env.times")[substream].alias("_t"),
+    ).where(F.col("_t").isNotNull())
+    meta = notes.select(*NOTE_META, "until_coords")
+    t, e = F.col("_t"), F.col("epoch")
+    exact = meta.where(F.col("until_coords").isNull())
+    joined = recs.join(
+        F.broadcast(exact), t["key"].eqNullSafe(e["key"]) & (t["coords"] == e["coords"])
+        & (t["kind"] == e["kind"]), "inner",
+    )
+    if spans:
+        between = (
+            t["key"].eqNullSafe(e["key"]) & (t["kind"] == e["kind"])
+            & F.forall(F.zip_with(t["coords"], e["coords"], lambda a, b: a >= b), lambda v: v)
+            & F.forall(F.zip_with(t["coords"], F.col("until_coords"), lambda a, b: a <= b),
+                       lambda v: v)
+        )
+        ranged = meta.where(F.col("until_coords").isNotNull())
+        joined = joined.unionByName(recs.join(F.broadcast(ranged), between, "inner"))
+    return joined.select(
+        *layout.names,
+        *(F.col(c) for c in NOTE_META[:4]),
+        "order_key", "partition", "offset",
+        *(F.col(c) for c in NOTE_META[4:]),
+        F.lit(None).cast("long").alias("records"),
+        F.lit(False).alias("is_notification"),
+    )
+
+
+__all__ = ["Decoding", "decoded", "jvm_unsupported", "kafka_options", "records"]

@@ -1,0 +1,269 @@
+"""The JVM read path: a batch's records read by Spark's own Kafka source (exact ranges,
+read_committed) and decoded by ``from_avro``, for both ways of writing epoch work -- Spark
+DataFrame operations (``run_frames``) and an ``ArrowEpochOperator`` (``run``) -- with the
+same exactly-once write, and schema evolution across the writer schemas a stream used."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from substreams.app import DIRECT, Application
+from substreams.control.messages import OffsetRange
+from substreams.spark import ArrowEpochOperator
+from substreams.spark.frames import run_frames
+from substreams.spark.jvm_read import Decoding, jvm_unsupported, kafka_options
+from substreams.spark.operator import EpochNote
+from substreams.spark.options import CONFIG_PICKLE, ship_config
+from substreams.spark.runner import JvmRead, run
+from substreams.streams.evolution import stream_fingerprint
+from tests.conftest import CLICK_SCHEMA, ConfigFactory
+from tests.integration.test_schema_evolution import V1, V2, with_schema
+from tests.spark.conftest import running_acker, wait_for_epochs, window_clicks
+from tests.spark.jobs import out_stream
+
+pytestmark = pytest.mark.spark
+
+
+def test_kafka_options_read_the_hull_of_each_partitions_ranges() -> None:
+    ranges = [OffsetRange("t", 0, 5, 9), OffsetRange("t", 0, 2, 4), OffsetRange("t", 1, 7, 8),
+              OffsetRange("other", 0, 0, 100), OffsetRange("t", 2, 3, 3)]
+    opts = kafka_options("b:1", "t", ranges, "g")
+    assert json.loads(opts["assign"]) == {"t": [0, 1]}
+    assert json.loads(opts["startingOffsets"]) == {"t": {"0": 2, "1": 7}}
+    assert json.loads(opts["endingOffsets"]) == {"t": {"0": 9, "1": 8}}
+    assert opts["kafka.isolation.level"] == "read_committed"
+    assert opts["kafka.group.id"] == "g"
+    # the offsets request after each poll must not wait behind a parked fetch
+    assert int(opts["kafka.fetch.max.wait.ms"]) <= 50
+
+
+def test_direct_frame_reads_what_spark_kafka_relation_reads(
+    spark: SparkSession, make_config: ConfigFactory
+) -> None:
+    """The Kafka RDD built without the relation (no per-call offset resolution on the
+    driver) gives the relation's rows: same offsets, values and headers, transaction
+    markers skipped, and a sub-range cut exactly."""
+    from confluent_kafka import TopicPartition
+
+    from substreams.kafka import client
+    from substreams.spark.jvm_read import direct_frame
+
+    config = make_config([{"name": "clicks", "partitions": 2}])
+    (clicks,) = (s.name for s in config.streams)
+    with Application(config).publisher(clicks, "src") as pub:
+        for i in range(3):  # three flushes: transaction markers between the records
+            for c in window_clicks(i, 7):
+                pub.publish(c, key=str(c["user"]))
+            pub.flush()
+    bootstrap = config.kafka.bootstrap
+    probe = client.consumer(bootstrap, config)
+    ends = [probe.get_watermark_offsets(TopicPartition(clicks, p), timeout=10)[1]
+            for p in (0, 1)]
+    probe.close()
+    def rows(df: DataFrame) -> list[Any]:
+        return sorted(tuple(r) for r in df.select("partition", "offset", "value", "headers")
+                      .collect())
+
+    for ranges in ([OffsetRange(clicks, p, 0, ends[p]) for p in (0, 1)],
+                   [OffsetRange(clicks, 0, 2, max(3, ends[0] - 3))]):
+        # one group id each: Spark's consumer pool is keyed by group and partition
+        rel = kafka_options(bootstrap, clicks, ranges, "substreams.spark.test.relation")
+        want = rows(spark.read.format("kafka").options(**rel).load())
+        opts = kafka_options(bootstrap, clicks, ranges, "substreams.spark.test.direct")
+        assert want and rows(direct_frame(spark, opts)) == want
+
+
+class UrlCounts(ArrowEpochOperator):
+    """Clicks per (window, url), computed columnar on the executors."""
+
+    key_field = "url"
+
+    def __init__(self) -> None:
+        self.notes: list[EpochNote] = []
+
+    def on_notification(self, note: EpochNote) -> None:  # the driver's copy
+        self.notes.append(note)
+
+    def on_epoch_table(self, epoch: Any, table: Any) -> list[dict[str, Any]]:
+        counts = Counter(table.column("url").to_pylist())
+        return [{"window": int(epoch), "url": u, "clicks": n} for u, n in counts.items()]
+
+
+def _downstream(spark: SparkSession, config: Any, substream: str, path: Path) -> list[Any]:
+    """A firm read of an output substream: its rows, collected on the driver."""
+    got: list[tuple[int, str, int]] = []
+    query = (
+        spark.readStream.format("substreams")
+        .option(CONFIG_PICKLE, ship_config(config)).option("substream", substream).load()
+        .writeStream.foreachBatch(lambda df, _: got.extend(
+            (int(r["window"]), str(r["url"]), int(r["clicks"])) for r in df.collect()))
+        .option("checkpointLocation", str(path)).trigger(availableNow=True).start()
+    )
+    assert query.awaitTermination(300)
+    return got
+
+
+def test_dataframe_ops_and_arrow_operator_on_the_jvm_read(
+    spark: SparkSession, make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    config = make_config(
+        [{"name": "clicks", "partitions": 2},
+         out_stream("df_counts", "url_count.avsc", partitions=2),
+         out_stream("op_counts", "url_count.avsc", partitions=2)],
+        [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000},
+         {"name": "dw", "stream": "df_counts", "kind": "epoch", "field": "window"},
+         {"name": "ow", "stream": "op_counts", "kind": "epoch", "field": "window"}],
+    )
+    w, dw, ow = (s.name for s in config.substreams)
+    clicks, df_out, op_out = (s.name for s in config.streams)
+    windows = [(0, 10), (1, 6), (2, 0), (3, 9)]  # window 2 sealed without records
+    want: Counter[tuple[int, str]] = Counter()
+    for window, n in windows:
+        for c in window_clicks(window, n):
+            want[(window, str(c["url"]))] += 1
+    df_notes: list[EpochNote] = []
+    op = UrlCounts()
+
+    def counts(df: DataFrame) -> DataFrame:  # Spark operations only: never leaves the JVM
+        return (df.where(~F.col("is_notification"))
+                .groupBy("control_offset", "control_index", "epoch", "url")
+                .agg(F.count("*").alias("clicks"))
+                .withColumn("window", F.col("epoch.coords")[0]))
+
+    with running_acker(config), Application(config).publisher(clicks, "src") as pub:
+        for window, n in windows:
+            for c in window_clicks(window, n):
+                pub.publish(c, key=str(c["user"]))
+            pub.seal(w, window)
+        for c in window_clicks(4, 3):  # window 4 stays open: nobody may see it
+            pub.publish(c, key=str(c["user"]))
+        pub.flush()
+        wait_for_epochs(config, w, len(windows), timeout=60)
+        run_frames(counts, config, w, df_out, name="jvm-df", key_field="url", spark=spark,
+                   once=True, checkpoint=tmp_path / "df", on_notification=df_notes.append)
+        run(op, config, w, op_out, spark=spark, once=True, checkpoint=tmp_path / "op",
+            # one epoch a batch: window 2's batch has no record to read
+            query_name="jvm-op", options={"maxEpochsPerTrigger": "1"}, read="jvm")
+        for sub in (dw, ow):
+            wait_for_epochs(config, sub, len(windows), timeout=120)
+        got_df = _downstream(spark, config, dw, tmp_path / "d1")
+        got_op = _downstream(spark, config, ow, tmp_path / "d2")
+    truth = sorted((win, u, n) for (win, u), n in want.items())
+    assert sorted(got_df) == truth
+    assert sorted(got_op) == truth
+    assert [n.time for n in df_notes] == [0, 1, 2, 3]
+    assert [n.records for n in df_notes] == [n for _, n in windows]
+    assert all(n.sealed_at_ms > 0 for n in df_notes)
+    assert [(n.time, n.records) for n in op.notes] == [(n.time, n.records) for n in df_notes]
+    assert sum(n.results for n in op.notes) == len(truth)
+
+
+def test_the_jvm_read_decodes_every_writer_schema_and_refuses_an_unknown_one(
+    spark: SparkSession, make_config: ConfigFactory, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "v1.avsc").write_text(json.dumps(V1))
+    v1 = make_config([{"name": "clicks", "partitions": 2, "schema": "v1.avsc"}],
+                     [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}])
+    w, stream = v1.substreams[0].name, v1.streams[0].name
+    with Application(v1, mechanisms=DIRECT).publisher(stream, "old") as pub:
+        for c in window_clicks(0, 4):
+            pub.publish({**c, "agent": "a"}, key=str(c["user"]))
+        pub.seal(w, 0)
+    v2 = with_schema(v1, V2, "v2")
+    with Application(v2, mechanisms=DIRECT).publisher(stream, "new") as pub:
+        for c in window_clicks(1, 3):
+            pub.publish({**c, "ref": "r"}, key=str(c["user"]))
+        pub.seal(w, 1)
+    wait_for_epochs(v2, w, 2, timeout=60)
+    seen: list[tuple[int, str]] = []
+
+    def refs(df: DataFrame) -> DataFrame:
+        return df.where(~F.col("is_notification")).select(
+            "control_offset", "control_index", "epoch", "epoch_int", "ref")
+
+    def collect(df: DataFrame, _: int) -> None:
+        seen.extend((int(r["epoch_int"]), str(r["ref"])) for r in df.collect())
+
+    # v2's reader: the old records in the new shape ('ref' takes its default)
+    run_frames(refs, v2, w, name="jvm-evolve", spark=spark, once=True,
+               checkpoint=tmp_path / "ev", on_results=collect)
+    assert sorted(seen) == [(0, "-")] * 4 + [(1, "r")] * 3
+    # a record whose fingerprint no registered schema has fails the query, naming it
+    assert jvm_unsupported(v2, stream) is None
+    odd = {**CLICK_SCHEMA, "fields": [*CLICK_SCHEMA["fields"],
+                                       {"name": "zzz", "type": "long", "default": 0}]}
+    v3 = with_schema(v1, odd, "v3")
+    with Application(v3, mechanisms=DIRECT).publisher(stream, "odd") as pub:
+        for c in window_clicks(2, 2):
+            pub.publish({**c, "zzz": 1}, key=str(c["user"]))
+        pub.seal(w, 2)
+    wait_for_epochs(v2, w, 3, timeout=60)
+    # a reader that never saw v3 registered (the schema topic read before it was)
+    known = Decoding.of(v2, stream, {stream_fingerprint(V1): V1})
+    monkeypatch.setattr(JvmRead, "decoding", lambda self: known)
+    with pytest.raises(Exception, match="no registered schema of the stream has"):
+        run_frames(refs, v2, w, name="jvm-evolve", spark=spark, once=True,
+                   checkpoint=tmp_path / "ev", on_results=collect)
+
+
+class EpochCount(ArrowEpochOperator):
+    """One result per epoch: its record count (the unit checks it against the
+    notification's announced count before anything is written)."""
+
+    def __init__(self) -> None:
+        self.notes: list[EpochNote] = []
+
+    def on_notification(self, note: EpochNote) -> None:
+        self.notes.append(note)
+
+    def on_epoch_table(self, epoch: Any, table: Any) -> list[dict[str, Any]]:
+        return [{"epoch": int(epoch), "n": table.num_rows}]
+
+
+@pytest.mark.timeout(1800)
+def test_read_limits_bound_the_jvm_batches_of_a_1m_backlog(
+    spark: SparkSession, make_config: ConfigFactory, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+    import re
+
+    from substreams_bench.workload import open_publishers
+
+    total, windows, limit = 1_000_000, 20, 150_000
+    per = total // windows
+    config = make_config([{"name": "clicks", "partitions": 2}],
+                         [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}])
+    w, clicks = config.substreams[0].name, config.streams[0].name
+    (pub,) = open_publishers(config, clicks, ["src"], config.kafka.bootstrap,
+                             mechanisms=DIRECT, batch_size=5000)
+    try:
+        for window in range(windows):
+            for lo in range(0, per, 10_000):
+                pub.publish_many([{"user": f"u{i % 7}", "url": "/",
+                                   "ts": window * 1000 + i * 1000 // per}
+                                  for i in range(lo, lo + 10_000)])
+            pub.seal(w, window)
+        pub.flush()
+    finally:
+        pub.close()
+    wait_for_epochs(config, w, windows, timeout=300)
+    op = EpochCount()
+    caplog.set_level(logging.INFO, logger="substreams.spark.runner")
+    run(op, config, w, spark=spark, once=True, checkpoint=tmp_path / "ck",
+        query_name="jvm-limits", options={"maxRecordsPerTrigger": str(limit)}, read="jvm")
+    started = [(int(e), int(r)) for e, r in re.findall(
+        r"batch \d+: started \((\d+) epochs, (\d+) records, JVM read", caplog.text)]
+    assert [n.time for n in op.notes] == list(range(windows))  # each once, in order
+    assert all(n.records == per and n.results == 1 for n in op.notes)
+    assert sum(r for _, r in started) == total
+    assert all(r <= limit for _, r in started), started  # whole epochs, within the limit
+    assert len(started) == -(-windows // (limit // per))
