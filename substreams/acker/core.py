@@ -192,7 +192,8 @@ class AckerCore:
     current one), ``seq_not_reset`` (rule 3: a new incarnation inherits the old one's
     sequence number), ``clock_silence`` (liveness rule 2: silence judged on the clock, not
     the read horizon), ``evict_at_lso`` (liveness rule 6, in the shell: an eviction reads
-    only up to the last stable offset after the fence)."""
+    only up to the last stable offset after the fence), ``evicted_driver`` (liveness rule 3:
+    a source registered as never evicted for silence is evicted for it)."""
 
     def __init__(
         self,
@@ -484,7 +485,7 @@ class AckerCore:
 
     def _silent(self, decision: Silent) -> None:
         key = decision.key
-        if decision.evict:
+        if decision.evict or "evicted_driver" in self.reintroduced:  # BUG SWITCH (liveness 3)
             self._begin_eviction(key, f"silent for {decision.silence_ms} ms", SILENT)
         elif key not in self._kept_warned:
             self._kept_warned.add(key)

@@ -29,10 +29,27 @@ What runs (all randomness from ``random.Random(seed)``, all time from a :class:`
   a checkpoint (``state.dumps()``) atomically.  It crashes at random and restarts from its
   last checkpoint.
 
+* *A stage* (half the schedules; ``acker/stage.py``): reads the data topic
+  ``read_committed`` from its group's committed positions and writes 0-2 outputs per input
+  to ``OUT`` (terminal: the sources then only send, the stage receives and delivers), with
+  the real :class:`Tracker` in role STAGE; outputs, RCV of the inputs and the input positions
+  (``send_offsets``) go in one transaction.  It crashes, pauses and freezes as a zombie at
+  every step like a source, and always restarts.
+* *A Spark query* (40%; ``spark/executor.py`` and ``spark/sink.py``): per batch one task
+  per unit, each attempt its own writer and STAGE tracker (Register, its marker = the unit
+  group's offset on the commit topic, skip when at or past the batch, else its rows and the
+  marker in one transaction; a failed attempt is retried while its driver lives); the
+  driver, a SOURCE registered never evicted for silence, seals the batch with its marker on
+  the commit topic once every unit reported, and after a crash (its tasks die with it or run
+  on) restarts within :data:`DRIVER_RESTART_MS` from the last marker it committed.
+
 Checks (:func:`check`): notifications in order and once per substream; each holds
 exactly the committed records of its time (count, and every one inside its offset
-ranges); none before its records' commit; every time with a committed record terminates;
-no live incarnation evicted; a zombie's calls fail.
+ranges: the data topic's, the stage's outputs', or the query's rows'); none before its
+records' commit; every time with a committed record terminates; no source record committed
+twice (a restart resumes after what its source committed); stage outputs exactly once (an
+input below the group's position has exactly its outputs, one past it none); each unit's
+part of a batch committed by one attempt; no live incarnation evicted; a zombie's calls fail.
 """
 
 from __future__ import annotations
@@ -50,14 +67,20 @@ import substreams.acker.agent as agent_module
 from substreams.acker.core import AckerCore, Evict
 from substreams.acker.deadletter import REASON_TERMINATED
 from substreams.acker.liveness import probe_interval_ms
-from substreams.acker.protocol import Register, decode_ack, encode_ack
+from substreams.acker.protocol import (
+    STAGE,
+    Register,
+    decode_ack,
+    encode_ack,
+    segment_partition,
+)
 from substreams.acker.state import AckerState, Blocker
 from substreams.acker.table import SOURCE
 from substreams.acker.tracker import Tracker
 from substreams.control.messages import completions
-from substreams.errors import ProtocolError
+from substreams.errors import BrokerError, ProtocolError
 from substreams.kafka.clock import SimClock
-from substreams.kafka.log import FencedError
+from substreams.kafka.log import Committed, FencedError, Record
 from substreams.kafka.memory import MemoryLog, MemoryReader, MemoryTransactionalWriter
 from substreams.streams.records import SentRecord
 
@@ -66,6 +89,22 @@ ACKS = "acks"
 SUBS = ("s", "o")
 """Two epoch substreams: on acks partitions 1 and 0 of a two-partition acks topic."""
 DATA_PARTITIONS = 3
+OUT = "out"
+"""A stage's output stream (in the staged schedules: the terminal stream of both segments)."""
+OUT_PARTITIONS = 2
+STAGE_ID = "stage.st"
+STAGE_GROUP = "substreams.stage.st"
+"""The stage's consumer group: its input positions, committed in its output transaction."""
+RES = "results"
+"""A Spark query's output stream (in the Spark schedules), tracked in substream ``Q``."""
+RES_PARTITIONS = 2
+COMMITS = "_substreams.commits.results"
+"""Its commit topic: the driver's batch markers; the units' markers are group offsets on it."""
+Q = "q"
+DRIVER = "spark.q"
+DRIVER_RESTART_MS = 3000
+"""A crashed driver comes back within this (often after the acker's 1 s timeout: it must not be
+evicted for its silence)."""
 TIMEOUT_MS = 1000
 """The acker's ``source_timeout_ms``."""
 ACKER_HEARTBEAT_MS = 200
@@ -76,12 +115,22 @@ inside a transaction is found by the acker (blocker rule) before its coordinator
 DRAIN_MS = TXN_TIMEOUT_MS + 6 * TIMEOUT_MS
 """How long the acker runs on after the sources ended, at most, for every time to end."""
 SNAPSHOT_EVERY = 100
+IDLE_POLL_MS = 50
+"""The acker's and the stage's poll timeout: a poll that read nothing waits that long for
+the next."""
 
 Gen = Generator[int, None, None]
 """An actor: yields how many simulated ms until its next step."""
 
-BUGS = ("old_unregister", "old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso")
-"""The bug switches of :attr:`AckerCore.reintroduced`."""
+BUGS = ("old_unregister", "old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso",
+        "stage_offsets_apart", "evicted_driver", "flush_returned_crash", "zombie_seal")
+"""The bug switches of :attr:`AckerCore.reintroduced` (the core's, and the simulated
+processes': ``evict_at_lso`` in the acker shell, ``stage_offsets_apart`` -- the stage commits
+its input positions in a transaction of their own, after its outputs' -- in the stage,
+``flush_returned_crash`` -- a restarted source resumes after the last commit its caller saw
+return, not after what the log holds -- and ``zombie_seal`` -- a fenced zombie's commit of
+its seals takes the transactional id back and returns normally, its new tracker's sequence
+numbers restarting under the same incarnation -- in the sources)."""
 
 KNOWN_ISSUE = (
     "a fenced zombie that stays idle heartbeats for its incarnation forever; if the "
@@ -94,7 +143,8 @@ KNOWN_ISSUE = (
     "keep a zombie's successor fault-free until its first "
     "commit returned; idle_zombies=True (--idle-zombies) lifts that and finds it."
 )
-"""A liveness issue of the current code the simulator found (seed 905 with idle zombies)."""
+"""A liveness issue of the current code the simulator found (seed 1444 with idle zombies; 905
+before the stage and Spark joined the schedules)."""
 
 
 @contextmanager
@@ -140,8 +190,8 @@ class Note:
     sub: str
     time: int
     records: int
-    ranges: list[tuple[int, int, int]]
-    """(data partition, start, end)."""
+    ranges: list[tuple[str, int, int, int]]
+    """(stream, partition, start, end)."""
     at_ms: int
 
 
@@ -173,6 +223,9 @@ class Result:
     stats: dict[str, int]
 
 
+RECOVERED = "recovered"
+
+
 class Crash(Exception):
     """An incarnation's process dies here (the generator ends)."""
 
@@ -191,12 +244,33 @@ class Sim:
         self.clock = SimClock()
         self.log = MemoryLog(self.clock, marker_delay_ms=rng.choice((0, 0, 5)))
         self.acks_partitions = rng.choice((1, 2))
+        self.staged = rng.random() < 0.5
+        """Half the schedules run a stage DATA -> OUT: both segments are {DATA, OUT}, OUT
+        terminal (the sources only send, the stage receives and delivers)."""
         self.config: Any = SimpleNamespace(
             acker=SimpleNamespace(acks_topic=ACKS, acks_partitions=self.acks_partitions),
-            stages=(),  # every substream's segment: the data topic alone, terminal
+            # unstaged: every substream's segment is the data topic alone, terminal
+            stages=(SimpleNamespace(name="st", input=DATA, output=OUT),) if self.staged else (),
             substream=lambda name: SimpleNamespace(stream=DATA),
         )
-        self.log.create_topics({DATA: DATA_PARTITIONS, ACKS: self.acks_partitions})
+        self.log.create_topics({DATA: DATA_PARTITIONS, ACKS: self.acks_partitions,
+                                OUT: OUT_PARTITIONS})
+        self.spark = rng.random() < 0.4
+        """A Spark query writes RES (substream Q): units (STAGE) and a driver (SOURCE, never
+        evicted for silence) that seals a batch once every unit committed its part."""
+        self.subs: tuple[str, ...] = (*SUBS, Q) if self.spark else SUBS
+        """Every substream of the schedule (the sources and the stage write SUBS)."""
+        if self.spark:
+            self.config.substream = lambda name: SimpleNamespace(stream=RES if name == Q else DATA)
+            self.log.create_topics({RES: RES_PARTITIONS, COMMITS: 1})
+        self.driver = Source(DRIVER, f"txn.{DRIVER}", rng.randint(2, 4))
+        """The query's driver (``epochs``: its batches)."""
+        self.units = rng.randint(2, 3)
+        self.res_commit_at: dict[tuple[int, int], int] = {}
+        self.stage = Source(STAGE_ID, f"txn.{STAGE_ID}", 0)
+        """The stage's incarnations (its own transactional id; it never finishes)."""
+        self.out_commit_at: dict[tuple[int, int], int] = {}
+        """The stage's output records (partition, offset) whose commit returned, and when."""
         self.fault_limit = fault_limit
         self.faults = 0
         self.events: list[tuple[int, str]] = []
@@ -210,9 +284,12 @@ class Sim:
         self.committed_max: dict[str, int] = {}
         """Per source, the highest epoch of a record it committed (what a restart resumes
         after, found in the data topic by procs.py; known exactly here)."""
-        self.pending: dict[str, set[int]] = {s: set() for s in SUBS}
+        self.seen_max: dict[str, int] = {}
+        """Per source, the highest epoch of a commit whose return its caller saw (not the
+        same after a crash right after a commit returned: what a restart must not trust)."""
+        self.pending: dict[str, set[int]] = {s: set() for s in self.subs}
         """Per substream, times with a committed record not yet notified."""
-        self.notes: dict[str, list[Note]] = {s: [] for s in SUBS}
+        self.notes: dict[str, list[Note]] = {s: [] for s in self.subs}
         self.terminated_refused: set[str] = set()
         """Incarnations a report of which was refused as for a terminated time."""
         self.joined: dict[tuple[str, int], dict[str, int]] = {}
@@ -222,13 +299,16 @@ class Sim:
         "A record after its own source's seal") and in no notification, by design."""
         self.stats = {"commits": 0, "crashes": 0, "restarts": 0, "zombies": 0,
                       "pauses": 0, "acker_crashes": 0, "evictions": 0, "fences": 0,
-                      "notifications": 0, "excused": 0, "steps": 0}
+                      "notifications": 0, "excused": 0, "steps": 0, "staged": int(self.staged),
+                      "stage_commits": 0, "stage_outputs": 0, "spark": int(self.spark),
+                      "driver_crashes": 0, "spark_rows": 0}
+        self.unit_attempts = 0
         self.sources = [
             Source(f"src{i}", f"txn.src{i}", rng.randint(3, 6)) for i in range(rng.randint(2, 4))
         ]
         self.finished = 0
-        self.home = {sub: (1 if sub == "s" else 0) % self.acks_partitions for sub in SUBS}
-        """Each substream's acks partition (``s`` on 1, ``o`` on 0 of two)."""
+        self.home = {sub: segment_partition(sub, self.acks_partitions) for sub in self.subs}
+        """Each substream's acks partition (``s`` and ``q`` on 1, ``o`` on 0 of two)."""
         shards = 2 if self.acks_partitions == 2 and seed % 2 else 1
         """Half the two-partition schedules run two acker shards, one partition each."""
         self.ackers = [
@@ -262,6 +342,10 @@ class Sim:
                 self.spawn(self.incarnation(src), self.rng.randrange(50) + i)
             for acker in self.ackers:
                 self.spawn(acker.run())
+            if self.staged:
+                self.spawn(self.stage_incarnation(self.stage), self.rng.randrange(50))
+            if self.spark:
+                self.spawn(self.driver_incarnation(self.driver), self.rng.randrange(50))
             ended_at: int | None = None
             while self._queue:
                 at, _, actor = heapq.heappop(self._queue)
@@ -274,7 +358,7 @@ class Sim:
                 self._seq += 1
                 heapq.heappush(self._queue, (at + delay, self._seq, actor))
                 if ended_at is None:
-                    if self.finished == len(self.sources):
+                    if self.finished == len(self.sources) + self.spark:
                         ended_at = self.now()
                 elif (not any(self.pending.values())
                       and all(a.caught_up() for a in self.ackers)) or (
@@ -305,16 +389,18 @@ class Sim:
         writer = self.log.transactional_writer(src.txid, timeout_ms=TXN_TIMEOUT_MS)
         tracker = Tracker(self.config, DATA, src.name, inc, SUBS, SOURCE, writer=src.txid)
         done = self.committed_max.get(src.name, -1)
+        if "flush_returned_crash" in AckerCore.reintroduced:  # BUG SWITCH (source restart)
+            done = self.seen_max.get(src.name, -1)  # what the caller saw, not the log
         # a client that came back after an eviction starts past what terminated meanwhile
-        frontier = min(n[-1].time if n else -1 for n in self.notes.values())
+        frontier = min(self.notes[s][-1].time if self.notes[s] else -1 for s in SUBS)
         start = max(done, frontier) + 1
         self.event(f"{inc} starts at epoch {start} (took {src.txid}; committed up to {done})")
-        me = Incarnation(self, src, inc, writer, tracker)
+        me = Incarnation(self, src, inc, writer, tracker, lambda: self.incarnation(src))
         self.spawn(me.heartbeats(), SOURCE_HEARTBEAT_MS)
         try:
             if start > 0:
                 for sub in SUBS:
-                    tracker.seal(sub, start - 1, False)
+                    me.seal(sub, start - 1)
             yield from me.commit()  # the Register (and the re-seal) first
             for e in range(start, src.epochs):
                 for k in range(rng.randint(1, 3)):
@@ -324,7 +410,7 @@ class Sim:
                     if rng.random() < 0.3:
                         yield from me.commit()
                 for sub in SUBS:
-                    tracker.seal(sub, e, False)
+                    me.seal(sub, e)
                 if rng.random() < 0.7:
                     yield from me.commit()
                 yield rng.randrange(60)
@@ -345,13 +431,169 @@ class Sim:
                 self.stats["restarts"] += 1
                 self.spawn(self.incarnation(src), 20 + rng.randrange(400))
 
+    # -- a Spark query -------------------------------------------------------------------
+
+    def driver_incarnation(self, drv: Source) -> Gen:
+        """One incarnation of the query's driver (``spark/sink.py``): take its transactional
+        id, read the last batch it sealed from the commit topic, then per later batch:
+        launch a task per unit, wait until every unit reported its part committed (or
+        committed before), and seal the batch with its marker in one transaction.  It
+        registers as never evicted for silence: a crashed driver holds its batches back
+        until it is restarted.  A crash kills its running tasks or leaves them running on
+        (zombie tasks); it always restarts (within :data:`DRIVER_RESTART_MS`)."""
+        rng = self.rng
+        drv.incarnations += 1
+        inc = f"{drv.name}.{drv.incarnations}"
+        previous, drv.current = drv.current, inc
+        if previous:
+            drv.unlive.add(previous)
+        writer = self.log.transactional_writer(drv.txid, timeout_ms=TXN_TIMEOUT_MS)
+        tracker = Tracker(self.config, RES, drv.name, inc, [Q], SOURCE, writer=drv.txid,
+                          evict_when_silent=False)
+        me = SparkDriver(self, drv, inc, writer, tracker, lambda: self.driver_incarnation(drv))
+        self.spawn(me.heartbeats(), SOURCE_HEARTBEAT_MS)
+        sealed = max((int(r.value or b"-1") for r in _read_all(self, COMMITS, 1)), default=-1)
+        self.event(f"{inc} starts after batch {sealed} (took {drv.txid})")
+        try:
+            yield from me.commit()  # the Register
+            for b in range(sealed + 1, drv.epochs):
+                me.done = set()
+                for u in range(self.units):
+                    self.spawn(self.unit_attempt(me, u, b), rng.randrange(30))
+                while len(me.done) < self.units:
+                    yield 20
+                    if self.fault(0.03):
+                        self.stats["crashes"] += 1
+                        self.event(f"{inc} crashes while its tasks of batch {b} run")
+                        raise Crash()
+                yield from me.point("before its seal")
+                me.tracker.seal(Q, b, False)
+                me.begin()
+                me.call("produce", lambda b=b: writer.produce(COMMITS, 0, str(b).encode()))
+                yield from me.commit()
+                self.event(f"{inc} sealed batch {b}")
+            yield from me.commit(last=True)  # the Unregister
+            me.alive = False
+            self.finish(drv)
+            self.event(f"{inc} closed")
+        except Crash:
+            me.alive = False
+            drv.unlive.add(inc)
+            if drv.current != inc:
+                return
+            me.kill_tasks = rng.random() < 0.5
+            self.stats["driver_crashes"] += 1
+            self.event(f"{inc} died" + (" with its tasks" if me.kill_tasks else
+                                        "; its tasks run on"))
+            self.spawn(self.driver_incarnation(drv), 20 + rng.randrange(DRIVER_RESTART_MS))
+
+    def unit_attempt(self, driver: SparkDriver, u: int, b: int) -> Gen:
+        """One attempt of unit ``u``'s task of batch ``b`` (``spark/executor.py``
+        ``UnitWriter``): take the unit's transactional id (fencing earlier attempts),
+        Register, read its marker (the group offset on the commit topic): at or past ``b``,
+        skip; else its rows and the marker ``b + 1`` in one transaction.  A failed attempt
+        is retried while its driver lives; a dead driver's task dies with it or runs on."""
+        rng, name = self.rng, f"{DRIVER}.w{u}"
+        self.unit_attempts += 1
+        inc = f"{name}.b{b}.{self.unit_attempts}"
+        writer = self.log.transactional_writer(f"txn.{name}", timeout_ms=TXN_TIMEOUT_MS)
+        tracker = Tracker(self.config, RES, name, inc, [Q], STAGE)
+        unit = Source(name, f"txn.{name}", 0)
+        unit.current = inc
+        me = SparkUnit(self, unit, inc, writer, tracker, lambda: self.unit_attempt(driver, u, b))
+        me.batch, me.driver = b, driver
+        try:
+            yield from me.commit()  # the Register, before any report
+            group, tp = f"substreams.{name}", (COMMITS, 0)
+            while True:
+                try:
+                    got = self.log.committed_offsets(group, [tp])
+                    break
+                except BrokerError:
+                    yield 50
+            done = got[tp].offset - 1 if tp in got else -1
+            if done < b:
+                for j in range(rng.randint(1, 3)):
+                    yield from me.point("before produce")
+                    me.row(b, u, j)
+                me.begin()
+                me.call("send offsets", lambda: writer.send_offsets(group, {tp: Committed(b + 1)}))
+                yield from me.commit()
+                self.event(f"{inc} committed its part of batch {b}")
+            driver.done.add(u)
+        except Crash:
+            me.alive = False
+            if driver.alive and not me.zombie and not me.src.unlive:  # else: a successor runs
+                self.spawn(self.unit_attempt(driver, u, b), 10 + rng.randrange(100))
+
+    # -- the stage -----------------------------------------------------------------------
+
+    def stage_incarnation(self, st: Source) -> Gen:
+        """One incarnation of the stage (``acker/stage.py``): take its transactional id
+        (fencing its predecessor, aborting what it left open), Register, resume from its
+        group's committed input positions, then per batch: the outputs (0-2 per input,
+        fixed by the input), RCV of the inputs, the input positions, one commit.  It
+        crashes, pauses and freezes as a zombie like a source, and always restarts (no
+        time of its segments terminates without it)."""
+        rng = self.rng
+        st.incarnations += 1
+        inc = f"{st.name}.{st.incarnations}"
+        previous, st.current = st.current, inc
+        if previous:
+            st.unlive.add(previous)
+        writer = self.log.transactional_writer(st.txid, timeout_ms=TXN_TIMEOUT_MS)
+        tracker = Tracker(self.config, OUT, st.name, inc, SUBS, STAGE, inherited_times=True)
+        me = StageRun(self, st, inc, writer, tracker, lambda: self.stage_incarnation(st))
+        tps = [(DATA, p) for p in range(DATA_PARTITIONS)]
+        try:
+            yield from me.commit()  # the Register, before any report
+            while True:
+                try:
+                    got = self.log.committed_offsets(STAGE_GROUP, tps)
+                    break
+                except BrokerError:  # an open transaction's offsets: wait for its end
+                    yield 50
+            reader = self.log.reader(committed=True, name=inc)
+            starts = {tp: got[tp].offset if tp in got else 0 for tp in tps}
+            reader.assign(starts)
+            self.event(f"{inc} starts: input from {[starts[tp] for tp in tps]}")
+            while True:
+                yield 5 + rng.randrange(40)
+                batch = reader.poll(0, rng.randint(1, 4))
+                if not batch:  # an idle stage waits in its poll (no fault is drawn)
+                    yield IDLE_POLL_MS
+                    continue
+                yield from me.point("after a poll")
+                positions: dict[tuple[str, int], Committed] = {}
+                for r in batch:
+                    positions[(DATA, r.partition)] = Committed(r.offset + 1)
+                    _, e, _, tid = (r.value or b"").decode().split("/")
+                    for j in range(int(tid) % 3):
+                        yield from me.point("before produce")
+                        me.emit(r, j, int(e))
+                    tracker.received((s, int(e), int(tid)) for s in SUBS)
+                if "stage_offsets_apart" in AckerCore.reintroduced:  # BUG SWITCH (stage)
+                    yield from me.commit()  # the outputs and reports alone, then the offsets
+                me.begin()
+                me.call("send offsets", lambda p=positions: writer.send_offsets(STAGE_GROUP, p))
+                yield from me.commit()
+        except Crash:
+            me.alive = False
+            st.unlive.add(inc)
+            if st.current != inc:
+                return  # a newer incarnation runs already (we were a zombie)
+            self.stats["restarts"] += 1
+            self.spawn(self.stage_incarnation(st), 20 + rng.randrange(400))
+
 
 class Incarnation:
     """A source incarnation's process: its writer, tracker, open transaction and faults."""
 
     def __init__(self, sim: Sim, src: Source, inc: str, writer: MemoryTransactionalWriter,
-                 tracker: Tracker) -> None:
+                 tracker: Tracker, respawn: Callable[[], Gen]) -> None:
         self.sim = sim
+        self.respawn = respawn
+        """A new incarnation of the same id (a zombie's successor)."""
         self.src = src
         self.inc = inc
         self.writer = writer
@@ -363,7 +605,15 @@ class Incarnation:
         self.last_commit = sim.now()
         self.epochs: list[int] = []
         """Epochs of the records produced in the open transaction."""
+        self.tids: list[int] = []
+        """Their tracking ids."""
+        self.seals: list[tuple[str, int]] = []
+        """Seals for the next commit."""
         self.zombie = False
+
+    def seal(self, sub: str, e: int) -> None:
+        self.tracker.seal(sub, e, False)
+        self.seals.append((sub, e))
 
     def call(self, what: str, fn: Callable[[], Any]) -> Any:
         """A transactional call: a fence ends this incarnation (a zombie's must fail)."""
@@ -371,8 +621,11 @@ class Incarnation:
             out = fn()
         except FencedError:
             self.sim.event(f"{self.inc}: {what} fenced")
+            if (what == "commit" and self.seals and self.zombie and self.writer.transactional_id
+                    and "zombie_seal" in AckerCore.reintroduced):  # BUG SWITCH (publisher)
+                return self._recover()
             raise Crash() from None
-        if self.zombie and what in ("produce", "produce acks", "commit"):
+        if self.zombie and what in ("produce", "produce acks", "send offsets", "commit"):
             self.sim.violations.append(
                 f"zombie: fenced incarnation {self.inc}'s {what} returned normally"
             )
@@ -404,7 +657,7 @@ class Incarnation:
             self.paused = True
             takeover = 10 + rng.randrange(200)  # its successor takes the id (fences it) then
             self.src.guarded = not sim.idle_zombies
-            sim.spawn(sim.incarnation(self.src), takeover)
+            sim.spawn(self.respawn(), takeover)
             yield takeover + 1 + rng.randrange(2 * TIMEOUT_MS)
             self.paused = False
             self.zombie = True
@@ -414,45 +667,56 @@ class Incarnation:
                     yield 10 * TIMEOUT_MS
             yield rng.randrange(2 * TIMEOUT_MS)
 
-    def produce(self, e: int, k: int) -> None:
+    def _recover(self) -> str:
+        """The re-introduced bug: a fenced seal "recovers" -- takes the transactional id
+        again (fencing its successor) and writes the seals with a new tracker of the same
+        incarnation (sequence numbers from 1 again) -- and returns normally."""
+        sim = self.sim
+        self.writer = sim.log.transactional_writer(self.src.txid, timeout_ms=TXN_TIMEOUT_MS)
+        self.tracker = Tracker(sim.config, DATA, self.src.name, self.inc, SUBS, SOURCE,
+                               writer=self.src.txid)
+        self.agent = self.tracker.agent
+        for sub, e in self.seals:
+            self.tracker.seal(sub, e, False)
+        self.writer.begin()
+        for w in self.tracker.before_commit(False):
+            self.writer.produce(w.topic, w.partition, w.value, headers=w.headers)
+        self.writer.commit()
+        self.epochs, self.tids, self.in_txn = [], [], False
+        sim.event(f"{self.inc}: its seal recovered from the fence and returned normally")
+        return RECOVERED
+
+    def begin(self) -> None:
         if not self.in_txn:
             self.call("begin", self.writer.begin)
             self.in_txn = True
-        p = self.sim.rng.randrange(DATA_PARTITIONS)
-        value = f"{self.inc}/{e}/{k}".encode()
+
+    def produce(self, e: int, k: int) -> None:
+        self.begin()
+        rng = self.sim.rng
+        p = rng.randrange(DATA_PARTITIONS)
+        tid = rng.getrandbits(63) | 1
+        value = f"{self.inc}/{e}/{k}/{tid}".encode()
         self.call("produce", lambda: self.writer.produce(DATA, p, value))
         self.epochs.append(e)
+        self.tids.append(tid)
+        if self.sim.staged:  # a stage reads DATA: SND now (the publisher's publish)
+            self.tracker.sent([SentRecord(DATA, p, 0, tid, dict.fromkeys(SUBS, e))])
 
-    def commit(self, last: bool = False) -> Gen:
-        """Report what was delivered, write the tracker's messages, commit (``last``: the
-        publisher's final commit, with the Unregister)."""
-        sim, rng = self.sim, self.sim.rng
-        yield from self.point("before commit")
-        if not self.in_txn:
-            self.call("begin", self.writer.begin)
-            self.in_txn = True
-        delivered = self.call("flush", self.writer.flush)
-        if delivered:
-            times = self.epochs
-            records = [SentRecord(DATA, r.partition, t, 0, dict.fromkeys(SUBS, t))
-                       for t, r in zip(times, delivered, strict=True)]
-            # the publisher's time columns (publish_many), or none (the tracker builds them)
-            columns = dict.fromkeys(SUBS, times) if rng.random() < 0.5 else {}
-            self.tracker.delivered(
-                records, [r.partition for r in delivered], [r.offset for r in delivered],
-                columns,
-            )
-        for w in self.tracker.before_commit(last):
-            self.call("produce acks", lambda w=w: self.writer.produce(
-                w.topic, w.partition, w.value, headers=w.headers))
-        yield rng.randrange(30)  # the transaction is open: it holds the LSO meanwhile
-        yield from self.point("after produce, before commit")
-        self.call("commit", self.writer.commit)
-        self.in_txn = False
-        self.src.guarded = False
-        now = sim.now()
-        self.last_commit = now
-        sim.stats["commits"] += 1
+    def report(self, delivered: list[Record]) -> None:
+        """The delivery reports of the transaction's records (terminal: SND+RCV)."""
+        times = self.epochs
+        records = [SentRecord(DATA, r.partition, t, tid, dict.fromkeys(SUBS, t))
+                   for t, tid, r in zip(times, self.tids, delivered, strict=True)]
+        # the publisher's time columns (publish_many), or none (the tracker builds them)
+        columns = dict.fromkeys(SUBS, times) if self.sim.rng.random() < 0.5 else {}
+        self.tracker.delivered(
+            records, [r.partition for r in delivered], [r.offset for r in delivered], columns,
+        )
+
+    def truth(self, delivered: list[Record], now: int) -> None:
+        """The ground truth of a commit that returned."""
+        sim = self.sim
         for r, t in zip(delivered, self.epochs, strict=True):
             sim.commit_at[(r.partition, r.offset)] = now
             for sub in SUBS:
@@ -461,12 +725,37 @@ class Incarnation:
                     sim.pending[sub].add(t)
             if t > sim.committed_max.get(self.src.name, -1):
                 sim.committed_max[self.src.name] = t
+
+    def commit(self, last: bool = False) -> Gen:
+        """Report what was delivered, write the tracker's messages, commit (``last``: the
+        publisher's final commit, with the Unregister)."""
+        sim, rng = self.sim, self.sim.rng
+        yield from self.point("before commit")
+        self.begin()
+        delivered = self.call("flush", self.writer.flush)
+        if delivered:
+            self.report(delivered)
+        for w in self.tracker.before_commit(last):
+            self.call("produce acks", lambda w=w: self.writer.produce(
+                w.topic, w.partition, w.value, headers=w.headers))
+        yield rng.randrange(30)  # the transaction is open: it holds the LSO meanwhile
+        yield from self.point("after produce, before commit")
+        if self.call("commit", self.writer.commit) == RECOVERED:
+            delivered = []  # aborted by the fence; the caller is told nothing of it
+        self.in_txn = False
+        self.src.guarded = False
+        now = sim.now()
+        self.last_commit = now
+        sim.stats["commits"] += 1
+        self.truth(delivered, now)
         sim.event(f"{self.inc} committed epochs {sorted(set(self.epochs))}")
-        self.epochs = []
+        epochs, self.epochs, self.tids, self.seals = self.epochs, [], [], []
         if sim.fault(0.01):
             sim.stats["crashes"] += 1
             sim.event(f"{self.inc} crashes right after its commit returned")
             raise Crash()
+        if epochs and max(epochs) > sim.seen_max.get(self.src.name, -1):
+            sim.seen_max[self.src.name] = max(epochs)
 
     def heartbeats(self) -> Gen:
         """The heartbeat thread: alive and idle for a heartbeat interval -> one per
@@ -485,6 +774,87 @@ class Incarnation:
             yield max(quarter, -(-due // quarter) * quarter)
 
 
+class SparkDriver(Incarnation):
+    """The driver's process: no records of its own (its seals, and markers on the commit
+    topic)."""
+
+    done: set[int]
+    """The units whose task of the current batch reported its part committed."""
+    kill_tasks = False
+    """Its crash took its running tasks with it."""
+
+    def report(self, delivered: list[Record]) -> None:
+        pass
+
+    def truth(self, delivered: list[Record], now: int) -> None:
+        pass
+
+
+class SparkUnit(Incarnation):
+    """A unit task attempt's process: rows of RES at the batch's time, delivered (RES is
+    terminal), no seals."""
+
+    batch = -1
+    driver: SparkDriver
+
+    def point(self, where: str) -> Gen:
+        """A task of a dead driver that took its tasks with it dies at its next step."""
+        if not self.driver.alive and self.driver.kill_tasks:
+            raise Crash()
+        yield from super().point(where)
+
+    def row(self, b: int, u: int, j: int) -> None:
+        self.begin()
+        tid = self.sim.rng.getrandbits(63) | 1
+        p = self.sim.rng.randrange(RES_PARTITIONS)
+        value = f"{self.inc}/{b}/{u}/{j}".encode()
+        self.call("produce", lambda: self.writer.produce(RES, p, value))
+        self.epochs.append(b)
+        self.tids.append(tid)
+
+    def report(self, delivered: list[Record]) -> None:
+        records = [SentRecord(RES, r.partition, 0, tid, {Q: t})
+                   for t, tid, r in zip(self.epochs, self.tids, delivered, strict=True)]
+        self.tracker.delivered(
+            records, [r.partition for r in delivered], [r.offset for r in delivered], {},
+        )
+
+    def truth(self, delivered: list[Record], now: int) -> None:
+        sim = self.sim
+        for r in delivered:
+            sim.res_commit_at[(r.partition, r.offset)] = now
+        if delivered:
+            sim.pending[Q].add(self.batch)
+
+
+class StageRun(Incarnation):
+    """A stage incarnation's process: outputs to OUT with the input's times, delivered
+    (OUT is terminal), no seals, no heartbeats (the acker waits for no stage)."""
+
+    def emit(self, r: Record, j: int, e: int) -> None:
+        """Output ``j`` of input ``r`` (value: input partition:offset/j/epoch/tracking id)."""
+        self.begin()
+        tid = self.sim.rng.getrandbits(63) | 1
+        p = r.partition % OUT_PARTITIONS
+        value = f"{r.partition}:{r.offset}/{j}/{e}/{tid}".encode()
+        self.call("produce", lambda: self.writer.produce(OUT, p, value))
+        self.epochs.append(e)
+        self.tids.append(tid)
+
+    def report(self, delivered: list[Record]) -> None:
+        records = [SentRecord(OUT, r.partition, 0, tid, dict.fromkeys(SUBS, t))
+                   for t, tid, r in zip(self.epochs, self.tids, delivered, strict=True)]
+        self.tracker.delivered(
+            records, [r.partition for r in delivered], [r.offset for r in delivered], {},
+        )
+
+    def truth(self, delivered: list[Record], now: int) -> None:
+        sim = self.sim
+        sim.stats["stage_commits"] += 1
+        for r in delivered:
+            sim.out_commit_at[(r.partition, r.offset)] = now
+
+
 class AckerShell:
     """What :class:`AckerService` does around the core, over the in-memory log."""
 
@@ -493,7 +863,7 @@ class AckerShell:
         self.name = name
         self.parts = parts
         self.home = sim.home
-        self.subs = [s for s in SUBS if self.home[s] in parts]
+        self.subs = [s for s in sim.subs if self.home[s] in parts]
         self.checkpoint: tuple[bytes, dict[int, int]] | None = None
         self.alive = False
         self.core = self._core()
@@ -531,8 +901,9 @@ class AckerShell:
         sim, rng = self.sim, self.sim.rng
         self.start()
         while True:
+            busy = True
             try:
-                self.step()
+                busy = self.step()
             except Crash:
                 self.alive = False
                 sim.stats["acker_crashes"] += 1
@@ -540,13 +911,14 @@ class AckerShell:
                 yield 20 + rng.randrange(300)
                 self.start()
                 sim.event(f"{self.name} restarts from its last checkpoint")
-            yield 10 + rng.randrange(50)
+            # the service's poll waits up to 50 ms for a message: an idle acker steps then
+            yield 10 + rng.randrange(50) if busy else IDLE_POLL_MS
 
     def _last_terminated(self, p: int) -> dict[str, int]:
         """Per substream on acks partition ``p``, its last time terminated (in the core,
         committed or not)."""
         out: dict[str, int] = {}
-        for sub in SUBS:
+        for sub in self.sim.subs:
             if self.home[sub] == p:
                 last = self.core.state.last_notification.get(sub)
                 t = -1 if last is None else last[0]
@@ -565,20 +937,23 @@ class AckerShell:
     def _position(self, p: int) -> int:
         return self.reader.positions.get((ACKS, p), self.core.state.acks_offsets.get(p, 0))
 
-    def step(self) -> None:
+    def step(self) -> bool:
         """:meth:`AckerService.step`: poll, apply, collect the fences that finished,
         liveness, tick, carry out (fences start off the loop), commit."""
         sim, core, log = self.sim, self.core, self.sim.log
         sim.stats["steps"] += 1
         now = sim.now()
         joined, sessions = sim.joined, core.state.sessions
-        for rec in self.reader.poll(0, 200):
+        polled = self.reader.poll(0, 200)
+        for rec in polled:
             refusals = core.apply(rec.partition, rec.offset, rec.value or b"", rec.headers, now)
             for r in refusals:
                 if r.reason == REASON_TERMINATED:
                     ack = decode_ack(rec.value or b"", rec.headers)
                     sim.terminated_refused.add(ack.incarnation)
-            for (_, p), session in sessions.items():  # a new session: when it joined
+            # a new session: when it joined (per message: a later Register in the same poll
+            # may replace it)
+            for (_, p), session in sessions.items():
                 if (session.incarnation, p) not in joined:
                     joined[(session.incarnation, p)] = self._last_terminated(p)
         self._collect()
@@ -603,7 +978,7 @@ class AckerShell:
         items = list(effects.records)
         heartbeat = now - self.last_write >= ACKER_HEARTBEAT_MS
         if not items and not heartbeat:
-            return
+            return bool(polled)
         if heartbeat:
             items.extend(core.heartbeat_records())
         if sim.fault(0.004):
@@ -618,6 +993,7 @@ class AckerShell:
             self._evicted(key, inc)
         if sim.fault(0.004):
             raise Crash()
+        return True
 
     def _fence_io(self, writer: str, why: str, partition: int | None,
                   slot: list[int | None]) -> Gen:
@@ -664,7 +1040,8 @@ class AckerShell:
         sim = self.sim
         assert isinstance(time, int)
         sim.notes[sub].append(
-            Note(sub, time, records, [(r.partition, r.start, r.end) for r in ranges], now)
+            Note(sub, time, records, [(r.stream, r.partition, r.start, r.end) for r in ranges],
+                 now)
         )
         sim.pending[sub].discard(time)
         sim.stats["notifications"] += 1
@@ -674,7 +1051,7 @@ class AckerShell:
         sim = self.sim
         sim.stats["evictions"] += 1
         sim.event(f"{self.name} evicted {inc} on acks partition {key[1]}")
-        src = next(s for s in sim.sources if s.name == key[0])
+        src = next(s for s in [*sim.sources, sim.stage, sim.driver] if s.name == key[0])
         if inc not in src.unlive:
             sim.violations.append(
                 f"live source evicted: {inc} (never crashed, paused or fenced) evicted on "
@@ -685,61 +1062,156 @@ class AckerShell:
 # -- checks ----------------------------------------------------------------------------------
 
 
-def _committed(sim: Sim) -> dict[tuple[int, int], tuple[str, int]]:
-    """Every committed data record, read ``read_committed`` once every transaction ended:
-    (partition, offset) -> (incarnation, epoch)."""
-    sim.clock.advance_ms(TXN_TIMEOUT_MS + 1)  # the coordinator aborts what is still open
+def _read_all(sim: Sim, topic: str, partitions: int) -> list[Record]:
     reader = sim.log.reader(committed=True, name="check")
-    reader.assign({(DATA, p): 0 for p in range(DATA_PARTITIONS)})
-    out: dict[tuple[int, int], tuple[str, int]] = {}
+    reader.assign({(topic, p): 0 for p in range(partitions)})
+    out: list[Record] = []
     while True:
         got = reader.poll(0, 10_000)
         if not got:
             return out
-        for r in got:
-            inc, e, _ = (r.value or b"").decode().split("/")
-            out[(r.partition, r.offset)] = (inc, int(e))
+        out.extend(got)
+
+
+def _committed(sim: Sim) -> dict[tuple[int, int], tuple[str, int, int]]:
+    """Every committed data record, read ``read_committed`` once every transaction ended:
+    (partition, offset) -> (incarnation, epoch, tracking id)."""
+    sim.clock.advance_ms(TXN_TIMEOUT_MS + 1)  # the coordinator aborts what is still open
+    out: dict[tuple[int, int], tuple[str, int, int]] = {}
+    once: dict[tuple[str, str, str], str] = {}
+    for r in _read_all(sim, DATA, DATA_PARTITIONS):
+        inc, e, k, tid = (r.value or b"").decode().split("/")
+        out[(r.partition, r.offset)] = (inc, int(e), int(tid))
+        key = (inc.rsplit(".", 1)[0], e, k)
+        if key in once:  # a restart must resume after what its source committed
+            sim.violations.append(f"doubled: {key[0]} epoch {e} record {k} committed by "
+                                  f"{once[key]} and {inc}")
+        once[key] = inc
+    return out
+
+
+def _check_stage(sim: Sim, committed: dict[tuple[int, int], tuple[str, int, int]]
+                 ) -> dict[tuple[int, int], tuple[int, int]]:
+    """Stage outputs exactly once: an input below the group's committed position has
+    exactly its outputs (``tid % 3``, each once), one at or past it none; no output of an
+    input that is not committed; every output committed by a commit that returned.
+    Returns the committed outputs: (partition, offset) -> the input's (partition, offset)."""
+    v = sim.violations
+    tps = [(DATA, p) for p in range(DATA_PARTITIONS)]
+    group = sim.log.committed_offsets(STAGE_GROUP, tps)
+    outs: dict[tuple[int, int], tuple[int, int]] = {}
+    per_input: dict[tuple[int, int], list[int]] = {}
+    for r in _read_all(sim, OUT, OUT_PARTITIONS):
+        src, j, _, _ = (r.value or b"").decode().split("/")
+        ip, io = src.split(":")
+        where = (int(ip), int(io))
+        outs[(r.partition, r.offset)] = where
+        per_input.setdefault(where, []).append(int(j))
+        if (r.partition, r.offset) not in sim.out_commit_at:
+            v.append(f"commit: stage output {(r.partition, r.offset)} committed by no commit "
+                     "that returned")
+        if where not in committed:
+            v.append(f"stage: output {(r.partition, r.offset)} of input {where}, which is "
+                     "not committed")
+    sim.stats["stage_outputs"] += len(outs)
+    for where, (_, _, tid) in committed.items():
+        done = where[1] < (group[(DATA, where[0])].offset if (DATA, where[0]) in group else 0)
+        want = list(range(tid % 3)) if done else []
+        got = sorted(per_input.get(where, []))
+        if got != want:
+            v.append(f"stage: input {where} ({'before' if done else 'at or past'} the group's "
+                     f"position) has outputs {got}, not {want}")
+    return outs
 
 
 def check(sim: Sim) -> None:
     """The firm bound's guarantees over the finished schedule (appended to violations)."""
     v = sim.violations
     committed = _committed(sim)
-    for where, (inc, _) in committed.items():
+    for where, (inc, _, _) in committed.items():
         if where not in sim.commit_at:
             v.append(f"commit: record {where} of {inc} committed by no commit that returned")
+    outs = _check_stage(sim, committed) if sim.staged else {}
+    stream, commit_at = (OUT, sim.out_commit_at) if sim.staged else (DATA, sim.commit_at)
     for sub in SUBS:
         by_time: dict[int, list[tuple[int, int]]] = {}
-        for where, (inc, e) in committed.items():
+        due: set[int] = set()
+        """Times with a committed record not excused: each must terminate."""
+        for where, (inc, e, _) in committed.items():
             joined = sim.joined.get((inc, sim.home[sub]), {}).get(sub, -1)
             if inc in sim.terminated_refused and e <= joined:
                 sim.stats["excused"] += 1  # joined after its time terminated: refused
             else:
-                by_time.setdefault(e, []).append(where)
-        notes = sim.notes[sub]
-        times = [n.time for n in notes]
-        for a, b in pairwise(times):
-            if b <= a:
-                v.append(f"order: {sub}@{b} notified after {sub}@{a}"
-                         + (" (a duplicate)" if a == b else ""))
-        for n in notes:
-            want = by_time.get(n.time, [])
-            if n.records != len(want):
-                v.append(f"exact: {sub}@{n.time} notified with {n.records} records; "
-                         f"{len(want)} committed at that time")
-            for where in want:
-                p, o = where
-                if not any(rp == p and lo <= o < hi for rp, lo, hi in n.ranges):
-                    v.append(f"exact: {sub}@{n.time}: committed record {where} outside its "
-                             f"ranges {n.ranges}")
-                    break
-            late = [w for w in want if sim.commit_at.get(w, 0) > n.at_ms]
-            if late:
-                v.append(f"early: {sub}@{n.time} notified at {n.at_ms - sim.t0} ms, before "
-                         f"the commit of {late[0]} at {sim.commit_at[late[0]] - sim.t0} ms")
-        missing = sorted(set(by_time) - set(times))
-        if missing:
-            v.append(f"terminates: {sub}@{missing} committed records but never terminated")
+                due.add(e)
+                if not sim.staged:
+                    by_time.setdefault(e, []).append(where)
+        for out, where in outs.items():  # staged: the records are the stage's outputs
+            inc, e, _ = committed.get(where, ("", -1, 0))
+            joined = sim.joined.get((inc, sim.home[sub]), {}).get(sub, -1)
+            if not (inc in sim.terminated_refused and e <= joined):
+                by_time.setdefault(e, []).append(out)
+        _check_notes(sim, sub, by_time, due, stream, commit_at)
+    if sim.spark:
+        _check_spark(sim)
+
+
+def _check_notes(sim: Sim, sub: str, by_time: dict[int, list[tuple[int, int]]], due: set[int],
+                 stream: str, commit_at: dict[tuple[int, int], int]) -> None:
+    """``sub``'s notifications: in order and once; each with exactly the committed records
+    of its time (``by_time``, of ``stream``), none before their commit; every time of
+    ``due`` notified."""
+    v = sim.violations
+    notes = sim.notes[sub]
+    times = [n.time for n in notes]
+    for a, b in pairwise(times):
+        if b <= a:
+            v.append(f"order: {sub}@{b} notified after {sub}@{a}"
+                     + (" (a duplicate)" if a == b else ""))
+    for n in notes:
+        want = by_time.get(n.time, [])
+        if n.records != len(want):
+            v.append(f"exact: {sub}@{n.time} notified with {n.records} records; "
+                     f"{len(want)} committed at that time")
+        for where in want:
+            p, o = where
+            if not any(rs == stream and rp == p and lo <= o < hi
+                       for rs, rp, lo, hi in n.ranges):
+                v.append(f"exact: {sub}@{n.time}: committed record {stream}{where} outside "
+                         f"its ranges {n.ranges}")
+                break
+        late = [w for w in want if commit_at.get(w, 0) > n.at_ms]
+        if late:
+            v.append(f"early: {sub}@{n.time} notified at {n.at_ms - sim.t0} ms, before "
+                     f"the commit of {stream}{late[0]} at {commit_at[late[0]] - sim.t0} ms")
+    missing = sorted(due - set(times))
+    if missing:
+        v.append(f"terminates: {sub}@{missing} committed records but never terminated")
+
+
+def _check_spark(sim: Sim) -> None:
+    """The query's output: each unit's part of a batch committed by one attempt (and, once
+    the driver closed, by some attempt); substream Q's notifications exact (nothing is
+    excused: a unit is never too late, its driver seals after it)."""
+    v = sim.violations
+    by_unit: dict[tuple[int, int], set[str]] = {}
+    by_time: dict[int, list[tuple[int, int]]] = {}
+    for r in _read_all(sim, RES, RES_PARTITIONS):
+        inc, b, u, _ = (r.value or b"").decode().split("/")
+        where = (r.partition, r.offset)
+        if where not in sim.res_commit_at:
+            v.append(f"commit: Spark row {where} of {inc} committed by no commit that returned")
+        by_unit.setdefault((int(b), int(u)), set()).add(inc)
+        by_time.setdefault(int(b), []).append(where)
+    sim.stats["spark_rows"] += sum(map(len, by_time.values()))
+    for (b, u), incs in sorted(by_unit.items()):
+        if len(incs) > 1:
+            v.append(f"spark: unit {u}'s part of batch {b} committed by {sorted(incs)}")
+    if sim.driver.finished:
+        for b in range(sim.driver.epochs):
+            for u in range(sim.units):
+                if (b, u) not in by_unit:
+                    v.append(f"spark: unit {u}'s part of batch {b} never committed")
+    _check_notes(sim, Q, by_time, set(by_time), RES, sim.res_commit_at)
 
 
 def run_schedule(seed: int, bugs: frozenset[str] = frozenset(),
