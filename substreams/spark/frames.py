@@ -38,7 +38,7 @@ from substreams.spark.executor import check_output
 from substreams.spark.jvm_read import jvm_unsupported
 from substreams.spark.operator import EpochNote
 from substreams.spark.options import CONFIG_PICKLE, ship_config
-from substreams.spark.runner import JvmRead, query_units
+from substreams.spark.runner import EpochQuery, JvmRead, query_units
 from substreams.spark.write import NOTE_COLUMNS, EpochWriter, OutputTimes, missing_note_columns
 
 log = logging.getLogger(__name__)
@@ -111,24 +111,6 @@ class FrameBatchHandler:
         self.jvm.close()
 
 
-class FrameQuery:
-    """The running query of :func:`run_frames` (every attribute of the
-    ``StreamingQuery`` is here); ``stop`` also releases the output publisher."""
-
-    def __init__(self, query: Any, handler: FrameBatchHandler) -> None:
-        self.query = query
-        self.handler = handler
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.query, name)
-
-    def stop(self) -> None:
-        try:
-            self.query.stop()
-        finally:
-            self.handler.close()
-
-
 def run_frames(
     transform: Transform,
     config: Config | str | Path,
@@ -147,7 +129,7 @@ def run_frames(
     bootstrap: str | None = None,
     block: bool = True,
     options: Mapping[str, str] | None = None,
-) -> FrameQuery:
+) -> EpochQuery:
     """Run ``transform`` (DataFrame -> DataFrame) over the completed epochs of
     ``substream`` (module doc).  ``name`` identifies the query across restarts, with
     ``checkpoint`` (default ``<config dir>/.checkpoints/<name>``), as :func:`run`'s."""
@@ -203,7 +185,7 @@ def run_frames(
     stream_writer = (stream_writer.trigger(availableNow=True) if once
                      else stream_writer.trigger(processingTime=trigger))
     try:
-        query = FrameQuery(stream_writer.start(), handler)
+        query = EpochQuery(stream_writer.start(), handler)
     except BaseException:
         handler.close()
         raise
@@ -217,4 +199,4 @@ def run_frames(
     return query
 
 
-__all__ = ["FrameBatchHandler", "FrameQuery", "run_frames"]
+__all__ = ["FrameBatchHandler", "run_frames"]

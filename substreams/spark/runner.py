@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -378,11 +378,16 @@ def query_units(location: Path, spark: SparkSession) -> int:
     return units
 
 
-class EpochQuery:
-    """The running query of :func:`run`: a :class:`StreamingQuery` (every attribute of it
-    is here) that also releases the output publisher when stopped."""
+class _Closes(Protocol):
+    def close(self) -> None: ...
 
-    def __init__(self, query: StreamingQuery, handler: EpochBatchHandler) -> None:
+
+class EpochQuery:
+    """The running query of :func:`run` (and of :func:`~substreams.spark.frames.run_frames`):
+    a :class:`StreamingQuery` (every attribute of it is here) that also releases the output
+    publisher of its batch handler when stopped."""
+
+    def __init__(self, query: StreamingQuery, handler: _Closes) -> None:
         self.query = query
         self.handler = handler
 
