@@ -153,7 +153,8 @@ class ControlFollower:
         self, topic: str, partition: int, offset: int, kind: str, reason: str,
         exc: ProtocolError,
     ) -> None:
-        where = f"control topic '{topic}' partition {partition} offset {offset}"
+        # The readers' usual prefix (a chain break's too), then the partition.
+        where = f"control topic '{topic}' offset {offset} (partition {partition})"
         if self.on_bad == RAISE:
             raise ProtocolError(f"{where}: {kind.replace('_', ' ')} record: {reason}") from exc
         self.bad += 1

@@ -76,7 +76,7 @@ def test_raise_names_the_partition_and_offset_of_the_first_bad_record(damaged: D
         follower.assign({topic: 0}, strict=[topic])
         with pytest.raises(ProtocolError) as err:
             _read(follower, topic, end)
-    assert f"control topic '{topic}' partition 0 offset {garbage}: undecodable" in str(err.value)
+    assert f"control topic '{topic}' offset {garbage} (partition 0): undecodable" in str(err.value)
 
 
 def test_log_passes_over_logs_and_counts_and_the_chain_still_sees_the_gap(
@@ -95,9 +95,9 @@ def test_log_passes_over_logs_and_counts_and_the_chain_still_sees_the_gap(
     assert garbage not in read_offsets and wrong_fp not in read_offsets
     assert follower.bad == 3
     warned = [r.getMessage() for r in caplog.records]
-    assert any(f"partition 0 offset {garbage}: undecodable record passed over" in m
+    assert any(f"offset {garbage} (partition 0): undecodable record passed over" in m
                for m in warned)
-    assert any(f"partition 0 offset {wrong_fp}: undecodable record passed over" in m
+    assert any(f"offset {wrong_fp} (partition 0): undecodable record passed over" in m
                for m in warned)
     assert any("broken hash chain" in m and "seq 5 where 4 was expected" in m for m in warned)
     assert metrics.counter_value(
