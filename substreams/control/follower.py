@@ -96,10 +96,11 @@ class ControlFollower:
                 self.verifiers[topic] = TrustingVerifier(topic in strict, self.resume)
         self.reader.assign([TopicPartition(t, 0, o) for t, o in starts.items()])
 
-    def anchor(self, topic: str, offset: int, record: ControlRecord) -> None:
+    def anchor(self, topic: str, offset: int, record: ControlRecord) -> bool:
         """Check ``record`` (read elsewhere, e.g. the snapshot a reader starts after) as the
-        topic's record at ``offset``: the chain continues from it."""
-        self._verifier(topic).check(topic, offset, record)
+        topic's record at ``offset`` of partition 0: the chain continues from it.  False:
+        :data:`LOG` passed it over (the caller must not use it either)."""
+        return self._check(topic, 0, offset, record)
 
     def _verifier(self, topic: str) -> TrustingVerifier:
         found = self.verifiers.get(topic)
@@ -134,20 +135,26 @@ class ControlFollower:
         except ProtocolError as exc:
             self._bad(topic, partition, offset, UNDECODABLE, str(exc), exc)
             return None
-        if self.verify:
-            try:
-                self._verifier(topic).check(topic, offset, rec)
-            except ProtocolError as exc:
-                if self.on_bad == RAISE:
-                    raise
-                # The writer's chain is anchored again at its next record (whose own digest
-                # is still checked): a break is reported once, not at every later record.
-                # An undecodable record of the writer shows here too, as the gap it leaves.
-                self.verifiers[topic].verifier.heads.pop(rec.writer, None)
-                self.verifiers[topic].strict = False
-                self._bad(topic, partition, offset, BROKEN_CHAIN, str(exc), exc)
-                return None
+        if not self._check(topic, partition, offset, rec):
+            return None
         return Followed(topic, partition, offset, rec)
+
+    def _check(self, topic: str, partition: int, offset: int, rec: ControlRecord) -> bool:
+        if not self.verify:
+            return True
+        try:
+            self._verifier(topic).check(topic, offset, rec)
+        except ProtocolError as exc:
+            if self.on_bad == RAISE:
+                raise
+            # The writer's chain is anchored again at its next record (whose own digest is
+            # still checked): a break is reported once, not at every later record.  An
+            # undecodable record of the writer shows here too, as the gap it leaves.
+            self.verifiers[topic].verifier.heads.pop(rec.writer, None)
+            self.verifiers[topic].strict = False
+            self._bad(topic, partition, offset, BROKEN_CHAIN, str(exc), exc)
+            return False
+        return True
 
     def _bad(
         self, topic: str, partition: int, offset: int, kind: str, reason: str,
