@@ -110,3 +110,46 @@ def test_the_rule_is_explicit(damaged: Damaged) -> None:
     config, *_ = damaged
     with pytest.raises(ValueError, match="on_bad"):
         ControlFollower(config.kafka.bootstrap, config, name="t", on_bad="skip")  # type: ignore[arg-type]
+
+
+def test_the_dashboard_logs_a_garbage_record_and_keeps_showing_the_rest(
+    make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before the follower the dashboard passed an undecodable record over without a word."""
+    from substreams.control.messages import EpochComplete
+    from substreams.ui.model import DashboardModel
+
+    config = make_config(
+        [{"name": "clicks", "partitions": 1}],
+        [{"name": "views", "stream": "clicks", "kind": "epoch", "field": "ts"}],
+    )
+    sub = config.substreams[0].name
+    topic = config.acker.control_topic(sub)
+    writer = ControlWriter(config.kafka.bootstrap, config.acker.name, [topic], config)
+    writer.write([(topic, EpochComplete(sub, 1, (), 0, 0))])
+    plain: Producer = client.producer(config.kafka.bootstrap, config)
+    at: list[int] = []
+    plain.produce(topic, value=b"\x00garbage", partition=0,
+                  headers=protocol_codec("control").headers(),
+                  on_delivery=lambda err, msg: at.append(msg.offset()))
+    plain.flush(10)
+    writer.write([(topic, EpochComplete(sub, 2, (), 0, 0))])
+    writer.close()
+    caplog.set_level(logging.WARNING, logger="substreams.control.follower")
+    model = DashboardModel(config)
+    model.start()
+    try:
+        deadline = Deadline(30)
+        times: list[str] = []
+        while len(times) < 2 and not deadline.passed:
+            found = model.wait(model.version, 1.0)
+            snap = model.snapshot() if found is None else found[1]
+            [card] = [s for s in snap["substreams"] if s["name"] == sub]
+            times = [n["time"] for n in card["notifications"]]
+    finally:
+        model.close()
+    assert times == ["2", "1"] and model.error is None
+    where = f"control topic '{topic}' offset {at[0]} (partition 0): undecodable"
+    assert any(where in r.getMessage() for r in caplog.records)
+    assert metrics.counter_value(
+        metrics.CONTROL_BAD_RECORDS, reader="dashboard", topic=topic, kind="undecodable") == 1
