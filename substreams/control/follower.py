@@ -21,7 +21,7 @@ from confluent_kafka import Message, TopicPartition
 
 from substreams import metrics
 from substreams.config import Config
-from substreams.control.chain import TrustingVerifier
+from substreams.control.chain import ChainHead, TrustingVerifier
 from substreams.control.io import ResumeLookup, decode_control
 from substreams.control.messages import ControlRecord
 from substreams.errors import ProtocolError
@@ -85,6 +85,8 @@ class ControlFollower:
         self.positions: dict[str, int] = {}
         self.bad = 0
         """Records passed over under :data:`LOG`."""
+        self._reanchor: set[tuple[str, str]] = set()
+        """(topic, writer) whose chain broke under :data:`LOG`."""
 
     def assign(self, starts: Mapping[str, int], strict: Iterable[str] = ()) -> None:
         """Read each topic of ``starts`` from its offset (replaces any earlier assignment;
@@ -142,16 +144,19 @@ class ControlFollower:
     def _check(self, topic: str, partition: int, offset: int, rec: ControlRecord) -> bool:
         if not self.verify:
             return True
+        verifier = self._verifier(topic)
+        if (topic, rec.writer) in self._reanchor:
+            # The writer's chain is anchored again at its first record after a break (whose
+            # own digest is still checked): a break is reported once, not at every later
+            # record.  An undecodable record of the writer shows too, as the gap it leaves.
+            self._reanchor.discard((topic, rec.writer))
+            verifier.verifier.heads[rec.writer] = ChainHead(rec.seq, rec.prev_digest)
         try:
-            self._verifier(topic).check(topic, offset, rec)
+            verifier.check(topic, offset, rec)
         except ProtocolError as exc:
             if self.on_bad == RAISE:
                 raise
-            # The writer's chain is anchored again at its next record (whose own digest is
-            # still checked): a break is reported once, not at every later record.  An
-            # undecodable record of the writer shows here too, as the gap it leaves.
-            self.verifiers[topic].verifier.heads.pop(rec.writer, None)
-            self.verifiers[topic].strict = False
+            self._reanchor.add((topic, rec.writer))
             self._bad(topic, partition, offset, BROKEN_CHAIN, str(exc), exc)
             return False
         return True
