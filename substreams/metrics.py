@@ -58,6 +58,12 @@ DEAD_LETTERS = Counter(
     "Messages a service could not apply and wrote to the dead-letter topic.",
     ["writer", "reason"],
 )
+CONTROL_BAD_RECORDS = Counter(
+    "substreams_control_bad_records",
+    "Control-topic records a long-running follower passed over (undecodable, or a broken "
+    "hash chain), each also logged with its topic, partition and offset.",
+    ["reader", "topic", "kind"],
+)
 EVICTIONS = Counter(
     "substreams_source_evictions",
     "Sources the acker evicted, by reason: silent (too long), blocker (its open transaction "

@@ -65,14 +65,15 @@ from substreams.acker.commands import (
 from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter
 from substreams.acker.history import CommandHistory, OutcomeKind
 from substreams.config import Config
-from substreams.control.io import decode_control
+from substreams.control.follower import LOG, ControlFollower
+from substreams.control.io import ResumeLookup
 from substreams.control.messages import (
     Completion,
     ControlBody,
     EpochComplete,
     EpochsComplete,
 )
-from substreams.errors import BrokerError, ProtocolError, SubstreamsError
+from substreams.errors import BrokerError, ProtocolError
 from substreams.frontier import Time, sort_key
 from substreams.kafka import client
 from substreams.kafka.read import Reader
@@ -147,7 +148,7 @@ class CommandHandler:
         self._sent_frontiers: dict[str, tuple[tuple[Time, ...], tuple[Time, ...]]] = {}
         self._last_push = 0.0
         self._commands: Reader | None = None
-        self._control: Reader | None = None
+        self._control: ControlFollower | None = None
         self._topic_sub = {
             config.acker.control_topic(s): s
             for s in self.substreams
@@ -272,11 +273,15 @@ class CommandHandler:
                     answered.add((resp.controller, resp.nonce, resp.seq))
         finally:
             responses.close()
-        self._control = Reader(self.bootstrap, self.config, name="command handler: control")
-        starts = {t: self._recent(self._control, t) for t in self._topic_sub}
-        self._control.assign([TopicPartition(t, 0, at) for t, at in starts.items()])
+        # A bad record is logged and counted, never a stop: the acker keeps serving.
+        self._control = ControlFollower(
+            self.bootstrap, self.config, name="command handler: control", on_bad=LOG,
+            resume=ResumeLookup(self.bootstrap, self.config),
+        )
+        starts = {t: self._recent(self._control.reader, t) for t in self._topic_sub}
+        self._control.assign(starts)
         self._fed = {t for t in self._topic_sub if t in (own or ())}
-        ends = {t: int(self._control.watermarks(t, 0)[1]) for t in self._fed}
+        ends = {t: int(self._control.reader.watermarks(t, 0)[1]) for t in self._fed}
         self._backfill = {t: end for t, end in ends.items() if end > starts[t]}
         self._pending = {t: [] for t in self._fed}
         self._end_backfills()
@@ -315,9 +320,10 @@ class CommandHandler:
             self._push_frontiers(view, force=True)
 
     def close(self) -> None:
-        for reader in (self._commands, self._control):
-            if reader is not None:
-                reader.close()
+        if self._commands is not None:
+            self._commands.close()
+        if self._control is not None:
+            self._control.close()
         self._commands = self._control = None
         self._producer.flush(5)
         self._producer.close()
@@ -536,18 +542,15 @@ class CommandHandler:
         assert self._control is not None
         if not self._backfill and len(self._fed) == len(self._topic_sub):
             return  # every topic is fed: nothing to read
-        for msg in self._control.poll(0, 1000):
+        for msg in self._control.reader.poll(0, 1000):
             topic = msg.topic()
             end = self._backfill.get(topic)
             if topic in self._fed and (end is None or msg.offset() >= end):
-                continue  # the service's own, fed
-            try:
-                rec = decode_control(msg)
-            except (SubstreamsError, ValueError, KeyError, TypeError):
-                continue
+                continue  # the service's own, fed (the topic is paused from here on)
+            followed = self._control.take_one(msg)
             sub = self._topic_sub.get(topic)
-            if sub is not None:
-                self._keep(sub, _notes(rec.body))
+            if followed is not None and sub is not None:
+                self._keep(sub, _notes(followed.record.body))
         if self._backfill:
             self._end_backfills()
 
@@ -556,12 +559,12 @@ class CommandHandler:
         service committed meanwhile, in order."""
         assert self._control is not None
         parts = [TopicPartition(t, 0) for t in self._backfill]
-        for tp in self._control.consumer.position(parts):
+        for tp in self._control.reader.consumer.position(parts):
             if tp.offset >= self._backfill[tp.topic]:
                 del self._backfill[tp.topic]
         # backfilled now, or nothing to read from the start: stop fetching, keep in order
         for topic in [t for t in self._pending if t not in self._backfill]:
-            self._control.consumer.pause([TopicPartition(topic, 0)])
+            self._control.reader.consumer.pause([TopicPartition(topic, 0)])
             for sub, body in self._pending.pop(topic):
                 self._keep(sub, _notes(body))
 

@@ -25,11 +25,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import TopicPartition
 
 from substreams.config import Config
 from substreams.control.chain import TrustingVerifier
-from substreams.control.io import ControlTail, ResumeLookup, decode_control, find_last
+from substreams.control.follower import RAISE, ControlFollower, Followed
+from substreams.control.io import ControlTail, ResumeLookup, find_last
 from substreams.control.messages import (
     ControlBody,
     ControlRecord,
@@ -44,7 +45,7 @@ from substreams.control.notes import EpochNote
 from substreams.control.ranges import EpochIndex, read_ranges
 from substreams.control.subscription import SubscriptionFrontiers
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
-from substreams.errors import ProtocolError, SubstreamsError
+from substreams.errors import SubstreamsError
 from substreams.frontier import Antichain, Time
 from substreams.kafka import client
 from substreams.kafka.clock import Deadline
@@ -182,12 +183,13 @@ class Subscriber:
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.topics = {config.acker.control_topic(s): s for s in self.substreams}
         self.frontiers = SubscriptionFrontiers()
-        self.verifiers: dict[str, TrustingVerifier] = {}  # one per topic: chains are per topic
-        self.positions: dict[str, int] = {}
         self._pending: deque[_Pending] = deque()
         self._data_from: dict[str, dict[tuple[str, int], int]] = {}
         self._closed = False
-        self._control = Reader(self.bootstrap, config, name="subscriber: control")
+        self._control = ControlFollower(
+            self.bootstrap, config, name="subscriber: control", on_bad=RAISE,
+            resume=ResumeLookup(self.bootstrap, config),
+        )
         self._data: Reader | None = None
         self._decoders: dict[str, StreamDecoder] = {}
         try:
@@ -198,10 +200,21 @@ class Subscriber:
             self.close()
             raise
 
+    @property
+    def verifiers(self) -> dict[str, TrustingVerifier]:
+        """The hash-chain check of each control topic (chains are per topic)."""
+        return self._control.verifiers
+
+    @property
+    def positions(self) -> dict[str, int]:
+        """The next control offset of each topic."""
+        return self._control.positions
+
     # -- start-up ------------------------------------------------------------------------
 
     def _position(self) -> None:
-        assignments = []
+        starts: dict[str, int] = {}
+        strict_topics: list[str] = []
         for topic, sub in self.topics.items():
             found = (
                 find_latest_snapshot(self.bootstrap, topic, self.config)
@@ -213,29 +226,28 @@ class Subscriber:
                 and found is None
                 and _log_start(self.bootstrap, topic, self.config) == 0
             )
-            self.verifiers[topic] = TrustingVerifier(
-                strict=strict, resume=ResumeLookup(self.bootstrap, self.config)
-            )
+            if strict:
+                strict_topics.append(topic)
+            reader = self._control.reader
             if found is None:
                 self.frontiers.start(topic, (), ())
                 self._data_from[topic] = {}
                 if self.start == "end":
-                    self.positions[topic] = self._control.watermarks(topic)[1]
+                    starts[topic] = reader.watermarks(topic)[1]
                 elif isinstance(self.start, int):
-                    self.positions[topic] = max(self.start, self._control.log_start(topic))
+                    starts[topic] = max(self.start, reader.log_start(topic))
                 else:
-                    self.positions[topic] = 0
+                    starts[topic] = 0
             else:
                 offset, rec = found
                 snap = rec.body
                 assert isinstance(snap, FrontierSnapshot)
-                self.verifiers[topic].check(topic, offset, rec)
+                self._control.anchor(topic, offset, rec)
                 TRAFFIC.add(CONTROL_READ, sub)
                 self.frontiers.start(topic, snap.lower, snap.upper)
                 self._data_from[topic] = {(r.stream, r.partition): r.start for r in snap.data_from}
-                self.positions[topic] = offset + 1
-            assignments.append(TopicPartition(topic, 0, self.positions[topic]))
-        self._control.assign(assignments)
+                starts[topic] = offset + 1
+        self._control.assign(starts, strict_topics)
 
     def _open_data(self) -> None:
         streams = [self.stream] if self.stream else list(
@@ -295,8 +307,8 @@ class Subscriber:
         if self._data is not None:
             events.extend(self._read_data(timeout / 2))
             timeout /= 2
-        for msg in self._control.poll(timeout, 500):
-            self._take_control(msg)
+        for followed in self._control.poll(timeout, 500):
+            self._take_control(followed)
         ready: list[_Pending] = []
         while self._pending and self._ready(self._pending[0][3]):
             ready.append(self._pending.popleft())
@@ -308,17 +320,9 @@ class Subscriber:
             events.extend(self._handle(pending, by_record.get(i, {})))
         return events
 
-    def _take_control(self, msg: Message) -> None:
-        topic = msg.topic()
-        offset = msg.offset()
-        try:
-            rec = decode_control(msg)
-        except (SubstreamsError, ValueError, KeyError, TypeError) as exc:
-            raise ProtocolError(
-                f"control topic '{topic}' offset {offset}: undecodable record: {exc}"
-            ) from exc
-        self.verifiers[topic].check(topic, offset, rec)
-        self.positions[topic] = offset + 1
+    def _take_control(self, followed: Followed) -> None:
+        """A decoded record whose chain checked out (the follower raised otherwise)."""
+        topic, offset, rec = followed.topic, followed.offset, followed.record
         TRAFFIC.add(CONTROL_READ, self.topics[topic])
         # Expanded once here: readiness, the firm read and the events all need the notes.
         self._pending.append((topic, offset, rec.body, completions(rec.body)))

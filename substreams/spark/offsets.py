@@ -25,10 +25,11 @@ from confluent_kafka import TopicPartition
 
 from substreams.config import Config
 from substreams.control.chain import TrustingVerifier
-from substreams.control.io import ControlTail, Corrupt, ResumeLookup
-from substreams.control.messages import ControlRecord, EpochComplete, OffsetRange, completions
+from substreams.control.follower import RAISE, ControlFollower, Followed
+from substreams.control.io import ResumeLookup
+from substreams.control.messages import EpochComplete, OffsetRange, completions
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
-from substreams.errors import ProtocolError, SubstreamsError
+from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka.read import Reader
 
@@ -129,29 +130,34 @@ class ControlScanner:
         self.notes: dict[tuple[int, int], Notification] = {}
         """By ``(control_offset, index)``: a batched record (``EpochsComplete``) holds
         several notifications."""
-        self.verifier = TrustingVerifier(strict=True)
-        self._tail: ControlTail | None = None
+        self._tail: ControlFollower | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_tail"] = None
         return state
 
+    @property
+    def verifier(self) -> TrustingVerifier | None:
+        """The hash-chain check of the current scan (None before the first)."""
+        return None if self._tail is None else self._tail.verifiers.get(self.topic)
+
     def _reset(self, start: int) -> None:
         self.close()
         self.base = self.scanned_to = start
         self.notes = {}
-        self._tail = ControlTail(self.bootstrap, self.topic, start, self.config)
-        self.verifier = TrustingVerifier(
-            strict=start == 0 and self._tail.log_start() == 0,
+        self._tail = ControlFollower(
+            self.bootstrap, self.config, name=f"control topic '{self.topic}'", on_bad=RAISE,
             resume=ResumeLookup(self.bootstrap, self.config),
         )
+        self._tail.assign({self.topic: start})
+        # Asked once fetching has begun: the planner's scan waits at most ``max_wait``.
+        if start == 0 and self._tail.reader.log_start(self.topic) == 0:
+            self._tail.verifiers[self.topic].strict = True
 
-    def _take(self, offset: int, rec: object) -> None:
-        if isinstance(rec, Corrupt):
-            raise ProtocolError(f"control topic '{self.topic}' offset {offset}: {rec.reason}")
-        assert isinstance(rec, ControlRecord)
-        self.verifier.check(self.topic, offset, rec)
+    def _take(self, followed: Followed) -> None:
+        """A decoded record whose chain checked out (the follower raised otherwise)."""
+        offset, rec = followed.offset, followed.record
         self.scanned_to = offset + 1
         notes = [n for n in completions(rec.body) if n.substream == self.substream]
         for index, body in enumerate(notes):  # a batched record: (offset, index) each
@@ -171,9 +177,9 @@ class ControlScanner:
         deadline = _time.monotonic() + max_wait
         while _time.monotonic() < deadline:
             batch = self._tail.poll_batch(0.05)
-            for offset, rec in batch:
-                self._take(offset, rec)
-            if self._tail.at_end and not batch:
+            for followed in batch:
+                self._take(followed)
+            if self._tail.reader.caught_up and not batch:
                 break
 
     def latest(self, start: int) -> int:
@@ -195,8 +201,8 @@ class ControlScanner:
                         f"control topic '{self.topic}': offsets {start}..{end} not readable "
                         f"within {timeout} s (was the topic recreated?)"
                     )
-                for offset, rec in self._tail.poll(0.1):
-                    self._take(offset, rec)
+                for followed in self._tail.poll(0.1):
+                    self._take(followed)
         return [self.notes[k] for k in sorted(self.notes) if start <= k[0] < end]
 
     def forget_before(self, position: int) -> None:

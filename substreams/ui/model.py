@@ -25,12 +25,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
 from substreams.acker.commands import format_time, format_times
 from substreams.acker.state import AckerState, source_liveness
 from substreams.config import Config
-from substreams.control.io import decode_control
+from substreams.control.follower import LOG, ControlFollower
+from substreams.control.io import ResumeLookup
 from substreams.control.messages import (
     Checkpoint,
     ControlRecord,
@@ -107,34 +108,37 @@ class DashboardModel:
     def start(self) -> None:
         """Position on every topic (latest snapshot / latest checkpoint), then follow them
         from a daemon thread."""
-        reader = Reader(self.bootstrap, self.config, name="dashboard")
-        assignments = [self._position_checkpoints(reader, t) for t in self.shards]
+        # A bad record is logged and counted, never a stop: the page keeps serving.
+        follower = ControlFollower(
+            self.bootstrap, self.config, name="dashboard", on_bad=LOG,
+            resume=ResumeLookup(self.bootstrap, self.config),
+        )
+        starts = {t: self._position_checkpoints(follower.reader, t) for t in self.shards}
         for sub in self.subs.values():
             found = find_latest_snapshot(self.bootstrap, sub.topic, self.config)
-            start = 0
-            if found is None:
-                sub.frontiers.start(sub.topic, (), ())
-            else:
+            starts[sub.topic] = 0
+            if found is not None and follower.anchor(sub.topic, *found):
                 offset, rec = found
                 assert isinstance(rec.body, FrontierSnapshot)
                 sub.frontiers.start(sub.topic, rec.body.lower, ())
                 sub.upper = rec.body.upper.copy()
-                start = offset + 1
-            assignments.append(TopicPartition(sub.topic, 0, start))
-        reader.assign(assignments)
+                starts[sub.topic] = offset + 1
+            else:
+                sub.frontiers.start(sub.topic, (), ())
+        follower.assign(starts)
         self._publish()
         self._thread = threading.Thread(
-            target=self._follow, args=(reader,), name="dashboard-model", daemon=True
+            target=self._follow, args=(follower,), name="dashboard-model", daemon=True
         )
         self._thread.start()
 
     @staticmethod
-    def _position_checkpoints(reader: Reader, topic: str) -> TopicPartition:
+    def _position_checkpoints(reader: Reader, topic: str) -> int:
         try:
             low, high = reader.watermarks(topic, 0, timeout=5)
         except (SubstreamsError, KafkaException):  # no acker ran yet: no topic either
-            return TopicPartition(topic, 0, 0)
-        return TopicPartition(topic, 0, max(low, high - CHECKPOINT_LOOKBACK))
+            return 0
+        return int(max(low, high - CHECKPOINT_LOOKBACK))
 
     def close(self) -> None:
         self._stop.set()
@@ -149,16 +153,12 @@ class DashboardModel:
 
     # -- following -----------------------------------------------------------------------
 
-    def _follow(self, reader: Reader) -> None:
+    def _follow(self, follower: ControlFollower) -> None:
         try:
             while not self._stop.is_set():
                 changed = False
-                for msg in reader.poll(0.2, 500):
-                    try:
-                        rec = decode_control(msg)
-                    except (SubstreamsError, ValueError, KeyError, TypeError):
-                        continue  # `substreams verify` reports corrupt control records
-                    changed = self._apply(msg.topic(), rec) or changed
+                for f in follower.poll(0.2, 500):
+                    changed = self._apply(f.topic, f.record) or changed
                 if changed or time.time() * 1000 - self._snapshot.get("generated_ms", 0) > 1000:
                     self._publish()
         except Exception as exc:  # shown on the page; the server keeps serving
@@ -166,7 +166,7 @@ class DashboardModel:
             self.error = str(exc)
             self._publish()
         finally:
-            reader.close()
+            follower.close()
 
     def _apply(self, topic: str, rec: ControlRecord) -> bool:
         body = rec.body
