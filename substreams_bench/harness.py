@@ -104,7 +104,7 @@ class Column:
     fmt: str = "{}"
 
 
-TXN_RETRIES = Column("txn_retries", "CONCURRENT_TRANSACTIONS retries pub/other")
+TXN_RETRIES = Column("txn_retries", "CONCURRENT TRANSACTIONS retries pub/other")
 """The column of :func:`txn_retry_fields`: a transaction coordinator's refusals, each a fixed
 ~20 ms librdkafka retry (on the seal path: a seal's transaction right behind another)."""
 
