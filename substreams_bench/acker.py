@@ -66,6 +66,7 @@ from substreams.control.messages import OffsetRange, completions
 from substreams.kafka import client
 from substreams.kafka.write import produce
 from substreams_bench.harness import (
+    TXN_RETRIES,
     BenchContext,
     BenchResult,
     Column,
@@ -75,6 +76,7 @@ from substreams_bench.harness import (
     percentile,
     save_figure,
     titled,
+    txn_retry_fields,
 )
 from substreams_bench.throughput import BATCH, sliced_publish_many
 from substreams_bench.workload import close_all, open_publishers
@@ -725,6 +727,7 @@ COLUMNS = [
     Column("cpu_s_max", "CPU s (busiest)", "{:.2f}"),
     Column("p50_ms", "p50 ms", "{:.2f}"),
     Column("p99_ms", "p99 ms", "{:.2f}"),
+    TXN_RETRIES,
 ]
 
 
@@ -768,8 +771,12 @@ def run(ctx: BenchContext) -> BenchResult:
             shard_rows = shard_throughput(ctx, messages, 8, substreams=4)
             result.rows += shard_rows
         elif step == "seal latency":
-            lat, missed = seal_latency(ctx, samples, records=10)
-            result.rows.append(_latency_row("seal() -> EpochComplete seen", lat, missed=missed))
+            with client.counting_txn_retries() as counted:
+                lat, missed = seal_latency(ctx, samples, records=10)
+                retries = txn_retry_fields(client.txn_retries(counted))
+            result.rows.append(
+                _latency_row("seal() -> EpochComplete seen", lat, missed=missed) | retries
+            )
         else:
             raw = raw_latency(ctx, samples)
             result.rows.append(_latency_row("raw produce -> consume (baseline)", raw))
@@ -830,6 +837,14 @@ def run(ctx: BenchContext) -> BenchResult:
         result.notes.append(f"{missed} seals produced no EpochComplete within the wait")
     result.notes.append("latency rows: publisher, subscriber tail and acker share one Python "
                         "process")
+    result.notes.append(
+        "CONCURRENT_TRANSACTIONS retries pub/other (seal latency row): requests the "
+        "transaction coordinator refused because the writer's previous transaction was still "
+        "being completed, each retried by librdkafka after a fixed ~20 ms; 'pub' = the "
+        "publisher's (records committed by flush(), then the seal's own transaction), "
+        "'other' = the acker's and control writers'; from librdkafka's eos debug log "
+        "(client.TxnRetryCounter)."
+    )
     result.notes.append(
         "'one acker process, publish_many g=1' rows: what publishers' agents write at one "
         "record per epoch (packed AckBlocks, one per flush), pre-written, then one acker "

@@ -104,6 +104,24 @@ class Column:
     fmt: str = "{}"
 
 
+TXN_RETRIES = Column("txn_retries", "CONCURRENT TRANSACTIONS retries pub/other")
+"""The column of :func:`txn_retry_fields`: a transaction coordinator's refusals, each a fixed
+~20 ms librdkafka retry (on the seal path: a seal's transaction right behind another)."""
+
+
+def txn_retry_fields(counts: dict[str, int]) -> dict[str, Any]:
+    """Row fields from ``client.txn_retries``: the publishers' retries (the seal path)
+    apart from everyone else's (the acker's, control writers')."""
+    pub = sum(n for name, n in counts.items() if name.startswith("substreams.pub."))
+    other = sum(counts.values()) - pub
+    return {
+        "txn_retries": f"{pub}/{other}",
+        "txn_retries_publishers": pub,
+        "txn_retries_other": other,
+        "txn_retries_by_id": dict(sorted(counts.items())),
+    }
+
+
 @dataclass
 class BenchResult:
     """Everything one benchmark run produced; ``rows`` are the JSON per configuration."""

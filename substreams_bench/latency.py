@@ -43,6 +43,7 @@ from substreams.errors import SealedTimeError, SubstreamsError
 from substreams.kafka import client
 from substreams.streams.publisher import Publisher
 from substreams_bench.harness import (
+    TXN_RETRIES,
     BenchContext,
     BenchError,
     BenchResult,
@@ -54,6 +55,7 @@ from substreams_bench.harness import (
     percentile,
     save_figure,
     titled,
+    txn_retry_fields,
 )
 from substreams_bench.observe import AckerObserver, Observer, PunctuationObserver, RecordCounter
 from substreams_bench.workload import (
@@ -340,6 +342,7 @@ def run(ctx: BenchContext) -> BenchResult:
         Column("dead_lettered", "dead-lettered"),
         Column("refused", "refused"),
         Column("lost", "lost"),
+        TXN_RETRIES,
     ]
     ctx.label = NAME
     all_cases = [c for c in cases(ctx.quick) if ctx.mechanism in (None, c.mechanism)]
@@ -349,21 +352,27 @@ def run(ctx: BenchContext) -> BenchResult:
         all_cases,
         lambda c: f"{c.mechanism} P={c.producers} Q={c.partitions} g={c.granularity}",
     ):
-        try:
-            got = measure(ctx, case)
-        except (SubstreamsError, KafkaException) as exc:  # kept in the table and JSON
-            got = Samples([], [], f"{type(exc).__name__}: {exc}")
-            ctx.log(f"[red]{case}: {got.error}[/]")
-        result.rows.append(_row(case.mechanism, case, got.from_last, got.error, got.from_first))
+        with client.counting_txn_retries() as counted:
+            try:
+                got = measure(ctx, case)
+            except (SubstreamsError, KafkaException) as exc:  # kept in the table and JSON
+                got = Samples([], [], f"{type(exc).__name__}: {exc}")
+                ctx.log(f"[red]{case}: {got.error}[/]")
+            retries = txn_retry_fields(client.txn_retries(counted))
+        result.rows.append(
+            _row(case.mechanism, case, got.from_last, got.error, got.from_first) | retries
+        )
     if ctx.mechanism in (None, "acker"):
         seconds = 4.0 if ctx.quick else 15.0
         for pcase in ctx.track(policy_cases(), lambda c: c.label):
-            try:
-                result.rows.append(measure_policy(ctx, pcase, seconds))
-            except (SubstreamsError, KafkaException) as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                ctx.log(f"[red]{pcase.label}: {error}[/]")
-                result.rows.append(_row(pcase.label, None, [], error))
+            with client.counting_txn_retries() as counted:
+                try:
+                    row = measure_policy(ctx, pcase, seconds)
+                except (SubstreamsError, KafkaException) as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    ctx.log(f"[red]{pcase.label}: {error}[/]")
+                    row = _row(pcase.label, None, [], error)
+                result.rows.append(row | txn_retry_fields(client.txn_retries(counted)))
     for row in result.rows:
         if row.get("error"):
             result.notes.append(
@@ -377,6 +386,14 @@ def run(ctx: BenchContext) -> BenchResult:
         "termination over all Q partitions (punctuations); 'from first seal' counts from the "
         "moment the P seal threads started instead. Every configuration on a fresh embedded "
         "broker; the acker is its own process, publishers and observer share one."
+    )
+    result.notes.append(
+        "CONCURRENT_TRANSACTIONS retries pub/other: requests the transaction coordinator "
+        "refused because the writer's previous transaction was still being completed, each "
+        "retried by librdkafka after a fixed ~20 ms; 'pub' = the publishers' (the seal "
+        "path), 'other' = the acker's and control writers' (the acker process included); "
+        "counted from librdkafka's eos debug log, which every transactional producer of the "
+        "run writes (client.TxnRetryCounter)."
     )
     result.notes.append(
         f"seal policy lines: one publisher, {POLICY_RATE} records/s in real event time, "

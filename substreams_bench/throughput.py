@@ -5,6 +5,15 @@ producer and is timed from the first write until a reader has seen everything it
 
 - ``raw``: confluent-kafka produce (idempotent, not transactional) and a consumer that
   counts messages -- the ceiling, with the same value bytes as our Avro envelopes;
+- ``raw transactional``: the same producer writing the same bytes in transactions of
+  ``BATCH`` records (the publishers' cadence), read by the same ``read_committed`` counter
+  -- the floor any exactly-once Python producer pays, so "% of raw txn" is the library's
+  own cost per record;
+- ``quix exactly-once``: Quix Streams 3.28's transactional producer
+  (``Application(processing_guarantee="exactly-once").get_producer(transactional=True)``)
+  writing the same bytes, committing every ``BATCH`` records, in a subprocess of its own
+  venv (``$SUBSTREAMS_CACHE/quix-venv``, made on first use: Quix pins
+  ``confluent-kafka<2.13``, ours is 2.16; ``substreams_bench/quix_producer.py``);
 - ``untracked publisher``: our Publisher with no mechanism (``UNTRACKED``) (the Avro envelope per
   record, transactions of ``BATCH`` records) and the same counting consumer: the cost of
   our publisher without any substream mechanism;
@@ -42,7 +51,11 @@ record counts.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -55,6 +68,7 @@ from confluent_kafka import KafkaException
 from substreams.app import UNTRACKED
 from substreams.config import Config
 from substreams.errors import SubstreamsError
+from substreams.jvm import cache_home
 from substreams.kafka import client
 from substreams.streams.schemas import Codec, envelope_schema
 from substreams_bench.harness import (
@@ -76,6 +90,9 @@ WAIT_S = 120.0
 BATCH = 5000
 SLICE = 1000
 """Records per ``publish_many`` call in the batch lines."""
+RAW_TXN = "raw transactional"
+QUIX = "quix exactly-once"
+QUIX_VERSION = "3.28.1"
 UNTRACKED_MANY = "untracked publish_many"
 ACKER_MANY = "acker publish_many"
 MANY_GRANULARITIES = (1, 100)
@@ -150,6 +167,107 @@ def run_raw(ctx: BenchContext, n: int, value: bytes) -> float:
         end = counter.wait_for(n + 1, WAIT_S)
     del producer
     return end - t0
+
+
+def run_raw_txn(ctx: BenchContext, n: int, value: bytes) -> float:
+    """The raw line in transactions of ``BATCH`` records: what exactly-once costs by itself."""
+    topic = f"b.rawtxn-throughput.{uuid.uuid4().hex[:8]}"
+    ctx.topics([(topic, PARTITIONS)])
+    producer = client.producer(
+        ctx.bootstrap, None, transactional_id=f"bench.rawtxn.{uuid.uuid4().hex[:8]}"
+    )
+    with RecordCounter(ctx.bootstrap, None, topic, PARTITIONS) as counter:
+        producer.init_transactions(30)
+        producer.begin_transaction()  # warm up, as init_transactions does for publishers
+        producer.produce(topic, value=value, partition=0)
+        producer.commit_transaction(30)
+        counter.wait_for(1, WAIT_S)
+        t0 = time.time()
+        for lo in range(0, n, BATCH):
+            producer.begin_transaction()
+            for i in range(lo, min(n, lo + BATCH)):
+                while True:
+                    try:
+                        producer.produce(topic, value=value, partition=i % PARTITIONS)
+                        break
+                    except BufferError:
+                        producer.poll(0.01)
+            producer.commit_transaction(60)
+        end = counter.wait_for(n + 1, WAIT_S)
+    del producer
+    return end - t0
+
+
+class NotRun(Exception):
+    """A baseline that could not run here (kept in the results with its reason)."""
+
+
+def quix_python() -> Path:
+    """The Python of Quix Streams' own venv, made on first use (it pins an older
+    confluent-kafka than ours, so it cannot share our venv)."""
+    venv = cache_home() / "quix-venv"
+    python = venv / "bin" / "python"
+    check = f"import quixstreams; assert quixstreams.__version__ == {QUIX_VERSION!r}"
+    if python.exists() and subprocess.run(
+        [str(python), "-c", check], capture_output=True, timeout=120
+    ).returncode == 0:
+        return python
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(venv)],
+        [str(python), "-m", "pip", "install", "-q", f"quixstreams=={QUIX_VERSION}"],
+    ]
+    for step in steps:
+        try:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NotRun(f"cannot make Quix Streams' venv ({venv}): {exc}") from exc
+        if done.returncode:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+            raise NotRun(f"cannot make Quix Streams' venv ({venv}): {' '.join(tail)}")
+    return python
+
+
+def run_quix(ctx: BenchContext, python: Path, n: int, value: bytes) -> float:
+    """Quix Streams' exactly-once producer writing the raw line's records, timed like it:
+    from the go (its process started, producer initialised, one record committed) until
+    the counting reader saw every record."""
+    topic = f"b.quix-throughput.{uuid.uuid4().hex[:8]}"
+    ctx.topics([(topic, PARTITIONS)])
+    script = Path(__file__).with_name("quix_producer.py")
+    with tempfile.NamedTemporaryFile(suffix=".value") as vf, RecordCounter(
+        ctx.bootstrap, None, topic, PARTITIONS
+    ) as counter:
+        vf.write(value)
+        vf.flush()
+        proc = subprocess.Popen(
+            [str(python), str(script), ctx.bootstrap, topic, str(n), str(BATCH),
+             str(PARTITIONS), vf.name],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            if proc.stdout.readline().strip() != "ready":
+                raise NotRun(f"the Quix producer did not start: {_tail(proc)}")
+            counter.wait_for(1, WAIT_S)
+            t0 = time.time()
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            end = counter.wait_for(n + 1, WAIT_S)
+            if proc.wait(60):
+                raise NotRun(f"the Quix producer failed: {_tail(proc)}")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return end - t0
+
+
+def _tail(proc: subprocess.Popen[str]) -> str:
+    if proc.poll() is None:
+        proc.kill()
+    _, err = proc.communicate(timeout=30)
+    return " | ".join((err or "").strip().splitlines()[-3:]) or f"exit {proc.returncode}"
 
 
 def run_untracked(ctx: BenchContext, n: int, many: bool = False) -> float:
@@ -251,6 +369,7 @@ def run(ctx: BenchContext) -> BenchResult:
         Column("records", "records"),
         Column("records_per_s", "records/s", "{:,.0f}"),
         Column("vs_raw", "% of raw", "{:.1%}"),
+        Column("vs_raw_txn", "% of raw txn", "{:.1%}"),
         Column("vs_untracked", "% of untracked", "{:.1%}"),
         Column("complete", "finished"),
     ]
@@ -260,12 +379,16 @@ def run(ctx: BenchContext) -> BenchResult:
     value = _value_bytes(probe)
     steps: list[tuple[str, int | None, int]] = [
         ("raw", None, p.max_records),
+        (RAW_TXN, None, p.max_records),
+        (QUIX, None, p.max_records),
         ("untracked publisher", None, p.max_records),
         (UNTRACKED_MANY, None, p.max_records),
     ]
-    # the same-sized untracked baselines of the tracked lines with fewer records (module doc)
+    # the same-sized baselines of the tracked lines with fewer records (module doc)
     for n in sorted({p.records(g) for g in p.granularities} - {p.max_records}):
-        steps += [("untracked publisher", None, n), (UNTRACKED_MANY, None, n)]
+        steps += [(RAW_TXN, None, n), (QUIX, None, n), ("untracked publisher", None, n),
+                  (UNTRACKED_MANY, None, n)]
+    quix: Path | NotRun | None = None
     steps += [(m, g, p.records(g)) for g in p.granularities for m in ("acker", "punctuations")]
     steps += [(ACKER_MANY, g, p.records(g)) for g in MANY_GRANULARITIES]
 
@@ -275,12 +398,26 @@ def run(ctx: BenchContext) -> BenchResult:
     for line, g, n in ctx.track(steps, describe):
         runs: list[float] = []
         error: str | None = None
+        if line == QUIX and quix is None:
+            try:
+                quix = quix_python()
+            except NotRun as exc:
+                quix = exc
+                result.notes.append(f"{QUIX}: not run: {exc}")
+        if line == QUIX and isinstance(quix, NotRun):
+            result.rows.append(_row(line, g, n, [], f"not run: {quix}"))
+            continue
         for k in range(p.repeats):
             if k:
                 ctx.reset()  # every run on a fresh broker, as every line's first is
             try:
                 if line == "raw":
                     runs.append(run_raw(ctx, n, value))
+                elif line == RAW_TXN:
+                    runs.append(run_raw_txn(ctx, n, value))
+                elif line == QUIX:
+                    assert isinstance(quix, Path)
+                    runs.append(run_quix(ctx, quix, n, value))
                 elif line == "untracked publisher":
                     runs.append(run_untracked(ctx, n))
                 elif line == UNTRACKED_MANY:
@@ -289,7 +426,7 @@ def run(ctx: BenchContext) -> BenchResult:
                     runs.append(run_tracked(ctx, "acker", n, g or 1, many=True))
                 else:
                     runs.append(run_tracked(ctx, line, n, g or 1))
-            except (SubstreamsError, KafkaException) as exc:  # kept in the results
+            except (SubstreamsError, KafkaException, NotRun) as exc:  # kept in the results
                 error = str(exc)
                 ctx.log(f"[red]{line} g={g}: {error}[/]")
                 result.notes.append(f"{line} g={g}: a run did not finish: {error}")
@@ -301,7 +438,9 @@ def run(ctx: BenchContext) -> BenchResult:
         # a batch line against the untracked batch line of as many records: the cost of
         # tracking alone
         base = _untracked_rate(result.rows, row["line"], row["records"])
+        txn = _same_records(result.rows, RAW_TXN, row["records"])
         row["vs_raw"] = round(rate / raw, 4) if rate and raw else None
+        row["vs_raw_txn"] = round(rate / txn, 4) if rate and txn else None
         row["vs_untracked"] = round(rate / base, 4) if rate and base else None
     result.rows[0]["value_bytes"] = len(value)
     result.targets = targets(result.rows)
@@ -325,11 +464,31 @@ def run(ctx: BenchContext) -> BenchResult:
             + ", ".join(old_basis)
         )
     result.notes.append(
+        f"'% of raw txn': against the raw transactional line of as many records (the same "
+        f"producer settings and bytes as raw, a transaction per {BATCH} records). "
+        f"{QUIX}: Quix Streams {QUIX_VERSION}'s transactional producer "
+        "(Application(processing_guarantee='exactly-once').get_producer(transactional=True): "
+        "Quix's own exactly-once write path without a consumer in front; its pipeline would "
+        "also send consumer offsets in each transaction and commit every 5 s), the same "
+        f"bytes round-robin over the partitions, a commit every {BATCH} records; timed from "
+        "the go once its producer is initialised, read by the same read_committed counter. "
+        "It runs as a subprocess of its own venv ($SUBSTREAMS_CACHE/quix-venv, made on first "
+        "use by pip): Quix Streams pins confluent-kafka<2.13 (librdkafka 2.12), ours is 2.16."
+    )
+    result.notes.append(
         f"publish_many lines: {SLICE} records per call and one seal per call (of the highest "
         "epoch the call completed; a seal is downward closed, every epoch is still notified); "
         "their '% of untracked' is against the untracked publish_many line."
     )
     return result
+
+
+def _same_records(rows: Sequence[dict[str, Any]], line: str, records: int) -> float | None:
+    """The rate of baseline ``line`` over ``records`` records (or, not run at that count,
+    over its most records)."""
+    row = next((r for r in rows if r["line"] == line and r["records"] == records), None)
+    row = row or _row_of(rows, line, None)
+    return None if row is None else row["records_per_s"]
 
 
 def _untracked_of(line: str) -> str:
@@ -390,6 +549,7 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
                     same,
                 )
             )
+    out += baseline_targets(rows)
     for g, limit in ((100, 0.8), (1, 0.5)):
         row = _row_of(rows, "acker", g)
         out.append(
@@ -400,6 +560,31 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
                 None if row is None else (row["vs_raw"] or 0.0) >= limit,
             )
         )
+    return out
+
+
+def baseline_targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
+    """The targets against the fair baselines: the untracked publisher against raw
+    transactional (``publish`` reported beside it), the tracked publisher against Quix
+    Streams' exactly-once producer at every granularity, equal record counts."""
+    out = []
+    txn = _rate(rows, RAW_TXN, None)
+    for api, line in (("publish_many", UNTRACKED_MANY), ("publish", "untracked publisher")):
+        t = _ratio_target(f"untracked {api} vs raw transactional", 0.8, _rate(rows, line, None),
+                          txn)
+        out.append(t if api == "publish_many" else Target(t.name, "reported", t.value, None))
+    for line in (ACKER_MANY, "acker"):
+        for row in (r for r in rows if r["line"] == line):
+            quix = next(
+                (r for r in rows if r["line"] == QUIX and r["records"] == row["records"]), None
+            )
+            name = f"{line} g={row['granularity']} vs {QUIX} ({row['records']:,} records)"
+            if quix is not None and quix["error"] and quix["error"].startswith("not run"):
+                out.append(Target(name, ">= 100%", quix["error"], None))
+                continue
+            out.append(_ratio_target(
+                name, 1.0, row["records_per_s"], None if quix is None else quix["records_per_s"]
+            ))
     return out
 
 
@@ -420,13 +605,14 @@ def plot(result: BenchResult, path: Path) -> None:
                 style,
                 label=line,
             )
-    for line, style in (("raw", "k--"), ("untracked publisher", "k:"), (UNTRACKED_MANY, "k-.")):
+    for line, style in (("raw", "k--"), (RAW_TXN, "b--"), (QUIX, "r--"),
+                        ("untracked publisher", "k:"), (UNTRACKED_MANY, "k-.")):
         row = next((r for r in result.rows if r["line"] == line), None)
         if row is not None and row["records_per_s"]:
             ax.axhline(
                 row["records_per_s"],
                 linestyle=style[1:],
-                color="black",
+                color=style[0],
                 label=f"{line} ({row['records_per_s']:,.0f}/s)",
             )
     loglog_axes(

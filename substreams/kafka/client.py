@@ -11,9 +11,16 @@ fenced), and readers must never see an aborted write.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
 import logging
 import os
+import tempfile
+import threading
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import (
@@ -83,9 +90,113 @@ def producer(
     if transactional_id:
         settings["transactional.id"] = transactional_id
         settings["transaction.timeout.ms"] = TRANSACTION_TIMEOUT_MS
+        counts_in = os.environ.get(ENV_COUNT_TXN_RETRIES)
+        if counts_in:
+            settings.update(debug="eos", log_level=7, logger=TxnRetryCounter(
+                transactional_id, Path(counts_in)))
     settings.update(_extra(config))
     settings.update(overrides)
     return Producer(settings)
+
+
+ENV_COUNT_TXN_RETRIES = "SUBSTREAMS_COUNT_TXN_RETRIES"
+"""A folder: when set, every transactional producer of every process that inherits it
+counts its CONCURRENT_TRANSACTIONS retries there (:class:`TxnRetryCounter`).  For
+benchmarks; unset in production, where the debug log it needs would cost for nothing."""
+
+CONCURRENT_TRANSACTIONS = "another concurrent operation on the same transaction"
+"""librdkafka's text of the broker's CONCURRENT_TRANSACTIONS error (code 51)."""
+
+
+class TxnRetryCounter:
+    """Counts the requests the transaction coordinator refused with CONCURRENT_TRANSACTIONS
+    (librdkafka retries each after a fixed ~20 ms), read from librdkafka's ``eos`` debug log;
+    forwards its errors to :data:`RDKAFKA_LOG` as the default ``log_level`` 3 would.
+
+    Why the log and not ``statistics.interval.ms``: its JSON counts requests per broker
+    (``brokers[].req.AddPartitionsToTxn``) but not their errors, and ``txretries`` /
+    ``txerrs`` count produce requests only; a refused registration is one more
+    AddPartitionsToTxn there, the same as a transaction that registered partitions twice.
+    One refused AddPartitionsToTxn logs a line per partition: lines after one "Registering
+    partitions" count once.  The count is kept in ``folder/<pid>.json`` ({transactional id:
+    retries}), rewritten on each retry, so a process that is killed still reports."""
+
+    def __init__(self, name: str, folder: Path) -> None:
+        self.name = name
+        self.retries = 0
+        self._folder = folder
+        self._request_open = False
+        self._key = f"{name}|{next(_SERIAL)}"  # a producer that reuses an id counts apart
+        self.save()
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        """The ``logging.Logger.log`` that confluent-kafka calls (from poll/flush)."""
+        if self.feed(msg % args if args else msg):
+            self.save()
+        if level >= logging.ERROR:
+            RDKAFKA_LOG.log(level, msg, *args)
+
+    def feed(self, line: str) -> bool:
+        """Reads one log line; did it count a retry?"""
+        if "Registering partitions with transaction" in line:
+            self._request_open = True
+            return False
+        if CONCURRENT_TRANSACTIONS not in line:
+            return False
+        if "AddPartitionsToTxn response" in line:
+            if not self._request_open:
+                return False  # another partition of a request already counted
+            self._request_open = False
+        self.retries += 1
+        return True
+
+    def save(self) -> None:
+        with _COUNTS_LOCK:
+            path = self._folder / f"{os.getpid()}.json"
+            try:
+                counts = json.loads(path.read_text())
+            except (OSError, ValueError):
+                counts = {}
+            counts[self._key] = self.retries
+            with tempfile.NamedTemporaryFile("w", dir=self._folder, delete=False) as f:
+                json.dump(counts, f)
+            os.replace(f.name, path)
+
+
+_COUNTS_LOCK = threading.Lock()
+_SERIAL = itertools.count()
+
+
+def txn_retries(folder: Path) -> dict[str, int]:
+    """The CONCURRENT_TRANSACTIONS retries counted in ``folder``, per transactional id,
+    summed over processes (and over producers that reused an id)."""
+    total: dict[str, int] = {}
+    for path in sorted(folder.glob("*.json")):
+        try:
+            counts = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for key, n in counts.items():
+            name = key.rsplit("|", 1)[0]
+            total[name] = total.get(name, 0) + int(n)
+    return total
+
+
+@contextlib.contextmanager
+def counting_txn_retries() -> Iterator[Path]:
+    """Count the CONCURRENT_TRANSACTIONS retries of every transactional producer created
+    inside, in this process and in the processes it starts; yields the folder for
+    :func:`txn_retries`."""
+    before = os.environ.get(ENV_COUNT_TXN_RETRIES)
+    with tempfile.TemporaryDirectory(prefix="txn-retries-") as folder:
+        os.environ[ENV_COUNT_TXN_RETRIES] = folder
+        try:
+            yield Path(folder)
+        finally:
+            if before is None:
+                os.environ.pop(ENV_COUNT_TXN_RETRIES, None)
+            else:
+                os.environ[ENV_COUNT_TXN_RETRIES] = before
 
 
 def consumer(bootstrap: str, config: Config | None = None, **overrides: Any) -> Consumer:
