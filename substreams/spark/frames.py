@@ -37,8 +37,7 @@ from substreams.spark.epochs import struct_time
 from substreams.spark.executor import check_output
 from substreams.spark.jvm_read import jvm_unsupported
 from substreams.spark.operator import EpochNote
-from substreams.spark.options import CONFIG_PICKLE, ship_config
-from substreams.spark.runner import EpochQuery, JvmRead, query_units
+from substreams.spark.runner import EpochQuery, JvmRead, query_units, start_firm_query
 from substreams.spark.write import NOTE_COLUMNS, EpochWriter, OutputTimes, missing_note_columns
 
 log = logging.getLogger(__name__)
@@ -165,38 +164,10 @@ def run_frames(
                              key_field=key_field, units=query_units(location, spark), **extra)
     handler = FrameBatchHandler(transform, JvmRead(config, substream, server, name), writer,
                                 on_results, on_notification, name)
-    reader = (
-        spark.readStream.format("substreams")
-        .option(CONFIG_PICKLE, ship_config(config))
-        .option("substream", substream)
-        .option("mode", "firm")
-        .option("markers", "true")
-        .option("read", "notes")
-        .option("bootstrap", server)
+    return start_firm_query(
+        spark, config, substream, server, name, location, handler, notes_only=True,
+        options=options, once=once, trigger=trigger, block=block,
     )
-    for key, value in (options or {}).items():
-        reader = reader.option(key, value)
-    stream_writer = (
-        reader.load()
-        .writeStream.queryName(name.replace(".", "_").replace("-", "_"))
-        .option("checkpointLocation", str(location))
-        .foreachBatch(handler)
-    )
-    stream_writer = (stream_writer.trigger(availableNow=True) if once
-                     else stream_writer.trigger(processingTime=trigger))
-    try:
-        query = EpochQuery(stream_writer.start(), handler)
-    except BaseException:
-        handler.close()
-        raise
-    if block or once:
-        try:
-            query.awaitTermination()
-        except KeyboardInterrupt:
-            query.query.stop()
-        finally:
-            handler.close()
-    return query
 
 
 __all__ = ["FrameBatchHandler", "run_frames"]

@@ -479,6 +479,40 @@ def run(
         metrics.serve(metrics_port)
     if (location / "commits").is_dir() and any((location / "commits").iterdir()):
         metrics.RESTARTS.labels("spark", name).inc()  # resumes from its checkpoint
+    resumed = (location / "offsets").is_dir()
+    log.info(
+        "spark runner: query '%s' on substream '%s' starting; checkpoint %s (%s)", name,
+        substream, location,
+        "exists: Spark resumes from its offsets, a replayed batch's committed work is skipped"
+        if resumed else "new: from the control topic's start",
+    )
+    return start_firm_query(
+        spark, config, substream, server, name, location, handler,
+        notes_only=handler.jvm is not None, options=options, once=once, trigger=trigger,
+        block=block,
+    )
+
+
+def start_firm_query(
+    spark: SparkSession,
+    config: Config,
+    substream: str,
+    server: str,
+    name: str,
+    location: Path,
+    handler: Any,
+    *,
+    notes_only: bool,
+    options: Mapping[str, str] | None,
+    once: bool,
+    trigger: str,
+    block: bool,
+) -> EpochQuery:
+    """Start the firm ``substreams`` read of ``substream`` into ``handler`` (a
+    ``foreachBatch`` function with a ``close``), as :func:`run` and
+    :func:`~substreams.spark.frames.run_frames` both do; ``notes_only``: the source hands
+    over the epochs' notes and the handler reads their records itself (the JVM read).
+    With ``block`` or ``once``, wait for the query to end and release the handler."""
     reader = (
         spark.readStream.format("substreams")
         .option(CONFIG_PICKLE, ship_config(config))
@@ -487,7 +521,7 @@ def run(
         .option("markers", "true")
         .option("bootstrap", server)
     )
-    if handler.jvm is not None:
+    if notes_only:
         reader = reader.option("read", "notes")
     for key, value in (options or {}).items():
         reader = reader.option(key, value)
@@ -498,13 +532,6 @@ def run(
         .foreachBatch(handler)
     )
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=trigger)
-    resumed = (location / "offsets").is_dir()
-    log.info(
-        "spark runner: query '%s' on substream '%s' starting; checkpoint %s (%s)", name,
-        substream, location,
-        "exists: Spark resumes from its offsets, a replayed batch's committed work is skipped"
-        if resumed else "new: from the control topic's start",
-    )
     try:
         query = EpochQuery(writer.start(), handler)
     except BaseException:
