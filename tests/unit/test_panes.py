@@ -94,3 +94,18 @@ def test_resuming_after_a_sufficient_lookback_gives_the_same_windows(
     resumed = [(i, w, items) for i in range(cut, len(notified))
                for w, items in acc.add(notified[i], notified[i])]
     assert resumed == whole
+
+
+def test_a_hopping_records_time_and_its_policy_seals_are_panes() -> None:
+    from substreams.config import SealPolicy, SubstreamConfig
+    from substreams.streams.policy import SealClock
+    from substreams.streams.times import TimeAssigner
+
+    sub = SubstreamConfig("h", "s", "hopping", field="ts", size_ms=3000, slide_ms=1000)
+    assigner = TimeAssigner(sub, "ts")
+    assert assigner.time_of({"ts": 2500}) == 2
+    assert assigner.times_of([{"ts": 999}, {"ts": 1000}]) == [0, 1]
+    clock = SealClock(sub, SealPolicy(lateness_ms=0), now_ms=0)
+    clock.published(0, now_ms=0)
+    seal = clock.published(3000, now_ms=1)  # event time 3000: panes 0..2 are over
+    assert seal is not None and (seal.kind, seal.upto) == ("time", 2)
