@@ -7,7 +7,6 @@ between two windows that share panes (a restarted query) hands out the same wind
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -76,7 +75,6 @@ def test_hopping_windows_once_in_order_with_exact_counts_on_both_read_paths(
         run(op, config, sub, spark=spark, once=True, query_name=name, read=read,
             checkpoint=tmp_path / name)
 
-    tstart = time.monotonic()
     with acker(config), app.publisher(stream, "a") as a, app.publisher(stream, "b") as b:
         c = Remote(config, stream, "c")  # a publisher process, SIGKILLed below
         for pane in (0, 1):
@@ -95,12 +93,8 @@ def test_hopping_windows_once_in_order_with_exact_counts_on_both_read_paths(
                     pub.publish({"user": "ab"[i], "url": "/", "ts": pane * SLIDE + 11 * k})
                 pub.seal(sub, pane)
         wait_for_epochs(config, sub, 6, timeout=20)
-    t0 = time.monotonic()
     query(jvm, "hop-jvm", "jvm")
-    t1 = time.monotonic()
     query(python, "hop-python", "python")
-    t2 = time.monotonic()
-    print(f"TIMING publish {t0 - tstart:.1f} jvm {t1 - t0:.1f} python {t2 - t1:.1f}")
 
     truth = brute_force(config, stream)
     assert truth[0] > 0 and truth[4] > 0
