@@ -47,12 +47,13 @@ _SEAL_KEYS: Final = "lateness_ms, idle_ms, late"
 # (absent). Rejecting rather than ignoring catches e.g. a session written with
 # ``size_ms`` instead of ``gap_ms``, which would otherwise silently get a default.
 _KIND_KEYS: Final[dict[str, dict[str, str]]] = {
-    "field": {"epoch": "R", "tumbling": "O", "session": "O"},
-    "size_ms": {"tumbling": "R"},
+    "field": {"epoch": "R", "tumbling": "O", "hopping": "O", "session": "O"},
+    "size_ms": {"tumbling": "R", "hopping": "R"},
+    "slide_ms": {"hopping": "R"},
     "key": {"session": "R", "per_key": "R"},
     "gap_ms": {"session": "R"},
 }
-_KINDS: Final = ("epoch", "tumbling", "session", "per_key")
+_KINDS: Final = ("epoch", "tumbling", "hopping", "session", "per_key")
 
 # Order keys and event-time fields are compared as integers. Logical types are
 # refused because fastavro would decode e.g. timestamp-millis to a datetime.
@@ -442,7 +443,9 @@ def _substream(ctx: _Ctx, config: Config, i: int, sub: SubstreamConfig) -> Subst
             )
         if rules.get(sub.kind) == "R" and getattr(sub, specific) is None:
             raise ctx.missing((*loc, specific), f" (required for kind {sub.kind!r})")
-    if sub.kind in ("tumbling", "session") and sub.field is None:
+    if sub.kind == "hopping":
+        _check_hopping(ctx, loc, sub)
+    if sub.kind in ("tumbling", "hopping", "session") and sub.field is None:
         sub = dataclasses.replace(sub, field=stream.order_key)
     if sub.field is not None:
         role = "epoch field" if sub.kind == "epoch" else "event-time field"
@@ -469,11 +472,24 @@ def _substream(ctx: _Ctx, config: Config, i: int, sub: SubstreamConfig) -> Subst
         raise ctx.error(
             (*loc, "seal", "idle_ms"),
             "idle_ms seals up to the publisher's clock, and epoch numbers are not clock "
-            "times; only for kinds tumbling and session",
+            "times; only for kinds tumbling, hopping and session",
             value=sub.seal.idle_ms,
             at_key=True,
         )
     return sub
+
+
+def _check_hopping(ctx: _Ctx, loc: Loc, sub: SubstreamConfig) -> None:
+    """A hopping window is a run of whole panes (slide-sized tumbling windows): its size
+    must be a multiple of its slide (one pane: a tumbling window)."""
+    assert sub.size_ms is not None and sub.slide_ms is not None
+    if sub.size_ms % sub.slide_ms:
+        raise ctx.error(
+            (*loc, "size_ms"),
+            f"size_ms {sub.size_ms} is not a multiple of slide_ms {sub.slide_ms}; a hopping "
+            "window is a run of whole slide_ms panes",
+            value=sub.size_ms,
+        )
 
 
 def _check_acker(ctx: _Ctx, config: Config) -> None:

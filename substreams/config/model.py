@@ -30,7 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from substreams.errors import ConfigError
 
-Kind = Literal["epoch", "tumbling", "session", "per_key"]
+Kind = Literal["epoch", "tumbling", "hopping", "session", "per_key"]
 Mechanism = Literal["acker", "punctuations"]
 Bound = Literal["firm", "soft"]
 LateRule = Literal["raise", "dead_letter"]
@@ -259,9 +259,14 @@ class SubstreamConfig:
     """How a stream is cut into substreams and how their ends are tracked.
 
     ``field`` is the epoch field (epoch) or the event-time field in ms
-    (tumbling/session; the stream's order key unless set) and None for per_key.
-    ``size_ms`` is set for tumbling only, ``gap_ms`` for session only and ``key``
-    for session and per_key only.
+    (tumbling/hopping/session; the stream's order key unless set) and None for per_key.
+    ``size_ms`` is set for tumbling and hopping only, ``slide_ms`` for hopping only,
+    ``gap_ms`` for session only and ``key`` for session and per_key only.
+
+    A hopping substream's times are its *panes*, tumbling windows of ``slide_ms``
+    (:attr:`pane_ms`): the publisher, the seal policy and the acker treat it as the
+    tumbling substream of that width; only its firm readers group ``size_ms // slide_ms``
+    consecutive panes into a window (:mod:`substreams.control.panes`).
     """
 
     __pydantic_config__: ClassVar[ConfigDict] = _FILE
@@ -272,11 +277,29 @@ class SubstreamConfig:
     size_ms: Count | None = None
     key: Text | None = None
     gap_ms: Count | None = None
+    slide_ms: Count | None = None
     mechanism: Mechanism = "acker"
     bound: Bound = "firm"
     ordered: Flag = True
     seal: SealPolicy | None = None
     """None: ``seal: manual``, the publisher's code seals."""
+
+    @property
+    def pane_ms(self) -> int | None:
+        """The width of the tumbling windows the acker tracks: ``size_ms`` (tumbling),
+        ``slide_ms`` (hopping: its panes), None for the other kinds."""
+        if self.kind == "tumbling":
+            return self.size_ms
+        if self.kind == "hopping":
+            return self.slide_ms
+        return None
+
+    @property
+    def panes_per_window(self) -> int:
+        """How many panes a window spans: ``size_ms // slide_ms`` (hopping), else 1."""
+        if self.kind == "hopping" and self.size_ms and self.slide_ms:
+            return self.size_ms // self.slide_ms
+        return 1
 
 
 @dataclass(frozen=True)

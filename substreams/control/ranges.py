@@ -26,15 +26,20 @@ N = TypeVar("N")
 
 class EpochIndex(Generic[N]):
     """Which announced epochs hold a record at a given time: single times by hash, sessions
-    (a span of one key's times, ``until`` set) by key.  What every firm reader asks of each
-    record it reads, so that one rule (:func:`epoch_covers`) decides membership."""
+    (a span of one key's times, ``until`` set) by key, hopping windows (an int span: its
+    panes) by each of their panes -- a record is in every window that holds its pane.
+    What every firm reader asks of each record it reads, so that one rule
+    (:func:`epoch_covers`) decides membership."""
 
     def __init__(self) -> None:
         self._exact: dict[Time, list[N]] = {}
         self._spans: dict[str, list[tuple[Time, Time, N]]] = {}
 
     def add(self, time: Time, until: Time | None, item: N) -> None:
-        if until is None or type(time) is not Keyed:
+        if type(time) is int and type(until) is int:  # a hopping window: its panes
+            for pane in range(time, until + 1):
+                self._exact.setdefault(pane, []).append(item)
+        elif until is None or type(time) is not Keyed:
             self._exact.setdefault(time, []).append(item)
         else:
             self._spans.setdefault(time.key, []).append((time, until, item))

@@ -239,72 +239,99 @@ def run_groups(plan: UnitPlan, unit: int, grouped: Iterator[Group]) -> list[Summ
         return out
     if plan.sealed:
         return _skip(grouped, unit)
-    writer: UnitWriter | None = None
+    first = next(grouped, None)
+    if first is None:
+        return []
+    return _write_unit(plan, unit, _chain(first, grouped), _ms(t0))
+
+
+def _write_unit(
+    plan: UnitPlan, unit: int, grouped: Iterator[Group], t_rows: float
+) -> list[Summary]:
+    """A unit with records to write: its writer fences earlier attempts, then either finds
+    the batch committed (a replay: skipped) or writes and commits it.  ``t_rows``: ms
+    until the first group (timing log)."""
+    import time
+
+    assert plan.config is not None and plan.output_stream is not None
+    t1 = time.perf_counter()
+    writer = UnitWriter(plan.config, plan.output_stream, plan.driver_source, unit,
+                        plan.bootstrap)
     try:
-        first = next(grouped, None)
-        t_rows = _ms(t0)
-        if first is None:
-            return []
-        t1 = time.perf_counter()
-        writer = UnitWriter(
-            plan.config, plan.output_stream, plan.driver_source, unit, plan.bootstrap
-        )
         t_init = _ms(t1)
         t1 = time.perf_counter()
         done, meta = writer.committed()
         t_marker = _ms(t1)
-        if done >= plan.batch_id:
-            if done == plan.batch_id and meta.get("units") != plan.units:
-                raise SubstreamsError(
-                    f"unit {unit} of batch {plan.batch_id} was committed with "
-                    f"{meta.get('units')} units, the replay has {plan.units}: the partitioning "
-                    "changed, so exactly-once cannot be kept (keep "
-                    "spark.sql.shuffle.partitions across restarts of a query)"
-                )
-            log.warning("unit %s: batch %d already committed (marker %d): skipped",
-                        writer.source_id, plan.batch_id, done)
-            writer.close()
-            writer = None
-            skipped = _skip(_chain(first, grouped), unit)
-            if done == plan.batch_id and "span" in meta and meta["span"] != _span(skipped):
-                raise SubstreamsError(
-                    f"unit {unit} of batch {plan.batch_id} committed the notifications "
-                    f"{meta['span']}, the replay holds {_span(skipped)}: the batch was cut "
-                    "differently, so exactly-once cannot be kept"
-                )
-            return skipped
-        live = writer
-
-        def written() -> Iterator[GroupResult]:
-            for result in apply_operator(op, _chain(first, grouped)):
-                live.write(result.results, op.key_field)
-                result.group.info.rows = []  # the records are done with: free them
-                result.group.info.table = None
-                yield result
-
-        t1 = time.perf_counter()
-        sums = summaries(written(), unit, written=True)
-        t_op = _ms(t1)
-        t1 = time.perf_counter()
-        writer.commit(
-            plan.batch_id, {"units": plan.units, "batch": plan.batch_id, "span": _span(sums)}
-        )
-        t_commit = _ms(t1)
-        log.info("unit %s: batch %d committed (%d results)", writer.source_id, plan.batch_id,
-                 sum(s.results for s in sums))
+        fresh = done < plan.batch_id
+        if fresh:
+            sums, t_op, t_commit = _publish_and_commit(writer, plan, unit, grouped)
         t1 = time.perf_counter()
         writer.close()
-        writer = None
-        log.debug(
-            "unit %d: batch %d timings: first rows %.0f ms, writer init %.0f ms, marker "
-            "lookup %.0f ms, operator+publish %.0f ms, commit %.0f ms, close %.0f ms",
-            unit, plan.batch_id, t_rows, t_init, t_marker, t_op, t_commit, _ms(t1),
-        )
-        return sums
     except BaseException:
-        if writer is not None:
-            writer.abort()
+        writer.abort()
         raise
+    if not fresh:
+        return _replayed(plan, unit, done, meta, writer.source_id, grouped)
+    log.debug(
+        "unit %d: batch %d timings: first rows %.0f ms, writer init %.0f ms, marker "
+        "lookup %.0f ms, operator+publish %.0f ms, commit %.0f ms, close %.0f ms",
+        unit, plan.batch_id, t_rows, t_init, t_marker, t_op, t_commit, _ms(t1),
+    )
+    return sums
+
+
+def _replayed(
+    plan: UnitPlan, unit: int, done: int, meta: dict[str, Any], source_id: str,
+    grouped: Iterator[Group],
+) -> list[Summary]:
+    """A batch this unit already committed (marker ``done``): its summaries, unwritten,
+    after checking the replay is cut as the committed batch was."""
+    if done == plan.batch_id and meta.get("units") != plan.units:
+        raise SubstreamsError(
+            f"unit {unit} of batch {plan.batch_id} was committed with "
+            f"{meta.get('units')} units, the replay has {plan.units}: the partitioning "
+            "changed, so exactly-once cannot be kept (keep "
+            "spark.sql.shuffle.partitions across restarts of a query)"
+        )
+    log.warning("unit %s: batch %d already committed (marker %d): skipped",
+                source_id, plan.batch_id, done)
+    skipped = _skip(grouped, unit)
+    if done == plan.batch_id and "span" in meta and meta["span"] != _span(skipped):
+        raise SubstreamsError(
+            f"unit {unit} of batch {plan.batch_id} committed the notifications "
+            f"{meta['span']}, the replay holds {_span(skipped)}: the batch was cut "
+            "differently, so exactly-once cannot be kept"
+        )
+    return skipped
+
+
+def _publish_and_commit(
+    writer: UnitWriter, plan: UnitPlan, unit: int, grouped: Iterator[Group]
+) -> tuple[list[Summary], float, float]:
+    """Run the operator over ``grouped``, publish its results and commit them with the
+    unit's marker in one transaction: the summaries, and the operator and commit ms."""
+    import time
+
+    op = plan.operator
+
+    def written() -> Iterator[GroupResult]:
+        for result in apply_operator(op, grouped):
+            writer.write(result.results, op.key_field)
+            result.group.info.rows = []  # the records are done with: free them
+            result.group.info.table = None
+            yield result
+
+    t1 = time.perf_counter()
+    sums = summaries(written(), unit, written=True)
+    t_op = _ms(t1)
+    t1 = time.perf_counter()
+    writer.commit(
+        plan.batch_id, {"units": plan.units, "batch": plan.batch_id, "span": _span(sums)}
+    )
+    t_commit = _ms(t1)
+    log.info("unit %s: batch %d committed (%d results)", writer.source_id, plan.batch_id,
+             sum(s.results for s in sums))
+    return sums, t_op, t_commit
 
 
 def _span(sums: Sequence[Summary]) -> list[list[int]]:

@@ -27,7 +27,8 @@ from substreams.config import Config
 from substreams.control.chain import TrustingVerifier
 from substreams.control.follower import RAISE, ControlFollower, Followed
 from substreams.control.io import ResumeLookup
-from substreams.control.messages import EpochComplete, OffsetRange, completions
+from substreams.control.messages import EpochComplete, OffsetRange, completions, merge_ranges
+from substreams.control.panes import PaneWindows, lookback_enough
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
@@ -110,8 +111,28 @@ def _notification(offset: int, index: int, body: EpochComplete) -> Notification:
     )
 
 
+def window_note(
+    window: int, panes: int, trigger: Notification, index: int, members: list[Notification]
+) -> Notification:
+    """The notification of hopping window ``window`` (``panes`` panes from it), completed
+    by the pane notification ``trigger``: its records are those of its notified panes
+    ``members`` (the hull of their ranges, filtered by time by every reader: ``time`` ..
+    ``until`` is the window's pane span); it takes ``trigger``'s control offset and seal
+    time, and ``index`` numbers it among the windows of that control record."""
+    return Notification(
+        trigger.control_offset, window,
+        merge_ranges([r for m in members for r in m.ranges]),
+        sum(m.records for m in members), trigger.sealed_at_ms, window + panes - 1, index,
+    )
+
+
 class ControlScanner:
     """Follows a substream's control topic on the driver and remembers its notifications.
+
+    A hopping substream's control topic announces panes; the scanner hands out windows
+    instead (:mod:`substreams.control.panes`): each pane notification becomes the windows
+    it completes, numbered ``(control_offset, index)`` in order, and a scan that starts
+    mid-topic first re-reads the panes before its position that its next windows hold.
 
     Every record is checked against its writer's hash chain (seed 002): a gap, a replayed
     or a modified record stops the query with a :class:`ProtocolError` instead of feeding
@@ -131,6 +152,11 @@ class ControlScanner:
         """By ``(control_offset, index)``: a batched record (``EpochsComplete``) holds
         several notifications."""
         self._tail: ControlFollower | None = None
+        sub = next((s for s in config.substreams if s.name == substream), None)
+        self.panes = sub.panes_per_window if sub is not None and sub.kind == "hopping" else 0
+        """Panes per window of a hopping substream; 0: notifications are handed out as
+        they come."""
+        self._windows: PaneWindows[Notification] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -142,28 +168,92 @@ class ControlScanner:
         """The hash-chain check of the current scan (None before the first)."""
         return None if self._tail is None else self._tail.verifiers.get(self.topic)
 
+    def _follower(self, start: int) -> ControlFollower:
+        tail = ControlFollower(
+            self.bootstrap, self.config, name=f"control topic '{self.topic}'", on_bad=RAISE,
+            resume=ResumeLookup(self.bootstrap, self.config),
+        )
+        tail.assign({self.topic: start})
+        return tail
+
     def _reset(self, start: int) -> None:
         self.close()
         self.base = self.scanned_to = start
         self.notes = {}
-        self._tail = ControlFollower(
-            self.bootstrap, self.config, name=f"control topic '{self.topic}'", on_bad=RAISE,
-            resume=ResumeLookup(self.bootstrap, self.config),
-        )
-        self._tail.assign({self.topic: start})
+        if self.panes:
+            self._windows = self._panes_before(start)
+        self._tail = self._follower(start)
         # Asked once fetching has begun: the planner's scan waits at most ``max_wait``.
         if start == 0 and self._tail.reader.log_start(self.topic) == 0:
             self._tail.verifiers[self.topic].strict = True
 
+    def _panes_before(self, start: int, timeout: float = 30.0) -> PaneWindows[Notification]:
+        """The pane state a scan from ``start`` needs: the panes notified before it, re-read
+        from further back each time until they reach a pane no later window holds (or the
+        topic's start)."""
+        back = 16
+        while True:
+            windows: PaneWindows[Notification] = PaneWindows(self.panes)
+            lo = max(0, start - back)
+            first_pane: int | None = None
+            if start > 0:
+                tail = self._follower(lo)
+                try:
+                    at_start = lo <= tail.reader.log_start(self.topic)
+                    deadline = _time.monotonic() + timeout
+                    while tail.reader.positions.get((self.topic, 0), lo) < start:
+                        if _time.monotonic() > deadline:
+                            raise SubstreamsError(
+                                f"control topic '{self.topic}': offsets {lo}..{start} not "
+                                f"readable within {timeout} s"
+                            )
+                        for followed in tail.poll(0.1):
+                            if followed.offset >= start:
+                                break
+                            for n in self._pane_notes(followed):
+                                pane = self._pane(n)
+                                first_pane = pane if first_pane is None else first_pane
+                                windows.add(pane, n)
+                finally:
+                    tail.close()
+            else:
+                at_start = True
+            if lookback_enough(first_pane, windows.last, self.panes, at_start):
+                return windows
+            back *= 4
+
+    def _pane(self, note: Notification) -> int:
+        if type(note.time) is not int:
+            raise SubstreamsError(
+                f"hopping substream '{self.substream}': pane {note.time!r} is not an int"
+            )
+        return note.time
+
+    def _pane_notes(self, followed: Followed) -> list[Notification]:
+        notes = [n for n in completions(followed.record.body) if n.substream == self.substream]
+        return [_notification(followed.offset, i, body) for i, body in enumerate(notes)]
+
     def _take(self, followed: Followed) -> None:
         """A decoded record whose chain checked out (the follower raised otherwise)."""
-        offset, rec = followed.offset, followed.record
+        offset = followed.offset
         self.scanned_to = offset + 1
-        notes = [n for n in completions(rec.body) if n.substream == self.substream]
-        for index, body in enumerate(notes):  # a batched record: (offset, index) each
-            self.notes[(offset, index)] = _notification(offset, index, body)
+        notes = self._pane_notes(followed)
+        if self._windows is not None:
+            notes = self._as_windows(notes, self._windows)
+        for n in notes:  # a batched record: (offset, index) each
+            self.notes[n.ident] = n
         if notes:
             TRAFFIC.add(CONTROL_READ, self.substream, 1)
+
+    def _as_windows(
+        self, panes: list[Notification], windows: PaneWindows[Notification]
+    ) -> list[Notification]:
+        """The window notifications of one control record's pane notifications."""
+        out: list[Notification] = []
+        for pane in panes:
+            for w, members in windows.add(self._pane(pane), pane):
+                out.append(window_note(w, self.panes, pane, len(out), members))
+        return out
 
     def scan(self, start: int, max_wait: float = 2.0) -> None:
         """Read what is readable now (bounded by ``max_wait`` seconds) from ``start`` on."""

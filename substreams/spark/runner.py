@@ -429,10 +429,8 @@ def run(
     writers.  ``once`` processes what is complete now and stops.  With ``block`` the call
     waits for the query to end (Ctrl-C stops it); otherwise it returns the running query.
     ``metrics_port`` serves Prometheus metrics on ``127.0.0.1:<port>/metrics``.
-    ``trigger`` (a processing-time interval) defaults to ``0 seconds``: the next batch is
-    planned as soon as the last one ends, and an idle query is paced by the source, whose
-    ``latestOffset`` waits up to 50 ms on the control topic and returns as soon as an
-    EpochComplete arrives (with a 100 ms timer, a seal waited ~40 ms more, median).
+    ``trigger`` defaults to ``0 seconds``: an idle query is paced by the source, whose
+    ``latestOffset`` returns as soon as an EpochComplete arrives (at most 50 ms later).
     ``read``: ``python`` (default) reads the records in the source's Python read tasks;
     ``jvm`` reads and decodes each batch's records with Spark's own Kafka consumers and
     ``from_avro`` (:mod:`substreams.spark.jvm_read`; the session needs
@@ -442,41 +440,76 @@ def run(
     path").  ``jvm`` falls back to ``python``, with a warning, where the JVM cannot serve
     (:func:`substreams.spark.jvm_read.jvm_unsupported`).
     """
-    from substreams.spark.session import (
-        jvm_read_available,
-        quiet_group_id_warning,
-        register,
-        session,
-    )
+    from substreams.spark.session import register, session
 
     op = as_operator(operator)
+    config = _checked_config(config, substream, output_stream)
+    server = client.resolve_bootstrap(config, bootstrap)
+    name = query_name or f"{type(op).__name__}.{substream}"
+    location = Path(checkpoint) if checkpoint else config.path.parent / ".checkpoints" / name
+    spark = register(spark) if spark is not None else session(f"substreams:{name}")
+    handler = _handler(op, config, substream, output_stream, server, name, location, spark,
+                       read)
+    if metrics_port is not None:
+        metrics.serve(metrics_port)
+    _log_start(name, substream, location)
+    return start_firm_query(
+        spark, config, substream, server, name, location, handler,
+        notes_only=handler.jvm is not None, options=options, once=once, trigger=trigger,
+        block=block,
+    )
+
+
+def _checked_config(
+    config: Config | str | Path, substream: str, output_stream: str | None
+) -> Config:
+    """The loaded config, with ``substream`` and the output stream known and writable."""
     if not isinstance(config, Config):
         config = load_config(config)
     config.substream(substream)
     if output_stream is not None:
         config.stream(output_stream)
         check_output(config, output_stream)
-    server = client.resolve_bootstrap(config, bootstrap)
-    name = query_name or f"{type(op).__name__}.{substream}"
-    location = Path(checkpoint) if checkpoint else config.path.parent / ".checkpoints" / name
-    spark = register(spark) if spark is not None else session(f"substreams:{name}")
+    return config
+
+
+def _handler(
+    op: EpochOperator, config: Config, substream: str, output_stream: str | None, server: str,
+    name: str, location: Path, spark: SparkSession, read: str,
+) -> EpochBatchHandler:
+    """The query's ``foreachBatch`` handler, its units fixed and its output registered."""
     handler = EpochBatchHandler(op, config, output_stream, f"spark.{name}", server)
     handler.substream, handler.query_name = substream, name
     handler.units = query_units(location, spark)
+    handler.jvm = _jvm_read(spark, config, substream, server, name, read)
+    handler._sink()  # the driver's SOURCE registers before any task writes
+    return handler
+
+
+def _jvm_read(
+    spark: SparkSession, config: Config, substream: str, server: str, name: str, read: str
+) -> JvmRead | None:
+    """The JVM read of a query asked to ``read`` in ``jvm`` (None: the Python read), or
+    None with a warning where the JVM cannot serve."""
+    from substreams.spark.session import jvm_read_available, quiet_group_id_warning
+
     if read not in ("jvm", "python"):
         raise SubstreamsError(f"spark runner: read must be jvm or python, not {read!r}")
+    if read == "python":
+        return None
     why_not = jvm_unsupported(config, config.substream(substream).stream)
-    if read == "jvm" and why_not is None and not jvm_read_available(spark):
+    if why_not is None and not jvm_read_available(spark):
         why_not = ("the session has no Spark Kafka connector and spark-avro (create it with "
                    "substreams.spark.session(), or submit with substreams submit)")
-    if read == "jvm" and why_not is not None:
+    if why_not is not None:
         log.warning("spark runner: query '%s' reads in Python: %s", name, why_not)
-    elif read == "jvm":
-        handler.jvm = JvmRead(config, substream, server, name)
-        quiet_group_id_warning(spark)
-    handler._sink()  # the driver's SOURCE registers before any task writes
-    if metrics_port is not None:
-        metrics.serve(metrics_port)
+        return None
+    quiet_group_id_warning(spark)
+    return JvmRead(config, substream, server, name)
+
+
+def _log_start(name: str, substream: str, location: Path) -> None:
+    """Count a restart (the checkpoint has commits) and say where the query starts."""
     if (location / "commits").is_dir() and any((location / "commits").iterdir()):
         metrics.RESTARTS.labels("spark", name).inc()  # resumes from its checkpoint
     resumed = (location / "offsets").is_dir()
@@ -485,11 +518,6 @@ def run(
         substream, location,
         "exists: Spark resumes from its offsets, a replayed batch's committed work is skipped"
         if resumed else "new: from the control topic's start",
-    )
-    return start_firm_query(
-        spark, config, substream, server, name, location, handler,
-        notes_only=handler.jvm is not None, options=options, once=once, trigger=trigger,
-        block=block,
     )
 
 

@@ -89,8 +89,8 @@ class SealClock:
     def upto(self, watermark: int) -> int:
         """The highest time sealed by a watermark (see the module docstring)."""
         kind = self.substream.kind
-        if kind == "tumbling":
-            size = self.substream.size_ms
+        if kind in ("tumbling", "hopping"):  # a hopping substream's times are its panes
+            size = self.substream.pane_ms
             assert size is not None
             return watermark // size - 1
         return watermark - 1

@@ -7,6 +7,9 @@ construction, whatever configuration they were started with.
 Mapping of the configured kinds onto logical times:
 - ``epoch``: the int value of ``field``.
 - ``tumbling``: ``field // size_ms`` (the window index; window start = index * size_ms).
+- ``hopping``: ``field // slide_ms``, the record's *pane* (a tumbling window of
+  ``slide_ms``).  A record lies in ``size_ms // slide_ms`` windows, but it has one time:
+  windows are unions of panes, grouped by the firm readers (:mod:`substreams.control.panes`).
 - ``session``: ``Keyed(str(key), event_ms)``, the record's own keyed event time.  Sessions
   (runs of one key's times at most ``gap_ms`` apart) are cut where every source's records
   meet -- the acker -- not here: with several sources writing one key, none of them sees a
@@ -43,6 +46,9 @@ from substreams.config import SubstreamConfig
 from substreams.errors import SealedTimeError, SubstreamsError
 from substreams.frontier import Keyed, Time, less_equal
 
+_WINDOW_KINDS = frozenset({"tumbling", "hopping"})
+"""Kinds whose time is a window index, ``field // pane_ms``."""
+
 
 @dataclass
 class TimeAssigner:
@@ -67,9 +73,10 @@ class TimeAssigner:
         kind = self.substream.kind
         if kind == "epoch":
             t = int(payload[self._field()])
-        elif kind == "tumbling":
-            assert self.substream.size_ms is not None
-            t = int(payload[self._field()]) // self.substream.size_ms
+        elif kind in _WINDOW_KINDS:
+            pane = self.substream.pane_ms
+            assert pane is not None
+            t = int(payload[self._field()]) // pane
         else:
             assert self.substream.key is not None
             keyed = Keyed(
@@ -87,9 +94,10 @@ class TimeAssigner:
         kind = self.substream.kind
         if kind == "epoch":
             return int(payload[self._field()])
-        if kind == "tumbling":
-            assert self.substream.size_ms is not None
-            return int(payload[self._field()]) // self.substream.size_ms
+        if kind in _WINDOW_KINDS:
+            pane = self.substream.pane_ms
+            assert pane is not None
+            return int(payload[self._field()]) // pane
         assert self.substream.key is not None
         return Keyed(
             str(payload[self.substream.key]),
@@ -113,8 +121,8 @@ class TimeAssigner:
         col: list[int]
         if kind == "epoch":
             col = [int(p[name]) for p in payloads]
-        elif kind == "tumbling":
-            size = self.substream.size_ms
+        elif kind in _WINDOW_KINDS:
+            size = self.substream.pane_ms
             assert size is not None
             col = [int(p[name]) // size for p in payloads]
         else:
@@ -152,7 +160,7 @@ class TimeAssigner:
 
     def _refuse(self, t: Time, seal: Time | None = None) -> None:
         seal = self.sealed if seal is None else seal
-        what = "window" if self.substream.kind == "tumbling" else "time"
+        what = "window" if self.substream.kind in _WINDOW_KINDS else "time"
         raise SealedTimeError(
             f"substream '{self.substream.name}': a record at {what} {t!r} after this source "
             f"sealed {seal!r} (a seal promises no more records at or below it)"

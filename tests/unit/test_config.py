@@ -549,10 +549,10 @@ def test_bad_kind_lists_the_allowed_kinds(project: Path) -> None:
     text = STREAM + "substreams:\n  - name: w\n    stream: events\n    kind: tumblin\n"
     err = fail(project, text)
     assert (err.line, err.key, err.value) == (8, "substreams[0].kind", "tumblin")
-    assert err.allowed == "epoch, tumbling, session, per_key"
+    assert err.allowed == "epoch, tumbling, hopping, session, per_key"
     assert str(err) == (
         f"{err.file}:8: substreams[0].kind: 'tumblin' is not allowed;"
-        " allowed: epoch, tumbling, session, per_key"
+        " allowed: epoch, tumbling, hopping, session, per_key"
     )
 
 
@@ -587,10 +587,12 @@ def test_kind_specific_key_missing(project: Path, kind: str, extra: str, missing
 @pytest.mark.parametrize(
     ("kind", "extra", "bad", "only"),
     [
-        ("session", "    key: user\n    gap_ms: 5\n    size_ms: 5\n", "size_ms", "tumbling"),
+        ("session", "    key: user\n    gap_ms: 5\n    size_ms: 5\n", "size_ms",
+         "tumbling, hopping"),
         ("tumbling", "    size_ms: 5\n    gap_ms: 5\n", "gap_ms", "session"),
         ("tumbling", "    size_ms: 5\n    key: user\n", "key", "session, per_key"),
-        ("per_key", "    key: user\n    field: ts\n", "field", "epoch, tumbling, session"),
+        ("per_key", "    key: user\n    field: ts\n", "field", "epoch, tumbling, hopping, session"),
+        ("tumbling", "    size_ms: 5\n    slide_ms: 5\n", "slide_ms", "hopping"),
     ],
 )
 def test_kind_specific_key_not_allowed(
@@ -750,13 +752,13 @@ def test_config_error_message_format_and_pickling() -> None:
         "substreams.yaml",
         14,
         "substreams[1].kind",
-        "'tumblin' is not allowed; allowed: epoch, tumbling, session, per_key",
+        "'tumblin' is not allowed; allowed: epoch, tumbling, hopping, session, per_key",
         value="tumblin",
-        allowed="epoch, tumbling, session, per_key",
+        allowed="epoch, tumbling, hopping, session, per_key",
     )
     assert str(err) == (
         "substreams.yaml:14: substreams[1].kind: 'tumblin' is not allowed;"
-        " allowed: epoch, tumbling, session, per_key"
+        " allowed: epoch, tumbling, hopping, session, per_key"
     )
     copy = pickle.loads(pickle.dumps(err))
     assert isinstance(copy, ConfigError)
@@ -1042,3 +1044,30 @@ def test_a_merged_mapping_reused_by_an_alias_is_no_duplicate(project: Path) -> N
     config = load(project, text)
     policy = SealPolicy(lateness_ms=5, late="dead_letter")
     assert [s.seal for s in config.substreams] == [policy, policy]
+
+
+# --------------------------------------------------------------------- hopping windows
+
+
+def test_hopping_loads_with_its_panes(project: Path) -> None:
+    config = load(project, substream("kind: hopping", "size_ms: 30", "slide_ms: 10"))
+    sub = config.substream("w")
+    assert sub == SubstreamConfig("w", "events", "hopping", field="ts", size_ms=30, slide_ms=10)
+    assert (sub.pane_ms, sub.panes_per_window) == (10, 3)
+    tumbling = SubstreamConfig("t", "events", "tumbling", field="ts", size_ms=30)
+    assert (tumbling.pane_ms, tumbling.panes_per_window) == (30, 1)
+
+
+@pytest.mark.parametrize(("size", "slide"), [(25, 10), (10, 30)])
+def test_hopping_size_must_be_a_multiple_of_slide(project: Path, size: int, slide: int) -> None:
+    text = substream("kind: hopping", f"size_ms: {size}", f"slide_ms: {slide}")
+    err = fail(project, text)
+    assert err.line == line_of(text, "size_ms:")
+    assert err.key == "substreams[0].size_ms"
+    assert f"size_ms {size} is not a multiple of slide_ms {slide}" in str(err)
+
+
+def test_hopping_needs_a_slide(project: Path) -> None:
+    err = fail(project, substream("kind: hopping", "size_ms: 30"))
+    assert (err.line, err.key) == (6, "substreams[0].slide_ms")
+    assert "missing required key 'slide_ms' (required for kind 'hopping')" in str(err)
