@@ -57,12 +57,27 @@ Rules (the termination rule is :mod:`substreams.acker.table`'s, liveness is
    warned of, once per hold).  Off by default: an eviction makes the source's later records
    at the times then notified late (module :mod:`substreams.acker.liveness`; docs/design.md,
    "A live source that never seals").
+10. *Heartbeat.*  A transaction is committed at least every ``heartbeat_ms`` even with nothing
+   to notify (:meth:`AckerCore.heartbeat_due`): the acker's ``WriterHeartbeat`` (what a standby
+   watches), every substream's pending lower-frontier update, and a fresh checkpoint, which
+   bounds what a restart replays.  The partitions' ends are asked every
+   :func:`~substreams.acker.liveness.probe_interval_ms` (:meth:`AckerCore.probe_due`).
+11. *Start-up* (:func:`recovery`, :func:`start_offsets`).  A shard serves the state of its own
+   latest checkpoint; a checkpoint marked retired is never served (its partitions moved to
+   another layout), unless this shard is told to take them over; a checkpoint holding
+   partitions the shard does not own is refused (``acks_partitions`` changed).  Each partition
+   is read from the checkpoint's offset, or from its log start if never read; a checkpoint
+   offset below the log start is refused (retention deleted acks never applied).
+12. *Take-over* (:func:`predecessors`, :func:`may_retire`).  Partition ``p`` of a shard of
+   ``N`` comes from shard ``p % M`` of the previous ``M``-shard layout; a predecessor already
+   retired to another layout than this one's is refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from substreams.acker.deadletter import (
     REASON_MALFORMED,
@@ -78,6 +93,7 @@ from substreams.acker.liveness import (
     SilentBlocker,
     excuse_stall,
     holds_every_ms,
+    probe_interval_ms,
 )
 from substreams.acker.protocol import (
     AckReport,
@@ -95,13 +111,14 @@ from substreams.acker.table import SegmentTable, Violation
 from substreams.control.messages import (
     Completion,
     ControlBody,
+    ControlRecord,
     FrontierSnapshot,
     SourceEvicted,
     completion,
 )
 from substreams.control.notes import format_time
 from substreams.control.progress import ProgressTracker
-from substreams.errors import ProtocolError
+from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time
 
 MAX_COMPLETIONS_PER_RECORD = 500
@@ -231,6 +248,9 @@ class AckerCore:
         self._last_step_ms = 0
         self._last_judged_ms: int | None = None
         self._last_pruned_ms = 0
+        self._probe_every_ms = probe_interval_ms(source_timeout_ms)
+        self._last_probe_ms: int | None = None
+        self._last_write_ms: int | None = None
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -239,6 +259,25 @@ class AckerCore:
         for session in self.state.sessions.values():
             session.last_seen_ms = now
         self._last_step_ms = now
+        self._last_write_ms = None  # a (re)started acker heartbeats at once
+
+    # -- the shell's timers (rule 10) -------------------------------------------------
+
+    def heartbeat_due(self, now: int) -> bool:
+        """Whether this step commits a transaction even with nothing to notify (rule 10)."""
+        return self._last_write_ms is None or now - self._last_write_ms >= self.heartbeat_ms
+
+    def committed(self, now: int) -> None:
+        """The shell committed a transaction (with a checkpoint) at ``now``."""
+        self._last_write_ms = now
+
+    def probe_due(self, now: int) -> bool:
+        """Whether to ask the broker the acks partitions' ends now (rule 10); True counts as
+        the probe (one that fails waits for the next, like one that answered)."""
+        if self._last_probe_ms is not None and now - self._last_probe_ms < self._probe_every_ms:
+            return False
+        self._last_probe_ms = now
+        return True
 
     # -- messages ------------------------------------------------------------------------
 
@@ -428,6 +467,24 @@ class AckerCore:
             if session is not None and session.incarnation == incarnation:
                 writer = session.writer or None
         return self.live.named(blocker, source, incarnation, writer)
+
+    def named_record(
+        self, blocker: Blocker, value: bytes | None, headers: Iterable[tuple[str, bytes]] | None
+    ) -> Blocker:
+        """:meth:`named` from the blocker's first message as read (``value`` None: there
+        was none to read): a Register names its writer, any other ack its source and
+        incarnation, an undecodable one nothing."""
+        source = incarnation = writer = None
+        if value is not None:
+            try:
+                ack = decode_ack(value, headers)
+            except ProtocolError:
+                pass
+            else:
+                source, incarnation = ack.source, ack.incarnation
+                if isinstance(ack.body, Register):
+                    writer = ack.body.writer or None
+        return self.named(blocker, source, incarnation, writer)
 
     def fenced(self, key: SessionKey, high: int) -> None:
         """The shell fenced the writer of an :class:`Evict` and read the partition's high
@@ -663,3 +720,88 @@ def _open_starts(table: SegmentTable) -> dict[tuple[str, int], int]:
             if lo < starts.get(key, lo + 1):
                 starts[key] = lo
     return starts
+
+
+# -- start-up and shards (rules 11 and 12): the shell's decisions, as values ----------------
+
+Recovery = Literal["resume", "empty", "take_over"]
+
+
+def retired_error(name: str, state: AckerState) -> SubstreamsError:
+    """Why acker ``name``, whose checkpoint ``state`` is marked retired, may not serve."""
+    retired = state.retired or {}
+    return SubstreamsError(
+        f"acker '{name}' was retired: its acks partitions were handed over to a "
+        f"{retired.get('to_shards', '?')}-shard layout (by '{retired.get('by', '?')}'); start "
+        "the shards of that layout instead (or this one again with --from-shards)"
+    )
+
+
+def recovery(
+    name: str, own: AckerState | None, partitions: Iterable[int], from_shards: int | None,
+    owner: str = "this shard",
+) -> Recovery:
+    """Rule 11: what a starting acker does with the state of its own latest checkpoint
+    (``own``; None: it has none): take its partitions over from the ``from_shards`` layout,
+    start empty, or resume ``own``.  Raises for a retired checkpoint not to be taken over,
+    and for one holding partitions that ``owner`` does not own."""
+    if from_shards is not None and (own is None or own.retired is not None):
+        return "take_over"
+    if own is None:
+        return "empty"
+    if own.retired is not None:
+        raise retired_error(name, own)
+    foreign = set(own.acks_offsets) - set(partitions)
+    if foreign:
+        raise SubstreamsError(
+            f"acker '{name}': its checkpoint holds acks partitions {sorted(foreign)} that "
+            f"{owner} does not own (did acks_partitions change?)"
+        )
+    return "resume"
+
+
+def start_offsets(offsets: dict[int, int], lows: Mapping[int, int], topic: str) -> None:
+    """Rule 11: where each acks partition is read from, given its log start (``lows``):
+    ``offsets`` (the checkpoint's) gains the log start of every partition never read, and a
+    checkpointed offset below the log start is refused -- retention removed acks this acker
+    never applied, so an epoch they belonged to may never close (or, had both halves of a
+    record's SND/RCV pair gone, close without it): not silently skipped."""
+    for p, low in lows.items():
+        if p not in offsets:
+            offsets[p] = max(0, low)
+        elif offsets[p] < low:
+            raise SubstreamsError(
+                f"acks topic '{topic}' partition {p} starts at offset {low}, past the acker's "
+                f"checkpointed position {offsets[p]}: acks were deleted by retention before "
+                "the acker read them; raise the acks topic's retention.ms"
+            )
+
+
+def predecessors(
+    name: str, partitions: Iterable[int], from_shards: int, shard_name: Callable[[int], str]
+) -> dict[str, set[int]]:
+    """Rule 12: per acker of the ``from_shards`` layout (``shard_name(i)``: shard ``i``'s
+    name), the partitions of ``partitions`` it owned.  Refuses a layout naming ``name``
+    itself (the same layout: nothing to take over)."""
+    preds: dict[str, set[int]] = {}
+    for p in partitions:
+        preds.setdefault(shard_name(p % from_shards), set()).add(p)
+    if name in preds:
+        raise SubstreamsError(
+            f"acker '{name}': --from-shards {from_shards} names this same layout"
+        )
+    return preds
+
+
+def check_retirable(pred: str, state: AckerState, shards: int) -> None:
+    """Rule 12: predecessor ``pred`` (its latest checkpoint's ``state``) may be retired to
+    a ``shards``-shard layout unless it was retired to another one already."""
+    if state.retired is not None and state.retired.get("to_shards") != shards:
+        raise retired_error(pred, state)
+
+
+def superseded(records: Iterable[ControlRecord], name: str, next_seq: int) -> bool:
+    """After a failed commit: did another acker of ``name`` take over?  It did if the
+    checkpoint topic holds a record of that writer name at or past ``next_seq``, the
+    sequence number this process would have written next (the newcomer heartbeats there)."""
+    return any(rec.writer == name and rec.seq >= next_seq for rec in records)

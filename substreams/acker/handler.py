@@ -1,8 +1,9 @@
 """The acker side of the command protocol: reads commands, answers on the response topic.
 
-Installed as ``AckerService.command_handler`` and called once per service step, so commands
-are served by the thread that owns the acker's state (no locking) and cost two non-blocking
-polls when idle.  On its first call it rebuilds the command state through a
+Built with its service (:meth:`substreams.app.Application.acker`, as
+``AckerService.command_handler``) and called once per service step, so commands are served by
+the thread that owns the acker's state (no locking) and cost two non-blocking polls when
+idle.  On its first call it rebuilds the command state through a
 :class:`~substreams.acker.history.CommandHistory`: from the reduced history the acker's latest
 checkpoint holds (:meth:`CommandHandler.capture`, at most every ``capture_interval_ms``) and the
 commands after it -- or, without one, by replaying the command topic from offset 0 --
@@ -164,6 +165,7 @@ class CommandHandler:
         """Fed completions of a topic still being backfilled, kept in order until it ends."""
         fast: dict[str, Any] = {"linger.ms": 0}
         self._producer = client.producer(self.bootstrap, config, **fast)
+        self._closed = False
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -320,6 +322,10 @@ class CommandHandler:
             self._push_frontiers(view, force=True)
 
     def close(self) -> None:
+        """Flush the answers and close the clients (once: later calls do nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         if self._commands is not None:
             self._commands.close()
         if self._control is not None:
