@@ -96,6 +96,7 @@ from substreams.acker.liveness import (
     probe_interval_ms,
 )
 from substreams.acker.protocol import (
+    AckMessage,
     AckReport,
     Columns,
     Register,
@@ -292,52 +293,21 @@ class AckerCore:
         except ProtocolError as exc:
             return [Refusal(REASON_MALFORMED, str(exc), None)]
         body = ack.body
-        problems: list[tuple[str, str]] = []
         if isinstance(body, EvictMessage):  # an operator's order, not a source's message
-            key = (body.source, partition)
-            if self._begin_eviction(key, f"evicted by hand: {body.reason}", OPERATOR):
-                return []
-            if key in self.evicting or (
-                key in self.state.sessions and self.state.sessions[key].evicted
-            ):
-                return []  # already on its way out here
-            if self.acks_partitions == 1:
-                return [Refusal(REASON_UNREGISTERED,
-                                f"cannot evict '{body.source}': not a live registered source",
-                                ack.source)]
-            # the order goes to every partition; this one's segments lack the source
-            self._pending.warnings.append(
-                f"nothing to evict for '{body.source}' on acks partition {partition}"
-            )
-            return []
+            return self._operator_evict(ack.source, body, partition)
         skey = (ack.source, partition)
         session = self.state.sessions.get(skey)
         if isinstance(body, SourceHeartbeat):  # sent outside transactions: no sequence
-            if session is not None and (
-                session.incarnation == ack.incarnation
-                or "old_heartbeat" in self.reintroduced  # BUG SWITCH (rule 4)
-            ):
-                session.last_seen_ms = now
-            else:
-                self.stale += 1
+            self._heartbeat(session, ack.incarnation, now)
             return []
+        problems: list[tuple[str, str]] = []
         if isinstance(body, Register) and (
             session is None or session.incarnation != ack.incarnation
         ):
-            seq = ack.seq
-            if session is not None and "seq_not_reset" in self.reintroduced:
-                seq = max(seq, session.seq)  # BUG SWITCH (rule 3)
-            self.state.sessions[skey] = SourceSession(
-                ack.incarnation, seq, now, body.writer,
-                evict_when_silent=body.evict_when_silent,
-            )
-            self.evicting.pop(skey, None)  # a new incarnation: nothing to evict
-            self._membership(ack.source, body, partition, problems)
+            self._new_session(ack, body, partition, session, now, problems)
         elif session is None:
             problems.append((REASON_UNREGISTERED, f"source '{ack.source}' is not registered"))
-        elif (session.incarnation != ack.incarnation and not (
-            "old_unregister" in self.reintroduced and isinstance(body, Unregister)  # BUG SWITCH
-        )) or session.evicted:
+        elif self._is_stale(ack, session):
             self.stale += 1
             problems.append((
                 REASON_STALE,
@@ -345,19 +315,85 @@ class AckerCore:
                 f"whose current incarnation is {session.incarnation!r}"
                 + (" (evicted)" if session.evicted else ""),
             ))
-        elif ack.seq <= session.seq:
+        elif ack.seq <= session.seq:  # rule 3: applied before the last checkpoint
             self.duplicates += 1
             return []
         else:
-            session.seq = ack.seq
-            session.last_seen_ms = now
-            if isinstance(body, Register | Unregister):  # joins more substreams / leaves
-                self._membership(ack.source, body, partition, problems)
-            elif isinstance(body, AckReport):
-                self._apply_report(ack.source, body, partition, now, problems)
+            self._in_session(ack, session, partition, now, problems)
         if not problems:
             return []
         return [Refusal(problems[0][0], "; ".join(p[1] for p in problems), ack.source)]
+
+    def _operator_evict(
+        self, sender: str, body: EvictMessage, partition: int
+    ) -> list[Refusal]:
+        """Rule 6, an operator's ``Evict`` (sent to every acks partition): begin the
+        eviction where the source is a live SOURCE; elsewhere it is nothing to do."""
+        key = (body.source, partition)
+        if self._begin_eviction(key, f"evicted by hand: {body.reason}", OPERATOR):
+            return []
+        if key in self.evicting or (
+            key in self.state.sessions and self.state.sessions[key].evicted
+        ):
+            return []  # already on its way out here
+        if self.acks_partitions == 1:
+            return [Refusal(REASON_UNREGISTERED,
+                            f"cannot evict '{body.source}': not a live registered source",
+                            sender)]
+        # the order goes to every partition; this one's segments lack the source
+        self._pending.warnings.append(
+            f"nothing to evict for '{body.source}' on acks partition {partition}"
+        )
+        return []
+
+    def _heartbeat(self, session: SourceSession | None, incarnation: str, now: int) -> None:
+        """Rule 4: a heartbeat of the current incarnation refreshes liveness; any other is
+        counted stale and dropped."""
+        if session is not None and (
+            session.incarnation == incarnation
+            or "old_heartbeat" in self.reintroduced  # BUG SWITCH (rule 4)
+        ):
+            session.last_seen_ms = now
+        else:
+            self.stale += 1
+
+    def _new_session(
+        self, ack: AckMessage, body: Register, partition: int, old: SourceSession | None,
+        now: int, problems: list[tuple[str, str]],
+    ) -> None:
+        """Rule 2: a Register of another incarnation starts a new session (and drops an
+        eviction in progress of the old one)."""
+        seq = ack.seq
+        if old is not None and "seq_not_reset" in self.reintroduced:
+            seq = max(seq, old.seq)  # BUG SWITCH (rule 3)
+        skey = (ack.source, partition)
+        self.state.sessions[skey] = SourceSession(
+            ack.incarnation, seq, now, body.writer, evict_when_silent=body.evict_when_silent,
+        )
+        self.evicting.pop(skey, None)  # a new incarnation: nothing to evict
+        self._membership(ack.source, body, partition, problems)
+
+    def _is_stale(self, ack: AckMessage, session: SourceSession) -> bool:
+        """Rule 4: a message of another incarnation than the session's, or of an evicted
+        one."""
+        return (session.incarnation != ack.incarnation and not (
+            "old_unregister" in self.reintroduced  # BUG SWITCH (rule 4)
+            and isinstance(ack.body, Unregister)
+        )) or session.evicted
+
+    def _in_session(
+        self, ack: AckMessage, session: SourceSession, partition: int, now: int,
+        problems: list[tuple[str, str]],
+    ) -> None:
+        """Rules 3 and 5: a new message of the current incarnation moves the session on and
+        applies (membership, reports and seals)."""
+        session.seq = ack.seq
+        session.last_seen_ms = now
+        body = ack.body
+        if isinstance(body, Register | Unregister):  # joins more substreams / leaves
+            self._membership(ack.source, body, partition, problems)
+        elif isinstance(body, AckReport):
+            self._apply_report(ack.source, body, partition, now, problems)
 
     def _segment(
         self, sub: str, partition: int, problems: list[tuple[str, str]]

@@ -216,26 +216,9 @@ class AckerService:
         self.config = config
         self.clock = clock
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
-        self.shards = shards or config.acker.shards
-        self.shard = shard
-        self.from_shards = from_shards
-        self.base_name = name or config.acker.name
-        self.name = config.acker.shard_name(shard, self.shards, self.base_name)
         self.standby = standby
         self.max_batch = max_batch
-        parts = config.acker.acks_partitions
-        self.partitions = shard_partitions(shard, self.shards, parts)
-        if from_shards is not None:
-            shard_partitions(0, from_shards, parts)  # refuse an impossible layout now
-        self.home = {s: segment_partition(s, parts) for s in acker_segments(config)}
-        """Every acker substream's acks partition (this shard's and the others')."""
-        self.segments: dict[str, Segment] = {
-            s: seg for s, seg in acker_segments(config).items()
-            if self.home[s] in self.partitions
-        }
-        self.control_topics = {s: config.acker.control_topic(s) for s in self.segments}
-        self.checkpoint_topic = checkpoint_topic(config, self.name)
-        self.acks_topic = config.acker.acks_topic
+        self._layout(name, shard, shards, from_shards)
         self.core = self._new_core(AckerState())
         self.on_step = on_step
         self.dead_letters = 0
@@ -264,6 +247,30 @@ class AckerService:
         """The command protocol's handler, built with the service (None: commands are not
         served); closed by :meth:`close`."""
         return self._commands
+
+    def _layout(
+        self, name: str | None, shard: int, shards: int | None, from_shards: int | None
+    ) -> None:
+        """This shard's name, acks partitions, substreams (segments) and topics."""
+        config = self.config
+        self.shards = shards or config.acker.shards
+        self.shard = shard
+        self.from_shards = from_shards
+        self.base_name = name or config.acker.name
+        self.name = config.acker.shard_name(shard, self.shards, self.base_name)
+        parts = config.acker.acks_partitions
+        self.partitions = shard_partitions(shard, self.shards, parts)
+        if from_shards is not None:
+            shard_partitions(0, from_shards, parts)  # refuse an impossible layout now
+        self.home = {s: segment_partition(s, parts) for s in acker_segments(config)}
+        """Every acker substream's acks partition (this shard's and the others')."""
+        self.segments: dict[str, Segment] = {
+            s: seg for s, seg in acker_segments(config).items()
+            if self.home[s] in self.partitions
+        }
+        self.control_topics = {s: config.acker.control_topic(s) for s in self.segments}
+        self.checkpoint_topic = checkpoint_topic(config, self.name)
+        self.acks_topic = config.acker.acks_topic
 
     def _new_core(self, state: AckerState, old: AckerCore | None = None) -> AckerCore:
         core = AckerCore(
