@@ -28,6 +28,7 @@ from substreams.config import Config, SealPolicy
 from substreams.control.direct import DirectProgress
 from substreams.control.notifications import Notifications
 from substreams.control.subscriber import Start
+from substreams.kafka.clock import SYSTEM, Clock
 from substreams.punctuation.hook import PunctuationHook
 from substreams.streams.publisher import Mechanisms, Publisher
 
@@ -77,6 +78,8 @@ class Application:
     bootstrap: str | None = None
     """Overrides ``kafka.bootstrap`` (and ``$SUBSTREAMS_BOOTSTRAP``) for every client."""
     mechanisms: Mechanisms = field(default_factory=lambda: TRACKED)
+    clock: Clock = SYSTEM
+    """Where the services read time (a :class:`~substreams.kafka.clock.SimClock` in tests)."""
 
     def publisher(
         self,
@@ -113,14 +116,34 @@ class Application:
         shard: int = 0,
         shards: int | None = None,
         from_shards: int | None = None,
+        max_batch: int = 5000,
+        commands: bool = True,
+        on_step: Callable[[AckerService], None] | None = None,
+        **command_options: Any,
     ) -> AckerService:
         """The acker service (one shard of it with ``shards``; see
-        :class:`~substreams.acker.service.AckerService`)."""
+        :class:`~substreams.acker.service.AckerService`) with, unless ``commands`` is False,
+        its command handler: every shard answers commands for the substreams it owns,
+        under its own name (``command_options``: the
+        :class:`~substreams.acker.handler.CommandHandler`'s keyword options).  ``on_step``
+        is called after each step (``substreams acker run``'s progress lines).  The
+        service owns the handler: :meth:`AckerService.close` closes both."""
+        from substreams.acker.handler import CommandHandler
         from substreams.acker.service import AckerService
+
+        if command_options and not commands:
+            raise TypeError(f"command handler options without commands: {command_options}")
+
+        def handler(service: AckerService) -> CommandHandler:
+            return CommandHandler(
+                self.config, service.bootstrap, service.name, owned=service.segments,
+                **command_options,
+            )
 
         return AckerService(
             self.config, self.bootstrap, name, standby=standby, shard=shard, shards=shards,
-            from_shards=from_shards,
+            from_shards=from_shards, max_batch=max_batch,
+            commands=handler if commands else None, on_step=on_step, clock=self.clock,
         )
 
     def aligner(

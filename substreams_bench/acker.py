@@ -42,7 +42,6 @@ from typing import Any, Protocol
 from confluent_kafka import TopicPartition
 
 from substreams.acker.core import announce, apply_block
-from substreams.acker.handler import CommandHandler
 from substreams.acker.protocol import (
     AckBlock,
     AckEntry,
@@ -56,7 +55,7 @@ from substreams.acker.protocol import (
     segment_partition,
     split_body,
 )
-from substreams.acker.service import AckerService, relax_gc
+from substreams.acker.service import relax_gc
 from substreams.acker.state import AckerState
 from substreams.app import Application
 from substreams.config import Config
@@ -142,11 +141,9 @@ def throughput(ctx: BenchContext, messages: int, entries: int, substreams: int) 
             headers=headers,
         )
     producer.flush(60)
-    service = AckerService(config, ctx.bootstrap, max_batch=5000)
-    handler = CommandHandler(config, service.bootstrap, service.name)
-    service.command_handler = handler
+    service = Application(config, ctx.bootstrap).acker(max_batch=5000)
     service.start()
-    handler(service)  # the handler's one-off start-up (replaying an empty command topic)
+    service.serve_commands()  # the handler's one-off start-up (an empty command topic)
     applied = 0
     t0 = time.perf_counter()
     deadline = t0 + 300
@@ -155,7 +152,6 @@ def throughput(ctx: BenchContext, messages: int, entries: int, substreams: int) 
     elapsed = time.perf_counter() - t0
     notifications = service.notifications
     service.close()
-    handler.close()
     expected = substreams * (messages // per_time)
     return {
         "measurement": "acks applied (one acker)",
@@ -369,7 +365,9 @@ def step_kafka(ctx: BenchContext, times: int, per_message: int = 100) -> list[di
     rows = []
     for generic in (True, False):
         name = f"{config.acker.name}.{'generic' if generic else 'runs'}"
-        service = AckerService(config, ctx.bootstrap, name, max_batch=5000)
+        service = Application(config, ctx.bootstrap).acker(
+            name=name, max_batch=5000, commands=False
+        )
         service.start()
         for table in service.state.tables.values():
             table.int_runs = not generic
@@ -443,11 +441,11 @@ def _shard_worker(
     """One acker (shard) process: start, say ready, wait for the release, then apply
     ``expected`` ack messages; put (shard, applied, notifications, t0, t1, CPU seconds) on
     ``out``."""
-    service = AckerService(config, bootstrap, name, max_batch=5000, shard=shard, shards=shards)
-    handler = CommandHandler(config, service.bootstrap, service.name, owned=service.segments)
-    service.command_handler = handler
+    service = Application(config, bootstrap).acker(
+        name=name, max_batch=5000, shard=shard, shards=shards
+    )
     service.start()
-    handler(service)  # the handler's one-off start-up
+    service.serve_commands()  # the handler's one-off start-up
     ready.set()  # (a step here would already apply acks: the measurement starts at go)
     go.wait()
     t0, c0 = time.time(), time.process_time()
@@ -458,7 +456,6 @@ def _shard_worker(
     t1, c1 = time.time(), time.process_time()
     notifications = service.notifications
     service.close()
-    handler.close()
     out.put((shard, applied, notifications, t0, t1, c1 - c0))
 
 
@@ -542,11 +539,9 @@ def _g1_worker(
     wait for the release, then step until ``expected`` times are notified; put (applied,
     notifications, t0, t1, CPU seconds, steps, transactions) on ``out``."""
     relax_gc()
-    service = AckerService(config, bootstrap)
-    handler = CommandHandler(config, service.bootstrap, service.name)
-    service.command_handler = handler
+    service = Application(config, bootstrap).acker()
     service.start()
-    handler(service)
+    service.serve_commands()
     ready.set()
     go.wait()
     t0, c0 = time.time(), time.process_time()
@@ -560,7 +555,6 @@ def _g1_worker(
     notifications = service.notifications
     transactions = service.state.checkpoints - checkpoints
     service.close()
-    handler.close()
     out.put((applied, notifications, t0, t1, c1 - c0, steps, transactions))
 
 
@@ -648,9 +642,7 @@ def seal_latency(ctx: BenchContext, samples: int, records: int) -> tuple[list[fl
         acker={"heartbeat_ms": 500, "flush_ms": 2},
     )
     stream, sub = config.streams[0].name, config.substreams[0].name
-    service = AckerService(config, ctx.bootstrap)
-    handler = CommandHandler(config, service.bootstrap, service.name)
-    service.command_handler = handler
+    service = Application(config, ctx.bootstrap).acker()
     stop = threading.Event()
     thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
     thread.start()
@@ -675,8 +667,7 @@ def seal_latency(ctx: BenchContext, samples: int, records: int) -> tuple[list[fl
     finally:
         tail.close()
         stop.set()
-        thread.join(20)
-        handler.close()
+        thread.join(20)  # run() closes the service and its handler
     return latencies, missed
 
 

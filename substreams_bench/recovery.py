@@ -49,6 +49,7 @@ from substreams.acker.protocol import segment_partition
 from substreams.acker.service import AckerService, checkpoint_topic, transactional_id
 from substreams.acker.state import AckerState, SourceSession
 from substreams.acker.table import SOURCE
+from substreams.app import Application
 from substreams.config import Config
 from substreams.control.io import ControlTail, ControlWriter
 from substreams.control.messages import (
@@ -63,7 +64,6 @@ from substreams.kafka.topics import ensure_topics
 from substreams.kafka.write import produce
 from substreams.punctuation.aligner import Punctuation
 from substreams.punctuation.reader import PunctuatedReader
-from substreams.punctuation.service import PunctuationAligner
 from substreams.streams.schemas import TYPE_PUNCTUATION, protocol_codec
 from substreams_bench.harness import (
     BenchContext,
@@ -158,7 +158,7 @@ def write_history(config: Config, notifications: int) -> dict[str, Any]:
 
 def startup(config: Config) -> tuple[float, AckerService]:
     """Seconds for ``AckerService.start()``; the service is returned started."""
-    service = AckerService(config)
+    service = Application(config).acker(commands=False)  # start() alone is measured
     t0 = time.perf_counter()
     service.start()
     return time.perf_counter() - t0, service
@@ -167,7 +167,7 @@ def startup(config: Config) -> tuple[float, AckerService]:
 def takeover(config: Config) -> float:
     """A standby on a silent checkpoint topic: seconds from its start to serving, minus the
     configured silence it must wait out."""
-    service = AckerService(config, standby=True)
+    service = Application(config).acker(standby=True, commands=False)
     stop = threading.Event()
     t0 = time.perf_counter()
     try:
@@ -250,7 +250,7 @@ def aligner_history(config: Config, punctuations: int) -> tuple[float, int]:
     t0 = time.perf_counter()
     times = write_punctuations(config, punctuations)
     sub = config.substreams[0].name
-    with PunctuationAligner(config, sub) as aligner:
+    with Application(config).aligner(sub) as aligner:
         while not (aligner.reader.caught_up and aligner.tracker.completed >= times):
             aligner.step(0.1)
     return time.perf_counter() - t0, times
@@ -261,7 +261,7 @@ def aligner_startup(config: Config, times: int) -> float:
     checkpoint: nothing is announced again)."""
     sub = config.substreams[0].name
     t0 = time.perf_counter()
-    with PunctuationAligner(config, sub) as aligner:
+    with Application(config).aligner(sub) as aligner:
         while not aligner.reader.caught_up:
             aligner.step(0.05)
         seconds = time.perf_counter() - t0

@@ -240,8 +240,8 @@ def run_acker(ctx: BenchContext, case: Case) -> dict[str, int]:
         Unregister,
         decode_ack,
     )
-    from substreams.acker.service import AckerService
     from substreams.acker.stage import Stage
+    from substreams.app import Application
 
     stages = [
         {"name": f"st{k}-{q}", "input": f"s{k - 1}", "output": f"s{k}"}
@@ -252,7 +252,8 @@ def run_acker(ctx: BenchContext, case: Case) -> dict[str, int]:
     config = ctx.config(_streams(case), [sub], stages)
     substream = config.substreams[0].name
     streams = [s.name for s in config.streams]
-    service = AckerService(config, ctx.bootstrap)
+    app = Application(config, ctx.bootstrap)
+    service = app.acker(commands=False)  # control traffic only: no command protocol
     stop = threading.Event()
     acker = threading.Thread(target=service.run, args=(stop,), daemon=True)
     acker.start()
@@ -264,7 +265,7 @@ def run_acker(ctx: BenchContext, case: Case) -> dict[str, int]:
             row = []
             for q in range(case.partitions):
                 name = config.stages[(k - 1) * case.partitions + q].name
-                st = Stage(config, name, lambda e: [dict(e.payload)], bootstrap=ctx.bootstrap)
+                st = app.stage(name, lambda e: [dict(e.payload)])
                 # task q reads partition q only (Stage assigns every partition)
                 st.consumer.assign([TopicPartition(streams[k - 1], q, 0)])
                 row.append(st)

@@ -57,12 +57,27 @@ Rules (the termination rule is :mod:`substreams.acker.table`'s, liveness is
    warned of, once per hold).  Off by default: an eviction makes the source's later records
    at the times then notified late (module :mod:`substreams.acker.liveness`; docs/design.md,
    "A live source that never seals").
+10. *Heartbeat.*  A transaction is committed at least every ``heartbeat_ms`` even with nothing
+   to notify (:meth:`AckerCore.heartbeat_due`): the acker's ``WriterHeartbeat`` (what a standby
+   watches), every substream's pending lower-frontier update, and a fresh checkpoint, which
+   bounds what a restart replays.  The partitions' ends are asked every
+   :func:`~substreams.acker.liveness.probe_interval_ms` (:meth:`AckerCore.probe_due`).
+11. *Start-up* (:func:`recovery`, :func:`start_offsets`).  A shard serves the state of its own
+   latest checkpoint; a checkpoint marked retired is never served (its partitions moved to
+   another layout), unless this shard is told to take them over; a checkpoint holding
+   partitions the shard does not own is refused (``acks_partitions`` changed).  Each partition
+   is read from the checkpoint's offset, or from its log start if never read; a checkpoint
+   offset below the log start is refused (retention deleted acks never applied).
+12. *Take-over* (:func:`predecessors`, :func:`may_retire`).  Partition ``p`` of a shard of
+   ``N`` comes from shard ``p % M`` of the previous ``M``-shard layout; a predecessor already
+   retired to another layout than this one's is refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from substreams.acker.deadletter import (
     REASON_MALFORMED,
@@ -78,8 +93,10 @@ from substreams.acker.liveness import (
     SilentBlocker,
     excuse_stall,
     holds_every_ms,
+    probe_interval_ms,
 )
 from substreams.acker.protocol import (
+    AckMessage,
     AckReport,
     Columns,
     Register,
@@ -95,13 +112,14 @@ from substreams.acker.table import SegmentTable, Violation
 from substreams.control.messages import (
     Completion,
     ControlBody,
+    ControlRecord,
     FrontierSnapshot,
     SourceEvicted,
     completion,
 )
 from substreams.control.notes import format_time
 from substreams.control.progress import ProgressTracker
-from substreams.errors import ProtocolError
+from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time
 
 MAX_COMPLETIONS_PER_RECORD = 500
@@ -231,6 +249,9 @@ class AckerCore:
         self._last_step_ms = 0
         self._last_judged_ms: int | None = None
         self._last_pruned_ms = 0
+        self._probe_every_ms = probe_interval_ms(source_timeout_ms)
+        self._last_probe_ms: int | None = None
+        self._last_write_ms: int | None = None
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -239,6 +260,25 @@ class AckerCore:
         for session in self.state.sessions.values():
             session.last_seen_ms = now
         self._last_step_ms = now
+        self._last_write_ms = None  # a (re)started acker heartbeats at once
+
+    # -- the shell's timers (rule 10) -------------------------------------------------
+
+    def heartbeat_due(self, now: int) -> bool:
+        """Whether this step commits a transaction even with nothing to notify (rule 10)."""
+        return self._last_write_ms is None or now - self._last_write_ms >= self.heartbeat_ms
+
+    def committed(self, now: int) -> None:
+        """The shell committed a transaction (with a checkpoint) at ``now``."""
+        self._last_write_ms = now
+
+    def probe_due(self, now: int) -> bool:
+        """Whether to ask the broker the acks partitions' ends now (rule 10); True counts as
+        the probe (one that fails waits for the next, like one that answered)."""
+        if self._last_probe_ms is not None and now - self._last_probe_ms < self._probe_every_ms:
+            return False
+        self._last_probe_ms = now
+        return True
 
     # -- messages ------------------------------------------------------------------------
 
@@ -253,52 +293,21 @@ class AckerCore:
         except ProtocolError as exc:
             return [Refusal(REASON_MALFORMED, str(exc), None)]
         body = ack.body
-        problems: list[tuple[str, str]] = []
         if isinstance(body, EvictMessage):  # an operator's order, not a source's message
-            key = (body.source, partition)
-            if self._begin_eviction(key, f"evicted by hand: {body.reason}", OPERATOR):
-                return []
-            if key in self.evicting or (
-                key in self.state.sessions and self.state.sessions[key].evicted
-            ):
-                return []  # already on its way out here
-            if self.acks_partitions == 1:
-                return [Refusal(REASON_UNREGISTERED,
-                                f"cannot evict '{body.source}': not a live registered source",
-                                ack.source)]
-            # the order goes to every partition; this one's segments lack the source
-            self._pending.warnings.append(
-                f"nothing to evict for '{body.source}' on acks partition {partition}"
-            )
-            return []
+            return self._operator_evict(ack.source, body, partition)
         skey = (ack.source, partition)
         session = self.state.sessions.get(skey)
         if isinstance(body, SourceHeartbeat):  # sent outside transactions: no sequence
-            if session is not None and (
-                session.incarnation == ack.incarnation
-                or "old_heartbeat" in self.reintroduced  # BUG SWITCH (rule 4)
-            ):
-                session.last_seen_ms = now
-            else:
-                self.stale += 1
+            self._heartbeat(session, ack.incarnation, now)
             return []
+        problems: list[tuple[str, str]] = []
         if isinstance(body, Register) and (
             session is None or session.incarnation != ack.incarnation
         ):
-            seq = ack.seq
-            if session is not None and "seq_not_reset" in self.reintroduced:
-                seq = max(seq, session.seq)  # BUG SWITCH (rule 3)
-            self.state.sessions[skey] = SourceSession(
-                ack.incarnation, seq, now, body.writer,
-                evict_when_silent=body.evict_when_silent,
-            )
-            self.evicting.pop(skey, None)  # a new incarnation: nothing to evict
-            self._membership(ack.source, body, partition, problems)
+            self._new_session(ack, body, partition, session, now, problems)
         elif session is None:
             problems.append((REASON_UNREGISTERED, f"source '{ack.source}' is not registered"))
-        elif (session.incarnation != ack.incarnation and not (
-            "old_unregister" in self.reintroduced and isinstance(body, Unregister)  # BUG SWITCH
-        )) or session.evicted:
+        elif self._is_stale(ack, session):
             self.stale += 1
             problems.append((
                 REASON_STALE,
@@ -306,19 +315,85 @@ class AckerCore:
                 f"whose current incarnation is {session.incarnation!r}"
                 + (" (evicted)" if session.evicted else ""),
             ))
-        elif ack.seq <= session.seq:
+        elif ack.seq <= session.seq:  # rule 3: applied before the last checkpoint
             self.duplicates += 1
             return []
         else:
-            session.seq = ack.seq
-            session.last_seen_ms = now
-            if isinstance(body, Register | Unregister):  # joins more substreams / leaves
-                self._membership(ack.source, body, partition, problems)
-            elif isinstance(body, AckReport):
-                self._apply_report(ack.source, body, partition, now, problems)
+            self._in_session(ack, session, partition, now, problems)
         if not problems:
             return []
         return [Refusal(problems[0][0], "; ".join(p[1] for p in problems), ack.source)]
+
+    def _operator_evict(
+        self, sender: str, body: EvictMessage, partition: int
+    ) -> list[Refusal]:
+        """Rule 6, an operator's ``Evict`` (sent to every acks partition): begin the
+        eviction where the source is a live SOURCE; elsewhere it is nothing to do."""
+        key = (body.source, partition)
+        if self._begin_eviction(key, f"evicted by hand: {body.reason}", OPERATOR):
+            return []
+        if key in self.evicting or (
+            key in self.state.sessions and self.state.sessions[key].evicted
+        ):
+            return []  # already on its way out here
+        if self.acks_partitions == 1:
+            return [Refusal(REASON_UNREGISTERED,
+                            f"cannot evict '{body.source}': not a live registered source",
+                            sender)]
+        # the order goes to every partition; this one's segments lack the source
+        self._pending.warnings.append(
+            f"nothing to evict for '{body.source}' on acks partition {partition}"
+        )
+        return []
+
+    def _heartbeat(self, session: SourceSession | None, incarnation: str, now: int) -> None:
+        """Rule 4: a heartbeat of the current incarnation refreshes liveness; any other is
+        counted stale and dropped."""
+        if session is not None and (
+            session.incarnation == incarnation
+            or "old_heartbeat" in self.reintroduced  # BUG SWITCH (rule 4)
+        ):
+            session.last_seen_ms = now
+        else:
+            self.stale += 1
+
+    def _new_session(
+        self, ack: AckMessage, body: Register, partition: int, old: SourceSession | None,
+        now: int, problems: list[tuple[str, str]],
+    ) -> None:
+        """Rule 2: a Register of another incarnation starts a new session (and drops an
+        eviction in progress of the old one)."""
+        seq = ack.seq
+        if old is not None and "seq_not_reset" in self.reintroduced:
+            seq = max(seq, old.seq)  # BUG SWITCH (rule 3)
+        skey = (ack.source, partition)
+        self.state.sessions[skey] = SourceSession(
+            ack.incarnation, seq, now, body.writer, evict_when_silent=body.evict_when_silent,
+        )
+        self.evicting.pop(skey, None)  # a new incarnation: nothing to evict
+        self._membership(ack.source, body, partition, problems)
+
+    def _is_stale(self, ack: AckMessage, session: SourceSession) -> bool:
+        """Rule 4: a message of another incarnation than the session's, or of an evicted
+        one."""
+        return (session.incarnation != ack.incarnation and not (
+            "old_unregister" in self.reintroduced  # BUG SWITCH (rule 4)
+            and isinstance(ack.body, Unregister)
+        )) or session.evicted
+
+    def _in_session(
+        self, ack: AckMessage, session: SourceSession, partition: int, now: int,
+        problems: list[tuple[str, str]],
+    ) -> None:
+        """Rules 3 and 5: a new message of the current incarnation moves the session on and
+        applies (membership, reports and seals)."""
+        session.seq = ack.seq
+        session.last_seen_ms = now
+        body = ack.body
+        if isinstance(body, Register | Unregister):  # joins more substreams / leaves
+            self._membership(ack.source, body, partition, problems)
+        elif isinstance(body, AckReport):
+            self._apply_report(ack.source, body, partition, now, problems)
 
     def _segment(
         self, sub: str, partition: int, problems: list[tuple[str, str]]
@@ -428,6 +503,24 @@ class AckerCore:
             if session is not None and session.incarnation == incarnation:
                 writer = session.writer or None
         return self.live.named(blocker, source, incarnation, writer)
+
+    def named_record(
+        self, blocker: Blocker, value: bytes | None, headers: Iterable[tuple[str, bytes]] | None
+    ) -> Blocker:
+        """:meth:`named` from the blocker's first message as read (``value`` None: there
+        was none to read): a Register names its writer, any other ack its source and
+        incarnation, an undecodable one nothing."""
+        source = incarnation = writer = None
+        if value is not None:
+            try:
+                ack = decode_ack(value, headers)
+            except ProtocolError:
+                pass
+            else:
+                source, incarnation = ack.source, ack.incarnation
+                if isinstance(ack.body, Register):
+                    writer = ack.body.writer or None
+        return self.named(blocker, source, incarnation, writer)
 
     def fenced(self, key: SessionKey, high: int) -> None:
         """The shell fenced the writer of an :class:`Evict` and read the partition's high
@@ -663,3 +756,88 @@ def _open_starts(table: SegmentTable) -> dict[tuple[str, int], int]:
             if lo < starts.get(key, lo + 1):
                 starts[key] = lo
     return starts
+
+
+# -- start-up and shards (rules 11 and 12): the shell's decisions, as values ----------------
+
+Recovery = Literal["resume", "empty", "take_over"]
+
+
+def retired_error(name: str, state: AckerState) -> SubstreamsError:
+    """Why acker ``name``, whose checkpoint ``state`` is marked retired, may not serve."""
+    retired = state.retired or {}
+    return SubstreamsError(
+        f"acker '{name}' was retired: its acks partitions were handed over to a "
+        f"{retired.get('to_shards', '?')}-shard layout (by '{retired.get('by', '?')}'); start "
+        "the shards of that layout instead (or this one again with --from-shards)"
+    )
+
+
+def recovery(
+    name: str, own: AckerState | None, partitions: Iterable[int], from_shards: int | None,
+    owner: str = "this shard",
+) -> Recovery:
+    """Rule 11: what a starting acker does with the state of its own latest checkpoint
+    (``own``; None: it has none): take its partitions over from the ``from_shards`` layout,
+    start empty, or resume ``own``.  Raises for a retired checkpoint not to be taken over,
+    and for one holding partitions that ``owner`` does not own."""
+    if from_shards is not None and (own is None or own.retired is not None):
+        return "take_over"
+    if own is None:
+        return "empty"
+    if own.retired is not None:
+        raise retired_error(name, own)
+    foreign = set(own.acks_offsets) - set(partitions)
+    if foreign:
+        raise SubstreamsError(
+            f"acker '{name}': its checkpoint holds acks partitions {sorted(foreign)} that "
+            f"{owner} does not own (did acks_partitions change?)"
+        )
+    return "resume"
+
+
+def start_offsets(offsets: dict[int, int], lows: Mapping[int, int], topic: str) -> None:
+    """Rule 11: where each acks partition is read from, given its log start (``lows``):
+    ``offsets`` (the checkpoint's) gains the log start of every partition never read, and a
+    checkpointed offset below the log start is refused -- retention removed acks this acker
+    never applied, so an epoch they belonged to may never close (or, had both halves of a
+    record's SND/RCV pair gone, close without it): not silently skipped."""
+    for p, low in lows.items():
+        if p not in offsets:
+            offsets[p] = max(0, low)
+        elif offsets[p] < low:
+            raise SubstreamsError(
+                f"acks topic '{topic}' partition {p} starts at offset {low}, past the acker's "
+                f"checkpointed position {offsets[p]}: acks were deleted by retention before "
+                "the acker read them; raise the acks topic's retention.ms"
+            )
+
+
+def predecessors(
+    name: str, partitions: Iterable[int], from_shards: int, shard_name: Callable[[int], str]
+) -> dict[str, set[int]]:
+    """Rule 12: per acker of the ``from_shards`` layout (``shard_name(i)``: shard ``i``'s
+    name), the partitions of ``partitions`` it owned.  Refuses a layout naming ``name``
+    itself (the same layout: nothing to take over)."""
+    preds: dict[str, set[int]] = {}
+    for p in partitions:
+        preds.setdefault(shard_name(p % from_shards), set()).add(p)
+    if name in preds:
+        raise SubstreamsError(
+            f"acker '{name}': --from-shards {from_shards} names this same layout"
+        )
+    return preds
+
+
+def check_retirable(pred: str, state: AckerState, shards: int) -> None:
+    """Rule 12: predecessor ``pred`` (its latest checkpoint's ``state``) may be retired to
+    a ``shards``-shard layout unless it was retired to another one already."""
+    if state.retired is not None and state.retired.get("to_shards") != shards:
+        raise retired_error(pred, state)
+
+
+def superseded(records: Iterable[ControlRecord], name: str, next_seq: int) -> bool:
+    """After a failed commit: did another acker of ``name`` take over?  It did if the
+    checkpoint topic holds a record of that writer name at or past ``next_seq``, the
+    sequence number this process would have written next (the newcomer heartbeats there)."""
+    return any(rec.writer == name and rec.seq >= next_seq for rec in records)

@@ -1,8 +1,9 @@
 """The acker side of the command protocol: reads commands, answers on the response topic.
 
-Installed as ``AckerService.command_handler`` and called once per service step, so commands
-are served by the thread that owns the acker's state (no locking) and cost two non-blocking
-polls when idle.  On its first call it rebuilds the command state through a
+Built with its service (:meth:`substreams.app.Application.acker`, as
+``AckerService.command_handler``) and called once per service step, so commands are served by
+the thread that owns the acker's state (no locking) and cost two non-blocking polls when
+idle.  On its first call it rebuilds the command state through a
 :class:`~substreams.acker.history.CommandHistory`: from the reduced history the acker's latest
 checkpoint holds (:meth:`CommandHandler.capture`, at most every ``capture_interval_ms``) and the
 commands after it -- or, without one, by replaying the command topic from offset 0 --
@@ -164,6 +165,7 @@ class CommandHandler:
         """Fed completions of a topic still being backfilled, kept in order until it ends."""
         fast: dict[str, Any] = {"linger.ms": 0}
         self._producer = client.producer(self.bootstrap, config, **fast)
+        self._closed = False
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -236,22 +238,7 @@ class CommandHandler:
         granularity 1.  Topics the service does not write (a handler without a service of
         its own) are read."""
         acker = self.config.acker
-        position = responses_from = 0
-        kept: list[Command] = []
-        answered_as: set[str] | None = {self.name}
-        if saved is not None:
-            # Whose answers count as ours: this shard's, and those of the acker that
-            # captured the history (a predecessor after a change of layout).  A history
-            # without the name was captured when one handler served every command.
-            by = saved.get("acker")
-            answered_as = None if by is None else {self.name, str(by)}
-            try:
-                position, responses_from = int(saved["position"]), int(saved["responses_from"])
-                kept = [decode_command(base64.b64decode(c)) for c in saved["commands"]]
-            except (KeyError, TypeError, ValueError, ProtocolError) as exc:
-                raise ProtocolError(
-                    f"acker checkpoint: command history unreadable: {exc}"
-                ) from exc
+        position, responses_from, kept, answered_as = self._saved_history(saved)
         self._responses_from = responses_from
         ensure_topics(
             client.admin(self.bootstrap, self.config),
@@ -261,47 +248,9 @@ class CommandHandler:
             ],
         )
         began = time.monotonic()
-        answered: set[tuple[str, str, int]] = set()
-        responses = self._tail(acker.response_topic, responses_from)
-        try:
-            for msg in responses.iter_to_end():
-                try:
-                    resp = decode_response(msg.value() or b"", msg.headers())
-                except ProtocolError:
-                    continue
-                if answered_as is None or resp.acker in answered_as:
-                    answered.add((resp.controller, resp.nonce, resp.seq))
-        finally:
-            responses.close()
-        # A bad record is logged and counted, never a stop: the acker keeps serving.
-        self._control = ControlFollower(
-            self.bootstrap, self.config, name="command handler: control", on_bad=LOG,
-            resume=ResumeLookup(self.bootstrap, self.config),
-        )
-        starts = {t: self._recent(self._control.reader, t) for t in self._topic_sub}
-        self._control.assign(starts)
-        self._fed = {t for t in self._topic_sub if t in (own or ())}
-        ends = {t: int(self._control.reader.watermarks(t, 0)[1]) for t in self._fed}
-        self._backfill = {t: end for t, end in ends.items() if end > starts[t]}
-        self._pending = {t: [] for t in self._fed}
-        self._end_backfills()
-        self._commands = self._tail(acker.command_topic, position)
-        self._position = position
-        self._answered = answered
-        replayed = 0
-        try:
-            self._saved_replay = True
-            for saved_cmd in kept:
-                self._handle(saved_cmd, view)
-            self._saved_replay = False
-            for msg in self._commands.iter_to_end():
-                cmd = self._decode(msg)
-                if cmd is not None:
-                    self._handle(cmd, view)
-                    replayed += 1
-        finally:
-            self._answered = None
-            self._saved_replay = False
+        answered = self._answered_since(responses_from, answered_as)
+        self._follow_control(own or set())
+        replayed = self._replay(kept, position, answered, view)
         self.history.reduce()
         self._started = True
         self.replayed_from, self.replayed = position, replayed
@@ -319,7 +268,93 @@ class CommandHandler:
             self._sent_frontiers.clear()
             self._push_frontiers(view, force=True)
 
+    def _saved_history(
+        self, saved: dict[str, Any] | None
+    ) -> tuple[int, int, list[Command], set[str] | None]:
+        """What a :meth:`capture` holds: the command-topic position, the response-topic
+        offset, the reduced history, and whose answers count as ours (None: anyone's).
+        Without one: both topics from offset 0, only this handler's answers."""
+        if saved is None:
+            return 0, 0, [], {self.name}
+        # Whose answers count as ours: this shard's, and those of the acker that captured
+        # the history (a predecessor after a change of layout).  A history without the name
+        # was captured when one handler served every command.
+        by = saved.get("acker")
+        answered_as = None if by is None else {self.name, str(by)}
+        try:
+            position, responses_from = int(saved["position"]), int(saved["responses_from"])
+            kept = [decode_command(base64.b64decode(c)) for c in saved["commands"]]
+        except (KeyError, TypeError, ValueError, ProtocolError) as exc:
+            raise ProtocolError(f"acker checkpoint: command history unreadable: {exc}") from exc
+        return position, responses_from, kept, answered_as
+
+    def _answered_since(
+        self, offset: int, answered_as: set[str] | None
+    ) -> set[tuple[str, str, int]]:
+        """The (controller, nonce, seq) of every command the response topic answers from
+        ``offset`` on (by an acker of ``answered_as``; None: by any)."""
+        answered: set[tuple[str, str, int]] = set()
+        responses = self._tail(self.config.acker.response_topic, offset)
+        try:
+            for msg in responses.iter_to_end():
+                try:
+                    resp = decode_response(msg.value() or b"", msg.headers())
+                except ProtocolError:
+                    continue
+                if answered_as is None or resp.acker in answered_as:
+                    answered.add((resp.controller, resp.nonce, resp.seq))
+        finally:
+            responses.close()
+        return answered
+
+    def _follow_control(self, own: set[str]) -> None:
+        """Follow this shard's control topics from their recent tail (completed times for
+        peeks); those in ``own`` are read only up to their end now, then fed by the
+        service's commits (see :meth:`_start`)."""
+        # A bad record is logged and counted, never a stop: the acker keeps serving.
+        self._control = ControlFollower(
+            self.bootstrap, self.config, name="command handler: control", on_bad=LOG,
+            resume=ResumeLookup(self.bootstrap, self.config),
+        )
+        starts = {t: self._recent(self._control.reader, t) for t in self._topic_sub}
+        self._control.assign(starts)
+        self._fed = {t for t in self._topic_sub if t in own}
+        ends = {t: int(self._control.reader.watermarks(t, 0)[1]) for t in self._fed}
+        self._backfill = {t: end for t, end in ends.items() if end > starts[t]}
+        self._pending = {t: [] for t in self._fed}
+        self._end_backfills()
+
+    def _replay(
+        self, kept: list[Command], position: int, answered: set[tuple[str, str, int]],
+        view: _LazyView,
+    ) -> int:
+        """Handle the saved history, then the command topic from ``position`` to its end,
+        answering only what ``answered`` lacks; how many commands of the topic it read.
+        The command topic stays open for the live commands after it."""
+        self._commands = self._tail(self.config.acker.command_topic, position)
+        self._position = position
+        self._answered = answered
+        replayed = 0
+        try:
+            self._saved_replay = True
+            for saved_cmd in kept:
+                self._handle(saved_cmd, view)
+            self._saved_replay = False
+            for msg in self._commands.iter_to_end():
+                cmd = self._decode(msg)
+                if cmd is not None:
+                    self._handle(cmd, view)
+                    replayed += 1
+        finally:
+            self._answered = None
+            self._saved_replay = False
+        return replayed
+
     def close(self) -> None:
+        """Flush the answers and close the clients (once: later calls do nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         if self._commands is not None:
             self._commands.close()
         if self._control is not None:

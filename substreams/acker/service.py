@@ -34,9 +34,14 @@ that belong to its partitions as its own first checkpoint.
 
 Acks are read with ``assign()`` from stored offsets (never a consumer group).  Messages the
 acker cannot apply go to the dead-letter topic (:mod:`substreams.acker.deadletter`) and the
-acker keeps running.  ``command_handler`` (set by the command protocol) is called once per
+acker keeps running.  ``command_handler`` (the command protocol's, built with the service
+from the ``commands`` factory: :meth:`substreams.app.Application.acker`) is called once per
 step with the service; the ``(topic, value)`` pairs it returns are produced as plain
 (non-transactional) messages.
+
+Time is read from a :class:`~substreams.kafka.clock.Clock` (the system's by default), and
+every decision about a source, a time or a shard is the core's (:mod:`substreams.acker.core`):
+this module reads, writes, logs and counts.
 """
 
 from __future__ import annotations
@@ -48,20 +53,27 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 from confluent_kafka import OFFSET_END, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from substreams import metrics
-from substreams.acker.core import AckerCore, Effects, Evict
+from substreams.acker.core import (
+    AckerCore,
+    Effects,
+    Evict,
+    check_retirable,
+    predecessors,
+    recovery,
+    start_offsets,
+    superseded,
+)
 from substreams.acker.deadletter import (
     DeadLetter,
     PlainWriter,
 )
-from substreams.acker.liveness import probe_interval_ms
 from substreams.acker.protocol import (
-    Register,
-    decode_ack,
     segment_partition,
     shard_partitions,
 )
@@ -76,14 +88,28 @@ from substreams.control.messages import (
     WriterHeartbeat,
 )
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
-from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
+from substreams.errors import PublisherFencedError, SubstreamsError
 from substreams.kafka import client
 from substreams.kafka.client import fence
+from substreams.kafka.clock import SYSTEM, Clock
 from substreams.kafka.read import Reader, record_at
 from substreams.kafka.topics import ensure_topics
 from substreams.kafka.write import fenced_as
 
-CommandHandler = Callable[["AckerService"], list[tuple[str, bytes]]]
+
+class StepHandler(Protocol):
+    """What serves beside the loop, called once per step by the thread that owns the state
+    (the command protocol's :class:`~substreams.acker.handler.CommandHandler`)."""
+
+    def __call__(self, service: AckerService) -> list[tuple[str, bytes]]:
+        """One round; the ``(topic, value)`` pairs to produce as plain messages."""
+        ...
+
+    def close(self) -> None: ...
+
+
+StepHandlerFactory = Callable[["AckerService"], StepHandler]
+"""Builds a service's step handler from the service (it needs its name and substreams)."""
 
 log = logging.getLogger(__name__)
 
@@ -162,21 +188,8 @@ def latest_checkpoint(
     return find_last(bootstrap, checkpoint_topic(config, name), is_checkpoint_of(name), config)
 
 
-def retired_error(name: str, state: AckerState) -> SubstreamsError:
-    retired = state.retired or {}
-    return SubstreamsError(
-        f"acker '{name}' was retired: its acks partitions were handed over to a "
-        f"{retired.get('to_shards', '?')}-shard layout (by '{retired.get('by', '?')}'); start "
-        "the shards of that layout instead (or this one again with --from-shards)"
-    )
-
-
 def transactional_id(name: str) -> str:
     return f"substreams.acker.{name}"
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class AckerService:
@@ -193,36 +206,23 @@ class AckerService:
         shard: int = 0,
         shards: int | None = None,
         from_shards: int | None = None,
+        commands: StepHandlerFactory | None = None,
+        on_step: Callable[[AckerService], None] | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
+        """``commands``: builds the command handler (called once, with this service);
+        ``on_step``: called after every step (a progress line); ``clock``: where time is
+        read (a :class:`~substreams.kafka.clock.SimClock` in tests)."""
         self.config = config
+        self.clock = clock
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
-        self.shards = shards or config.acker.shards
-        self.shard = shard
-        self.from_shards = from_shards
-        self.base_name = name or config.acker.name
-        self.name = config.acker.shard_name(shard, self.shards, self.base_name)
         self.standby = standby
         self.max_batch = max_batch
-        parts = config.acker.acks_partitions
-        self.partitions = shard_partitions(shard, self.shards, parts)
-        if from_shards is not None:
-            shard_partitions(0, from_shards, parts)  # refuse an impossible layout now
-        self.home = {s: segment_partition(s, parts) for s in acker_segments(config)}
-        """Every acker substream's acks partition (this shard's and the others')."""
-        self.segments: dict[str, Segment] = {
-            s: seg for s, seg in acker_segments(config).items()
-            if self.home[s] in self.partitions
-        }
-        self.control_topics = {s: config.acker.control_topic(s) for s in self.segments}
-        self.checkpoint_topic = checkpoint_topic(config, self.name)
-        self.acks_topic = config.acker.acks_topic
+        self._layout(name, shard, shards, from_shards)
         self.core = self._new_core(AckerState())
-        self.command_handler: CommandHandler | None = None
+        self.on_step = on_step
         self.dead_letters = 0
         self.recoveries = 0
-        self._source_timeout_ms = config.acker.source_timeout_ms
-        self._probe_s = probe_interval_ms(self._source_timeout_ms) / 1000.0
-        self._last_probe = float("-inf")
         self._admin: AdminClient | None = None
         self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"acker-io-{self.name}")
         """Fences run here, off the loop (see :meth:`_fence_for`)."""
@@ -236,11 +236,41 @@ class AckerService:
         self._writer: ControlWriter | None = None
         self._reader: Reader | None = None
         self._out: PlainWriter | None = None
-        self._last_write = float("-inf")
         self._heartbeat_s = config.acker.heartbeat_ms / 1000.0
         self._open_gauges = metrics.OpenTimes(self.name)
         self._hold_gauges = metrics.UnsealedAges(self.name)
         self._gauges_due = metrics.Periodic(1.0)
+        self._commands: StepHandler | None = None if commands is None else commands(self)
+
+    @property
+    def command_handler(self) -> StepHandler | None:
+        """The command protocol's handler, built with the service (None: commands are not
+        served); closed by :meth:`close`."""
+        return self._commands
+
+    def _layout(
+        self, name: str | None, shard: int, shards: int | None, from_shards: int | None
+    ) -> None:
+        """This shard's name, acks partitions, substreams (segments) and topics."""
+        config = self.config
+        self.shards = shards or config.acker.shards
+        self.shard = shard
+        self.from_shards = from_shards
+        self.base_name = name or config.acker.name
+        self.name = config.acker.shard_name(shard, self.shards, self.base_name)
+        parts = config.acker.acks_partitions
+        self.partitions = shard_partitions(shard, self.shards, parts)
+        if from_shards is not None:
+            shard_partitions(0, from_shards, parts)  # refuse an impossible layout now
+        self.home = {s: segment_partition(s, parts) for s in acker_segments(config)}
+        """Every acker substream's acks partition (this shard's and the others')."""
+        self.segments: dict[str, Segment] = {
+            s: seg for s, seg in acker_segments(config).items()
+            if self.home[s] in self.partitions
+        }
+        self.control_topics = {s: config.acker.control_topic(s) for s in self.segments}
+        self.checkpoint_topic = checkpoint_topic(config, self.name)
+        self.acks_topic = config.acker.acks_topic
 
     def _new_core(self, state: AckerState, old: AckerCore | None = None) -> AckerCore:
         core = AckerCore(
@@ -288,97 +318,88 @@ class AckerService:
         """Take over the transactional id (fencing any zombie), recover and seek."""
         if self.started:
             return
-        began = time.monotonic()
+        began = self.clock.monotonic()
         log.info("acker '%s' starting: taking over transactional id '%s'", self.name,
                  transactional_id(self.name))
         self._admin = client.admin(self.bootstrap, self.config)
         ensure_topics(self._admin, [self.config.topic_spec(self.checkpoint_topic)])
+        heads = self._open_writer()
+        took_over = self._recover(heads)
+        every = self.config.acker.snapshot_every
+        for sub in self.segments:
+            self.state.ensure(sub, every, self.config.substream(sub).gap_ms)
+        self.core.started(self.clock.now_ms())  # the acker's own downtime evicts no one
+        self._open_reader()
+        self.started = True
+        if took_over:
+            # The moved state becomes this shard's own: its first checkpoint.  A crash
+            # before it takes over again from the (retired) predecessors, same state.
+            self._commit([], self.clock.now_ms())
+        log.info(
+            "acker '%s' started in %.3f s: reading acks topic '%s' from offsets %s",
+            self.name, self.clock.monotonic() - began, self.acks_topic,
+            dict(sorted(self.state.acks_offsets.items())),
+        )
+
+    def _open_writer(self) -> dict[str, tuple[int, ControlRecord] | None]:
+        """The transactional control writer (its ``init_transactions`` fences a zombie of
+        this name) and the head of each of its chains."""
         topics = [*self.control_topics.values(), self.checkpoint_topic]
         try:
             self._writer = ControlWriter(
-                self.bootstrap,
-                self.name,
-                topics,
-                self.config,
+                self.bootstrap, self.name, topics, self.config,
                 transactional_id=transactional_id(self.name),
             )
         except PublisherFencedError as exc:
             raise self._fenced() from exc
-        heads = self._writer.recover_heads()
+        return self._writer.recover_heads()
+
+    def _recover(self, heads: dict[str, tuple[int, ControlRecord] | None]) -> bool:
+        """Load the state the core's start-up rule picks (:func:`~substreams.acker.core.
+        recovery`); True if it was taken over from the previous layout's shards."""
         found = latest_checkpoint(
             self.bootstrap, self.config, self.name, heads.get(self.checkpoint_topic)
         )
-        every = self.config.acker.snapshot_every
         chains = ", ".join(
             f"{t}: {'genesis' if h is None else f'seq {h[1].seq} at offset {h[0]}'}"
             for t, h in heads.items()
         )
         own = None if found is None else self._load(found[1])
-        took_over = False
-        if self.from_shards is not None and (own is None or own.retired is not None):
+        decided = recovery(self.name, own, self.partitions, self.from_shards,
+                           f"shard {self.shard} of {self.shards}")
+        if decided == "take_over":
             self.state = self._take_over()
-            took_over = True
             log.info("acker '%s' took acks partitions %s over from the %d-shard layout; "
                      "chain heads: %s", self.name, list(self.partitions), self.from_shards,
                      chains)
-        elif own is not None and own.retired is not None:
-            raise retired_error(self.name, own)
-        elif found is None or own is None:
+            return True
+        if decided == "empty" or found is None or own is None:
             log.info("acker '%s' recovery: no checkpoint, empty state; chain heads: %s",
                      self.name, chains)
-        else:
-            at, rec = found
-            assert isinstance(rec.body, Checkpoint)
-            latest = rec.body
-            self.state = own
-            foreign = set(own.acks_offsets) - set(self.partitions)
-            if foreign:
-                raise SubstreamsError(
-                    f"acker '{self.name}': its checkpoint holds acks partitions "
-                    f"{sorted(foreign)} that shard {self.shard} of {self.shards} does not own "
-                    "(did acks_partitions change?)"
-                )
-            metrics.RESTARTS.labels("acker", self.name).inc()
-            log.info(
-                "acker '%s' recovery: checkpoint #%d (%d bytes, offset %d of '%s', written at "
-                "%d ms): %d open times, %d sources; chain heads: %s", self.name,
-                self.state.checkpoints, len(latest.state), at, self.checkpoint_topic,
-                rec.written_at_ms, sum(len(t.open) for t in self.state.tables.values()),
-                len(self.state.sessions), chains,
-            )
-        for sub in self.segments:
-            self.state.ensure(sub, every, self.config.substream(sub).gap_ms)
-        self.core.started(_now_ms())  # the acker's own downtime evicts no one
+            return False
+        at, rec = found
+        assert isinstance(rec.body, Checkpoint)
+        self.state = own
+        metrics.RESTARTS.labels("acker", self.name).inc()
+        log.info(
+            "acker '%s' recovery: checkpoint #%d (%d bytes, offset %d of '%s', written at "
+            "%d ms): %d open times, %d sources; chain heads: %s", self.name,
+            self.state.checkpoints, len(rec.body.state), at, self.checkpoint_topic,
+            rec.written_at_ms, sum(len(t.open) for t in self.state.tables.values()),
+            len(self.state.sessions), chains,
+        )
+        return False
+
+    def _open_reader(self) -> None:
+        """The dead-letter writer and the acks reader, at the offsets the core's start-up
+        rule gives (:func:`~substreams.acker.core.start_offsets`)."""
         self._out = PlainWriter(self.config, self.bootstrap)
         self._reader = Reader(
             self.bootstrap, self.config, name=f"acker '{self.name}': acks topic"
         )
-        for p in self.partitions:
-            low, _ = self._reader.watermarks(self.acks_topic, p)
-            if p not in self.state.acks_offsets:  # never read: the partition's start
-                self.state.acks_offsets[p] = max(0, int(low))
-            elif self.state.acks_offsets[p] < low:
-                # Retention removed acks this acker never applied: the reports in them are
-                # gone, so an epoch they belonged to may never close (or, had both halves of
-                # a record's SND/RCV pair gone, close without it).  Not silently skipped.
-                raise SubstreamsError(
-                    f"acks topic '{self.acks_topic}' partition {p} starts at offset {low}, "
-                    f"past the acker's checkpointed position {self.state.acks_offsets[p]}: "
-                    "acks were deleted by retention before the acker read them; raise the "
-                    "acks topic's retention.ms"
-                )
+        lows = {p: int(self._reader.watermarks(self.acks_topic, p)[0]) for p in self.partitions}
+        start_offsets(self.state.acks_offsets, lows, self.acks_topic)
         self._assign()
-        self._last_write = float("-inf")
-        self.started = True
-        if took_over:
-            # The moved state becomes this shard's own: its first checkpoint.  A crash
-            # before it takes over again from the (retired) predecessors, same state.
-            self._commit([], _now_ms())
-        log.info(
-            "acker '%s' started in %.3f s: reading acks topic '%s' from offsets %s",
-            self.name, time.monotonic() - began, self.acks_topic,
-            dict(sorted(self.state.acks_offsets.items())),
-        )
 
     def _load(self, rec: ControlRecord) -> AckerState:
         assert isinstance(rec.body, Checkpoint)
@@ -399,15 +420,10 @@ class AckerService:
         shard of ours took its other partitions) is read the same way."""
         assert self.from_shards is not None
         old = self.from_shards
-        preds: dict[str, set[int]] = {}
-        for p in self.partitions:
-            preds.setdefault(
-                self.config.acker.shard_name(p % old, old, self.base_name), set()
-            ).add(p)
-        if self.name in preds:
-            raise SubstreamsError(
-                f"acker '{self.name}': --from-shards {old} names this same layout"
-            )
+        preds = predecessors(
+            self.name, self.partitions, old,
+            lambda i: self.config.acker.shard_name(i, old, self.base_name),
+        )
         state = AckerState()
         admin = client.admin(self.bootstrap, self.config)
         for pred, parts in sorted(preds.items()):
@@ -441,8 +457,7 @@ class AckerService:
                 heads = writer.recover_heads()
                 found = latest_checkpoint(self.bootstrap, self.config, pred, heads.get(topic))
                 full = AckerState() if found is None else self._load(found[1])
-                if full.retired is not None and full.retired.get("to_shards") != self.shards:
-                    raise retired_error(pred, full)
+                check_retirable(pred, full, self.shards)
                 retired = self._load(found[1]) if found is not None else AckerState()
                 retired.retired = {"to_shards": self.shards, "by": self.name}
                 offsets = tuple(sorted(retired.acks_offsets.items()))
@@ -454,7 +469,7 @@ class AckerService:
                 fenced = True
                 log.warning("acker '%s': retiring '%s' failed (%s; attempt %d); again from "
                             "the fence", self.name, pred, exc, attempt + 1)
-                time.sleep(0.2 * (attempt + 1))
+                self.clock.sleep(0.2 * (attempt + 1))
             finally:
                 if not fenced:
                     writer.close()
@@ -487,12 +502,12 @@ class AckerService:
             log.info("standby acker '%s': following the heartbeats on '%s' from its end "
                      "(taking over after %.1f s of silence)", self.name, self.checkpoint_topic,
                      timeout)
-            last_seen = time.monotonic()
+            last_seen = self.clock.monotonic()
             while not stop.is_set():
                 for _, rec in tail.poll(0.1):
                     if not isinstance(rec, Corrupt) and rec.writer == self.name:
-                        last_seen = time.monotonic()
-                silent = time.monotonic() - last_seen
+                        last_seen = self.clock.monotonic()
+                silent = self.clock.monotonic() - last_seen
                 if silent > timeout:
                     log.warning("standby acker '%s': no heartbeat for %.1f s; taking over",
                                 self.name, silent)
@@ -500,44 +515,55 @@ class AckerService:
         return False
 
     def run(self, stop: threading.Event) -> None:
-        """Serve until ``stop`` is set (as a standby: first wait to take over)."""
-        if self.standby and not self.started and not self.wait_for_takeover(stop):
-            return
-        self.start()
+        """Serve until ``stop`` is set (as a standby: first wait to take over); then close
+        (the command handler too)."""
         try:
+            if self.standby and not self.started and not self.wait_for_takeover(stop):
+                return
+            self.start()
             while not stop.is_set():
                 try:
                     self.step(0.05)
                 except KafkaException as exc:
-                    # Not a fence (that is AckerFencedError): our own transaction was lost,
-                    # e.g. the coordinator aborted it during a long outage and bumped the
-                    # producer epoch.  Everything since the last checkpoint is replayed.
-                    log.error(
-                        "acker '%s': transaction failed (%s); recovering from the latest "
-                        "checkpoint", self.name, exc,
-                    )
-                    self.recoveries += 1
-                    if self._superseded(stop):
-                        raise self._fenced() from exc
-                    # The newcomer may not have heartbeated yet; librdkafka then learns of
-                    # the fence only now, when the failed producer is flushed and closed.
-                    try:
-                        with fenced_as(self._fenced):
-                            self.close()
-                    except AckerFencedError:
-                        raise
-                    except PublisherFencedError as fence:
-                        raise self._fenced() from fence
-                    self.state = AckerState()
-                    self.start()
-                    log.warning("acker '%s': rewound to its latest checkpoint; acks after it "
-                                "are applied again", self.name)
+                    self._rewind(exc, stop)
         finally:
             self.close()
             log.info("acker '%s' stopped after %d notifications, %d dead letters",
                      self.name, self.notifications, self.dead_letters)
 
+    def _rewind(self, exc: KafkaException, stop: threading.Event) -> None:
+        """Not a fence (that is AckerFencedError): our own transaction was lost, e.g. the
+        coordinator aborted it during a long outage and bumped the producer epoch.
+        Everything since the last checkpoint is replayed."""
+        log.error("acker '%s': transaction failed (%s); recovering from the latest "
+                  "checkpoint", self.name, exc)
+        self.recoveries += 1
+        if self._superseded(stop):
+            raise self._fenced() from exc
+        # The newcomer may not have heartbeated yet; librdkafka then learns of the fence
+        # only now, when the failed producer is flushed and closed.
+        try:
+            with fenced_as(self._fenced):
+                self._disconnect()
+        except AckerFencedError:
+            raise
+        except PublisherFencedError as fence:
+            raise self._fenced() from fence
+        self.state = AckerState()
+        self.start()
+        log.warning("acker '%s': rewound to its latest checkpoint; acks after it are applied "
+                    "again", self.name)
+
     def close(self) -> None:
+        """Stop for good: the Kafka clients and the command handler.  (A recovery inside
+        :meth:`run` only reconnects: the handler keeps its state.)"""
+        self._disconnect()
+        if self._commands is not None:
+            self._commands.close()
+            self._commands = None
+
+    def _disconnect(self) -> None:
+        """Close the Kafka clients; :meth:`start` opens them again."""
         for _, done in self._evictions:
             done.cancel()
         self._evictions = []
@@ -567,7 +593,7 @@ class AckerService:
             records = read_control(self.bootstrap, self.checkpoint_topic, self.config)
         except (KafkaException, SubstreamsError):
             return False
-        return any(rec.writer == self.name and rec.seq >= ours for _, rec in records)
+        return superseded((rec for _, rec in records), self.name, ours)
 
     def _fenced(self) -> AckerFencedError:
         self.fenced = True
@@ -587,7 +613,7 @@ class AckerService:
         t_poll = time.perf_counter()
         msgs = self._reader.poll_batch(timeout, self.max_batch)
         t_woke = time.perf_counter()
-        now = _now_ms()
+        now = self.clock.now_ms()
         applied = 0
         self.committed_notes = []
         core = self.core
@@ -601,21 +627,30 @@ class AckerService:
         self._collect()
         items = self._carry_out(core.tick(now, self._liveness(now)), now)
         t_decided = time.perf_counter()
-        committed = False
-        if items or time.monotonic() - self._last_write >= self._heartbeat_s:
-            self._commit(items, now)
-            committed = True
+        heartbeat = core.heartbeat_due(now)
+        committed = bool(items) or heartbeat
+        if committed:
+            self._commit(items, now, heartbeat)
         t_committed = time.perf_counter()
-        if self.command_handler is not None:
-            out = self.command_handler(self)
-            assert self._out is not None
-            for topic, value in out:
-                self._out.produce(topic, value)
+        self.serve_commands()
+        if self.on_step is not None:
+            self.on_step(self)
         if self._gauges_due.due():
             self._export_gauges()
         if committed and self.notifications > notified and phase_log.isEnabledFor(logging.DEBUG):
             self._log_phases(msgs, t_poll, t_woke, t_applied, t_decided, t_committed)
         return applied
+
+    def serve_commands(self) -> None:
+        """One round of the command handler, if any (its first one is its start-up: a
+        benchmark runs it before it starts the clock)."""
+        if self._commands is None:
+            return
+        out = self._commands(self)
+        if out:
+            assert self._out is not None
+            for topic, value in out:
+                self._out.produce(topic, value)
 
     def _log_phases(
         self, msgs: list[Message], t_poll: float, t_woke: float, t_applied: float,
@@ -670,9 +705,8 @@ class AckerService:
         named are read.  A broker that cannot answer moves no horizon (nobody is judged on
         a guess)."""
         positions = self._positions()
-        if time.monotonic() - self._last_probe < self._probe_s:
+        if not self.core.probe_due(now):
             return positions
-        self._last_probe = time.monotonic()
         assert self._admin is not None
         parts = list(self.partitions)
         try:
@@ -700,17 +734,9 @@ class AckerService:
         """Read the blocker's first message (``read_uncommitted``) and say whose it is."""
         msg = record_at(self.bootstrap, self.config, self.acks_topic, blocker.partition,
                         blocker.offset)
-        source = incarnation = writer = None
-        if msg is not None:
-            try:
-                ack = decode_ack(msg.value() or b"", msg.headers())
-            except ProtocolError:
-                pass
-            else:
-                source, incarnation = ack.source, ack.incarnation
-                if isinstance(ack.body, Register):
-                    writer = ack.body.writer or None
-        return self.core.named(blocker, source, incarnation, writer)
+        if msg is None:
+            return self.core.named_record(blocker, None, None)
+        return self.core.named_record(blocker, msg.value() or b"", msg.headers())
 
     def _carry_out(self, effects: Effects, now: int) -> list[tuple[str, ControlBody]]:
         """The core's effects: fences (and, for an eviction, the high watermark after it,
@@ -771,9 +797,12 @@ class AckerService:
         self.dead_letters += 1
         metrics.DEAD_LETTERS.labels(self.name, reason).inc()
 
-    def _commit(self, items: list[tuple[str, ControlBody]], now: int) -> None:
+    def _commit(
+        self, items: list[tuple[str, ControlBody]], now: int, heartbeat: bool = False
+    ) -> None:
+        """One transaction: ``items``, with ``heartbeat`` the core's pending frontier
+        updates and a ``WriterHeartbeat``, and the checkpoint that accounts for them."""
         assert self._writer is not None
-        heartbeat = time.monotonic() - self._last_write >= self._heartbeat_s
         if heartbeat:
             items.extend(self.core.heartbeat_records())
             items.append((self.checkpoint_topic, WriterHeartbeat(None)))
@@ -784,7 +813,7 @@ class AckerService:
             self._writer.write(items)
         except PublisherFencedError as exc:
             raise self._fenced() from exc
-        self._last_write = time.monotonic()
+        self.core.committed(now)
         by_topic = {t: s for s, t in self.control_topics.items()}
         notes = self.committed_notes
         for topic, body in items:

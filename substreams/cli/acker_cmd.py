@@ -154,23 +154,14 @@ def run(
 
     With several shards, run one process per shard (``--shard i``), each with its own
     ``--standby`` if wanted; each serves the command protocol for its own substreams."""
-    from substreams.acker.handler import CommandHandler
     from substreams.acker.service import AckerService, relax_gc
     from substreams.app import Application
 
     config = load_config(config_path)
     relax_gc()  # this process is the acker's own
-    try:
-        service = Application(config, bootstrap).acker(
-            name=name, standby=standby, shard=shard, shards=shards, from_shards=from_shards
-        )
-    except SubstreamsError as exc:
-        raise click.UsageError(str(exc)) from exc
-    # Every shard answers commands for what it owns, under its own name.
-    handler = CommandHandler(config, service.bootstrap, service.name, owned=service.segments)
     printed = [0]
 
-    def step_hook(svc: AckerService) -> list[tuple[str, bytes]]:
+    def progress(svc: AckerService) -> None:
         if svc.notifications // every > printed[0]:
             printed[0] = svc.notifications // every
             last = max(
@@ -180,9 +171,15 @@ def run(
             )
             detail = f"; last {last[0]}@{format_time(last[1][0])}" if last else ""
             click.echo(f"{svc.notifications} notifications{detail}")
-        return handler(svc)
 
-    service.command_handler = step_hook
+    try:
+        # Every shard answers commands for what it owns, under its own name.
+        service = Application(config, bootstrap).acker(
+            name=name, standby=standby, shard=shard, shards=shards, from_shards=from_shards,
+            on_step=progress,
+        )
+    except SubstreamsError as exc:
+        raise click.UsageError(str(exc)) from exc
     stop = threading.Event()
     serve_metrics(metrics_port)
     subs = ", ".join(service.segments) or "(none)"
@@ -192,10 +189,7 @@ def run(
         f"commands on '{config.acker.command_topic}'"
     )
     with _stop_on_signals(stop):
-        try:
-            service.run(stop)
-        finally:
-            handler.close()
+        service.run(stop)  # closes the service and its command handler
     click.echo(f"acker '{service.name}' stopped after {service.notifications} notifications")
 
 

@@ -120,7 +120,7 @@ def _tracker(
     app = Application(config, bootstrap)
     stop = threading.Event()
     if sub.mechanism == "acker":
-        service = app.acker()
+        service = app.acker(commands=False)  # the demo sends no commands
         thread = threading.Thread(target=service.run, args=(stop,), name="acker", daemon=True)
     else:
         aligner = app.aligner(sub.name)

@@ -35,7 +35,6 @@ from substreams.acker.commands import (
     decode_response,
 )
 from substreams.acker.handler import CommandHandler
-from substreams.acker.service import AckerService
 from substreams.app import Application
 from substreams.cli.main import cli
 from substreams.config import Config
@@ -57,9 +56,9 @@ def tumbling(make_config: ConfigFactory) -> Config:
 @contextmanager
 def running_acker(config: Config, **handler_options: Any) -> Iterator[CommandHandler]:
     """An AckerService with the command handler, in a thread; stopped cleanly on exit."""
-    service = AckerService(config)
-    handler = CommandHandler(config, service.bootstrap, service.name, **handler_options)
-    service.command_handler = handler
+    service = Application(config).acker(**handler_options)
+    handler = service.command_handler
+    assert isinstance(handler, CommandHandler)
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -75,8 +74,7 @@ def running_acker(config: Config, **handler_options: Any) -> Iterator[CommandHan
         yield handler
     finally:
         stop.set()
-        thread.join(20)
-        handler.close()
+        thread.join(20)  # run() closes the service and its handler
     if errors:
         raise errors[0]
 

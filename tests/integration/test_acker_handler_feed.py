@@ -21,9 +21,9 @@ FAST = {"heartbeat_ms": 200, "flush_ms": 2}
 
 def _serve_until(config: Config, done: Any, keep: int) -> CommandHandler:
     """Run an acker with a handler in a thread until ``done(handler)``; the handler."""
-    service = AckerService(config)
-    handler = CommandHandler(config, service.bootstrap, service.name, keep_completed=keep)
-    service.command_handler = handler
+    service = Application(config).acker(keep_completed=keep)
+    handler = service.command_handler
+    assert isinstance(handler, CommandHandler)
     stop = threading.Event()
     thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
     thread.start()
@@ -33,8 +33,7 @@ def _serve_until(config: Config, done: Any, keep: int) -> CommandHandler:
             time.sleep(0.05)
     finally:
         stop.set()
-        thread.join(20)
-        handler.close()
+        thread.join(20)  # run() closes the service and its handler
     return handler
 
 
