@@ -7,7 +7,6 @@ submit`` passes the config through ``$SUBSTREAMS_CONFIG``.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Sequence
 
@@ -15,6 +14,7 @@ import click
 
 from substreams.config import Config, load_config
 from substreams.errors import SubstreamsError
+from substreams.spark.log import driver_logging
 from substreams.spark.operator import EpochOperator
 
 ENV_CONFIG = "SUBSTREAMS_CONFIG"
@@ -45,7 +45,7 @@ def job_command(
     ) -> None:
         from substreams.spark.runner import run
 
-        _log_progress()
+        driver_logging()
         path = config_path or os.environ.get(ENV_CONFIG) or "substreams.yaml"
         try:
             config = load_config(path)
@@ -108,14 +108,6 @@ def _job_options(
             help="Who reads the records: Spark's Kafka source + from_avro, or Python tasks.",
         ),
     ]
-
-
-def _log_progress() -> None:
-    """The runner's progress ("batch N: started", "batch N: K epochs") on stderr."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def main(command: click.Command, argv: Sequence[str] | None = None) -> None:
