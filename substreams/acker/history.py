@@ -34,7 +34,7 @@ from substreams.acker.commands import (
     SessionPhase,
     StatusRequest,
 )
-from substreams.frontier import Antichain, Time, less_equal, sort_key
+from substreams.frontier import Antichain, Time, sort_key
 
 RETIRED_NONCES = 16
 """How many older session nonces per controller are remembered (to refuse their Hellos)."""
@@ -91,11 +91,6 @@ class Kept:
     pos: int
     command: Command
     support: frozenset[int]
-
-
-def advances(new: Antichain, old: Antichain) -> bool:
-    """True iff every time beyond ``new`` is beyond ``old`` (compaction never goes back)."""
-    return all(any(less_equal(o, n) for o in old) for n in new)
 
 
 @dataclass
@@ -223,7 +218,7 @@ class CommandState:
         if body.substream not in self.known_substreams:
             return self._unknown([body.substream])
         old = self.since_of(body.substream)
-        if old is not None and not advances(Antichain(body.frontier), old):
+        if old is not None and not old.dominates(Antichain(body.frontier)):
             return Outcome(
                 OutcomeKind.REJECTED,
                 f"AllowCompaction of {body.substream!r} would move its compaction "

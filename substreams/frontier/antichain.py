@@ -32,11 +32,6 @@ class _AntichainBase:
         raise NotImplementedError
 
     @classmethod
-    def from_elem(cls, t: Time) -> Self:
-        """The singleton antichain ``{t}``."""
-        return cls._unchecked([t])
-
-    @classmethod
     def _unchecked(cls, elements: list[Time]) -> Self:
         """Wrap ``elements`` that the caller guarantees to be an antichain (no re-check)."""
         result = cls.__new__(cls)
@@ -198,10 +193,6 @@ class UpperAntichain(_AntichainBase):
             if less_equal(t, e):
                 return True
         return False
-
-    def strictly_covers(self, t: Time) -> bool:
-        """True iff some element is strictly ``> t``."""
-        return any(less_than(t, e) for e in self._elements)
 
     def union(self, other: UpperAntichain) -> UpperAntichain:
         """Maximal elements of both: merges the upper frontiers of several partitions."""

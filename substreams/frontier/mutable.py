@@ -198,13 +198,6 @@ class MutableAntichain:
         self._frontier_size = 0
         self.clear()
 
-    @classmethod
-    def new_bottom(cls, t: Time) -> MutableAntichain:
-        """A multiset holding ``t`` once, so the frontier is ``{t}``."""
-        m = cls()
-        m.update_iter(((t, 1),))
-        return m
-
     # -- updates -------------------------------------------------------------------
 
     def update_iter(self, updates: Iterable[tuple[Time, int]]) -> list[tuple[Time, int]]:
