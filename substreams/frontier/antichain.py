@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Self
 
-from substreams.frontier.time import Time, join, less_equal, less_than, sort_key
+from substreams.frontier.time import Time, less_equal, less_than, sort_key
 
 __all__ = ["Antichain", "UpperAntichain"]
 
@@ -146,20 +146,6 @@ class Antichain(_AntichainBase):
         """
         result = self.copy()
         result.extend(other._elements)
-        return result
-
-    def join(self, other: Antichain) -> Antichain:
-        """Minimal elements of ``{join(a, b) | a in self, b in other}`` (where defined).
-
-        Its upset is the *intersection* of both upsets: a time is complete in the
-        result iff complete in either input (as in Timely/differential ``join``).
-        """
-        result = Antichain()
-        for a in self._elements:
-            for b in other._elements:
-                j = join(a, b)
-                if j is not None:
-                    result.insert(j)
         return result
 
 

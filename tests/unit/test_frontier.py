@@ -22,10 +22,8 @@ from substreams.frontier import (
     MutableAntichain,
     Time,
     UpperAntichain,
-    join,
     less_equal,
     less_than,
-    meet,
     sort_key,
     time_from_wire,
     time_to_wire,
@@ -129,18 +127,6 @@ class TestTime:
             Keyed("u", (1, "x"))  # type: ignore[arg-type]
         assert repr(k) == "Keyed('u', (1, 2))"
 
-    def test_join_meet_examples(self) -> None:
-        assert join(3, 5) == 5 and meet(3, 5) == 3
-        assert join((1, 4), (3, 2)) == (3, 4) and meet((1, 4), (3, 2)) == (1, 2)
-        assert join((1,), (1, 2)) is None and meet((1,), (1, 2)) is None
-        assert join(1, (1,)) is None and meet(1, (1,)) is None
-        assert join(Keyed("u", 1), Keyed("u", 4)) == Keyed("u", 4)
-        assert meet(Keyed("u", (1, 4)), Keyed("u", (3, 2))) == Keyed("u", (1, 2))
-        assert join(Keyed("u", 1), Keyed("v", 1)) is None
-        assert meet(Keyed("u", 1), Keyed("v", 1)) is None
-        assert join(Keyed("u", 1), Keyed("u", (1,))) is None
-        assert join(Keyed("u", 1), 1) is None
-
     def test_wire_examples(self) -> None:
         assert time_to_wire(5) == {"key": None, "coords": [5], "kind": "int"}
         assert time_to_wire((1, 2)) == {"key": None, "coords": [1, 2], "kind": "tuple"}
@@ -191,30 +177,6 @@ class TestTime:
             assert a == b
         if less_equal(a, b) and less_equal(b, c):
             assert less_equal(a, c)
-
-    @SETTINGS
-    @given(times, times)
-    def test_join_is_least_upper_bound(self, a: Time, b: Time) -> None:
-        uppers = [u for u in UNIVERSE if b_le(a, u) and b_le(b, u)]
-        j = join(a, b)
-        if not uppers:
-            assert j is None
-        else:
-            assert j is not None and j in uppers
-            assert all(b_le(j, u) for u in uppers)
-        assert join(b, a) == j
-
-    @SETTINGS
-    @given(times, times)
-    def test_meet_is_greatest_lower_bound(self, a: Time, b: Time) -> None:
-        lowers = [u for u in UNIVERSE if b_le(u, a) and b_le(u, b)]
-        m = meet(a, b)
-        if not lowers:
-            assert m is None
-        else:
-            assert m is not None and m in lowers
-            assert all(b_le(u, m) for u in lowers)
-        assert meet(b, a) == m
 
     @SETTINGS
     @given(times, times)
@@ -317,14 +279,10 @@ class TestAntichain:
         assert Antichain([(0, 1), (1, 0)]).dominates(Antichain([(1, 1)]))
         assert not Antichain([(0, 1)]).dominates(Antichain([(1, 0)]))
 
-    def test_meet_and_join_examples(self) -> None:
+    def test_meet_examples(self) -> None:
         a, b = Antichain([(0, 2)]), Antichain([(2, 0)])
         assert a.meet(b) == Antichain([(0, 2), (2, 0)])
-        assert a.join(b) == Antichain([(2, 2)])
         assert Antichain([3]).meet(Antichain([5])) == Antichain([3])
-        assert Antichain([3]).join(Antichain([5])) == Antichain([5])
-        assert Antichain([Keyed("a", 1)]).join(Antichain([Keyed("b", 1)])).is_empty()
-        assert Antichain([1]).join(Antichain()).is_empty()
         assert Antichain([1]).meet(Antichain()) == Antichain([1])
 
     @SETTINGS
@@ -361,17 +319,6 @@ class TestAntichain:
         for u in UNIVERSE:
             assert m.less_equal(u) == (a.less_equal(u) or b.less_equal(u))
         assert a == Antichain(xs)  # inputs untouched
-
-    @SETTINGS
-    @given(time_sets, time_sets)
-    def test_join_matches_brute(self, xs: list[Time], ys: list[Time]) -> None:
-        a, b = Antichain(xs), Antichain(ys)
-        j = a.join(b)
-        joins = [join(x, y) for x in a.elements() for y in b.elements()]
-        assert set(j.elements()) == b_min([t for t in joins if t is not None])
-        # Upset of the join is the intersection of the upsets.
-        for u in UNIVERSE:
-            assert j.less_equal(u) == (a.less_equal(u) and b.less_equal(u))
 
 
 class TestUpperAntichain:
