@@ -23,7 +23,6 @@ from confluent_kafka import TopicPartition
 
 from substreams.acker.commands import (
     AllowCompaction,
-    CancelPeek,
     Command,
     CommandBody,
     ConfigureSubstreams,
@@ -270,9 +269,6 @@ class AckerClient:
 
     def allow_compaction(self, substream: str, frontier: Sequence[Time]) -> Command:
         return self.send(AllowCompaction(substream, tuple(frontier)))
-
-    def cancel_peek(self, peek_uuid: str) -> Command:
-        return self.send(CancelPeek(peek_uuid))
 
     def acks_lag(self, status: StatusResponse) -> dict[int, int]:
         """Per acks partition: messages not yet applied (high watermark minus the acker's

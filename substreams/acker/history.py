@@ -34,7 +34,7 @@ from substreams.acker.commands import (
     SessionPhase,
     StatusRequest,
 )
-from substreams.frontier import Antichain, Time, less_equal, sort_key
+from substreams.frontier import Antichain, Time, sort_key
 
 RETIRED_NONCES = 16
 """How many older session nonces per controller are remembered (to refuse their Hellos)."""
@@ -91,11 +91,6 @@ class Kept:
     pos: int
     command: Command
     support: frozenset[int]
-
-
-def advances(new: Antichain, old: Antichain) -> bool:
-    """True iff every time beyond ``new`` is beyond ``old`` (compaction never goes back)."""
-    return all(any(less_equal(o, n) for o in old) for n in new)
 
 
 @dataclass
@@ -202,39 +197,54 @@ class CommandState:
             return self._out_of_stage(session, type(body).__name__)
         kept = Kept(pos, cmd, session.support() | {pos})
         if isinstance(body, ConfigureSubstreams):
-            unknown = sorted(set(body.substreams) - self.known_substreams)
-            if unknown:
-                return self._unknown(unknown)
-            self.configured = kept
-            return Outcome(OutcomeKind.APPLIED)
+            return self._configure(body, kept)
         if isinstance(body, AllowCompaction):
-            if body.substream not in self.known_substreams:
-                return self._unknown([body.substream])
-            old = self.since_of(body.substream)
-            if old is not None and not advances(Antichain(body.frontier), old):
-                return Outcome(
-                    OutcomeKind.REJECTED,
-                    f"AllowCompaction of {body.substream!r} would move its compaction "
-                    "frontier back",
-                )
-            self.since[body.substream] = kept
-            return Outcome(OutcomeKind.APPLIED)
+            return self._allow_compaction(body, kept)
         if isinstance(body, Peek):
-            if body.substream not in self.known_substreams:
-                return self._unknown([body.substream])
-            if self.owned is not None and body.substream not in self.owned:
-                return Outcome(OutcomeKind.IGNORED, f"{body.substream!r} is another shard's")
-            if body.uuid in self.peeks:
-                return Outcome(OutcomeKind.REJECTED, f"peek {body.uuid} is already pending")
-            self.peeks[body.uuid] = kept
-            return Outcome(OutcomeKind.APPLIED)
+            return self._peek(body, kept)
         if isinstance(body, CancelPeek):
-            pending = self.peeks.get(body.uuid)
-            if pending is None or pending.command.controller != cmd.controller:
-                return Outcome(OutcomeKind.IGNORED, f"peek {body.uuid} is not pending")
-            del self.peeks[body.uuid]
-            return Outcome(OutcomeKind.APPLIED, canceled=body.uuid)
+            return self._cancel_peek(body, cmd.controller)
         raise TypeError(f"not a command body: {body!r}")
+
+    def _configure(self, body: ConfigureSubstreams, kept: Kept) -> Outcome:
+        unknown = sorted(set(body.substreams) - self.known_substreams)
+        if unknown:
+            return self._unknown(unknown)
+        self.configured = kept
+        return Outcome(OutcomeKind.APPLIED)
+
+    def _allow_compaction(self, body: AllowCompaction, kept: Kept) -> Outcome:
+        """The compaction frontier only moves forward."""
+        if body.substream not in self.known_substreams:
+            return self._unknown([body.substream])
+        old = self.since_of(body.substream)
+        if old is not None and not old.dominates(Antichain(body.frontier)):
+            return Outcome(
+                OutcomeKind.REJECTED,
+                f"AllowCompaction of {body.substream!r} would move its compaction "
+                "frontier back",
+            )
+        self.since[body.substream] = kept
+        return Outcome(OutcomeKind.APPLIED)
+
+    def _peek(self, body: Peek, kept: Kept) -> Outcome:
+        """Owe an answer to a peek of an owned substream, once per uuid."""
+        if body.substream not in self.known_substreams:
+            return self._unknown([body.substream])
+        if self.owned is not None and body.substream not in self.owned:
+            return Outcome(OutcomeKind.IGNORED, f"{body.substream!r} is another shard's")
+        if body.uuid in self.peeks:
+            return Outcome(OutcomeKind.REJECTED, f"peek {body.uuid} is already pending")
+        self.peeks[body.uuid] = kept
+        return Outcome(OutcomeKind.APPLIED)
+
+    def _cancel_peek(self, body: CancelPeek, controller: str) -> Outcome:
+        """Only the controller that asked may cancel its pending peek."""
+        pending = self.peeks.get(body.uuid)
+        if pending is None or pending.command.controller != controller:
+            return Outcome(OutcomeKind.IGNORED, f"peek {body.uuid} is not pending")
+        del self.peeks[body.uuid]
+        return Outcome(OutcomeKind.APPLIED, canceled=body.uuid)
 
     def answered(self, uuid: str) -> None:
         """The peek ``uuid`` was answered: it is no longer owed (nor replayed)."""

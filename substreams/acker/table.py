@@ -427,18 +427,41 @@ class SegmentTable:
                 times, xors, records, reports, range_counts,
                 _offset_ranges(streams, stream_index, partitions, starts, ends), now_ms,
             )
+        return self._report_int_block(
+            times, xors, records, reports, range_counts,
+            streams, stream_index, partitions, starts, ends, now_ms,
+        )
+
+    def _int_block_bounds(self) -> tuple[int | None, int | None]:
+        """Once per block, not per time (int times only meet int seals): the highest int
+        terminated time (a report at or below it is late unless open) and the highest int
+        seal of any SOURCE (a time above it is covered by none: sealed_at_ms 0)."""
+        els = self.terminated.elements()
+        done = els[0] if els and type(els[0]) is int else None
+        seals = [s.int_seal() for s in self.sources.values() if s.role == SOURCE]
+        return done, max((b for b in seals if b is not None), default=None)
+
+    def _report_int_block(
+        self,
+        times: Sequence[int],
+        xors: Sequence[int],
+        records: Sequence[int],
+        reports: Sequence[int],
+        range_counts: Sequence[int],
+        streams: Sequence[str],
+        stream_index: Sequence[int],
+        partitions: Sequence[int],
+        starts: Sequence[int],
+        ends: Sequence[int],
+        now_ms: int,
+    ) -> tuple[list[Time], list[Violation]]:
+        """:meth:`report_block`'s loop while every time so far is an int (``int_runs``)."""
         new: list[Time] = []
         refused: list[Violation] = []
         open_ = self.open
         ints = self._ints
         nonzero = self._nonzero
-        # Once per block, not per time (int times only meet int seals): the highest int
-        # terminated time (a report at or below it is late unless open) and the highest int
-        # seal of any SOURCE (a time above it is covered by none: sealed_at_ms 0).
-        els = self.terminated.elements()
-        done = els[0] if els and type(els[0]) is int else None
-        seals = [s.int_seal() for s in self.sources.values() if s.role == SOURCE]
-        sealed_hi = max((b for b in seals if b is not None), default=None)
+        done, sealed_hi = self._int_block_bounds()
         at = 0
         for i, t in enumerate(times):
             n = range_counts[i]

@@ -16,7 +16,6 @@ to its tasks, which therefore never read (or need) the YAML file or the ``.avsc`
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 from collections.abc import Mapping
@@ -215,16 +214,6 @@ class StreamConfig:
     """An int/long field, non-decreasing per partition: what firm bounds are built on."""
     retention_ms: RetentionMs | None = None
     """The data topic's retention.ms (-1: forever); None: ``kafka.data_retention_ms``."""
-
-    def parsed_schema(self) -> Any:
-        """The fastavro-parsed schema (a fresh copy: fastavro may annotate its input)."""
-        import fastavro
-
-        return fastavro.parse_schema(copy.deepcopy(self.schema))
-
-    def field_names(self) -> tuple[str, ...]:
-        """Names of the record's fields, in schema order."""
-        return tuple(str(f["name"]) for f in self.schema.get("fields", ()))
 
 
 @dataclass(frozen=True)

@@ -80,13 +80,7 @@ def read_ranges(
         deadline = Deadline(timeout)
         while remaining:
             if deadline.passed:
-                missing = ", ".join(
-                    f"{s}[{p}]<{r.end} (at {reader.positions.get((s, p), r.start)})"
-                    for (s, p), r in remaining.items()
-                )
-                raise SubstreamsError(
-                    f"ranges not readable: no progress for {timeout} s: {missing}"
-                )
+                raise _stalled(reader, remaining, timeout)
             # poll_batch: returns with what arrived (consume(n, t) would wait out t for n).
             batch = reader.poll_batch(0.2, 1000)
             if batch:
@@ -97,25 +91,45 @@ def read_ranges(
                 if rng is None:
                     continue
                 if msg.offset() >= rng.end:
-                    del remaining[key]
-                    reader.consumer.pause([TopicPartition(msg.topic(), msg.partition())])
+                    _finish(reader, remaining, key)
                     continue
                 decoder = decoders.get(rng.stream) or decoders.setdefault(
                     rng.stream, StreamDecoder(config, rng.stream)
                 )
                 entry = decoder.decode(msg)
-                if isinstance(entry, Entry) and (
-                    substream is None
-                    or time is None
-                    or ((t := entry.times.get(substream)) is not None
-                        and epoch_covers(time, until, t))
-                ):
+                if isinstance(entry, Entry) and _in_epoch(entry, substream, time, until):
                     out.append(entry)
                 if msg.offset() >= rng.end - 1:
-                    del remaining[key]
-                    reader.consumer.pause([TopicPartition(msg.topic(), msg.partition())])
+                    _finish(reader, remaining, key)
             # A range ending in transaction markers: its end of partition is past its end.
             for key in [k for k, r in remaining.items()
                         if k in reader.at_end and reader.positions[k] >= r.end]:
                 del remaining[key]
     return out
+
+
+def _in_epoch(entry: Entry, substream: str | None, time: Time | None, until: Time | None) -> bool:
+    """Whether ``entry``'s time in ``substream`` belongs to the epoch ``time`` (up to
+    ``until``); every entry does when either is not given."""
+    if substream is None or time is None:
+        return True
+    t = entry.times.get(substream)
+    return t is not None and epoch_covers(time, until, t)
+
+
+def _finish(
+    reader: Reader, remaining: dict[tuple[str, int], OffsetRange], key: tuple[str, int]
+) -> None:
+    """The range of ``key`` is read: forget it and stop fetching its partition."""
+    del remaining[key]
+    reader.consumer.pause([TopicPartition(*key)])
+
+
+def _stalled(
+    reader: Reader, remaining: dict[tuple[str, int], OffsetRange], timeout: float
+) -> SubstreamsError:
+    missing = ", ".join(
+        f"{s}[{p}]<{r.end} (at {reader.positions.get((s, p), r.start)})"
+        for (s, p), r in remaining.items()
+    )
+    return SubstreamsError(f"ranges not readable: no progress for {timeout} s: {missing}")

@@ -27,7 +27,7 @@ from typing import Literal
 
 from confluent_kafka import TopicPartition
 
-from substreams.config import Config
+from substreams.config import Config, SubstreamConfig
 from substreams.control.chain import TrustingVerifier
 from substreams.control.follower import RAISE, ControlFollower, Followed
 from substreams.control.io import ControlTail, ResumeLookup, find_last
@@ -119,6 +119,32 @@ def _log_start(bootstrap: str, topic: str, config: Config | None) -> int:
         return tail.log_start()
 
 
+def _check_start(start: Start) -> None:
+    if isinstance(start, bool) or not (
+        start in ("latest_snapshot", "beginning", "end")
+        or (isinstance(start, int) and start >= 0)
+    ):
+        raise SubstreamsError(
+            "start must be 'latest_snapshot', 'beginning', 'end' or a control offset "
+            f">= 0, not {start!r}"
+        )
+
+
+def _mode(subs: Sequence[SubstreamConfig], mode: Mode | None) -> Mode:
+    """``mode``, else the substreams' common configured bound."""
+    if mode is None:
+        bounds = {s.bound for s in subs}
+        if len(bounds) > 1:
+            raise SubstreamsError(
+                f"substreams {', '.join(s.name for s in subs)} have different bounds "
+                f"({', '.join(sorted(bounds))}); pass mode='firm' or mode='soft'"
+            )
+        mode = subs[0].bound
+    if mode not in ("firm", "soft"):
+        raise SubstreamsError(f"mode must be 'firm' or 'soft', not {mode!r}")
+    return mode
+
+
 # --- the subscriber ------------------------------------------------------------------------------
 
 
@@ -152,30 +178,13 @@ class Subscriber:
     ) -> None:
         if not substreams:
             raise SubstreamsError("a subscriber needs at least one substream")
-        if isinstance(start, bool) or not (
-            start in ("latest_snapshot", "beginning", "end")
-            or (isinstance(start, int) and start >= 0)
-        ):
-            raise SubstreamsError(
-                "start must be 'latest_snapshot', 'beginning', 'end' or a control offset "
-                f">= 0, not {start!r}"
-            )
+        _check_start(start)
         self.config = config
         self.substreams = list(dict.fromkeys(substreams))
         subs = [config.substream(s) for s in self.substreams]
         if stream is not None:
             config.stream(stream)
-        if mode is None:
-            bounds = {s.bound for s in subs}
-            if len(bounds) > 1:
-                raise SubstreamsError(
-                    f"substreams {', '.join(self.substreams)} have different bounds "
-                    f"({', '.join(sorted(bounds))}); pass mode='firm' or mode='soft'"
-                )
-            mode = subs[0].bound
-        if mode not in ("firm", "soft"):
-            raise SubstreamsError(f"mode must be 'firm' or 'soft', not {mode!r}")
-        self.mode: Mode = mode
+        self.mode: Mode = _mode(subs, mode)
         self.stream = stream
         self.start: Start = start
         self.idle_timeout = idle_timeout

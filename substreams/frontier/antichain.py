@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Self
 
-from substreams.frontier.time import Time, join, less_equal, less_than, sort_key
+from substreams.frontier.time import Time, less_equal, less_than, sort_key
 
 __all__ = ["Antichain", "UpperAntichain"]
 
@@ -30,11 +30,6 @@ class _AntichainBase:
 
     def insert(self, t: Time) -> bool:  # pragma: no cover - overridden
         raise NotImplementedError
-
-    @classmethod
-    def from_elem(cls, t: Time) -> Self:
-        """The singleton antichain ``{t}``."""
-        return cls._unchecked([t])
 
     @classmethod
     def _unchecked(cls, elements: list[Time]) -> Self:
@@ -153,20 +148,6 @@ class Antichain(_AntichainBase):
         result.extend(other._elements)
         return result
 
-    def join(self, other: Antichain) -> Antichain:
-        """Minimal elements of ``{join(a, b) | a in self, b in other}`` (where defined).
-
-        Its upset is the *intersection* of both upsets: a time is complete in the
-        result iff complete in either input (as in Timely/differential ``join``).
-        """
-        result = Antichain()
-        for a in self._elements:
-            for b in other._elements:
-                j = join(a, b)
-                if j is not None:
-                    result.insert(j)
-        return result
-
 
 class UpperAntichain(_AntichainBase):
     """The *maximal* elements of all times inserted: an upper frontier.
@@ -198,10 +179,6 @@ class UpperAntichain(_AntichainBase):
             if less_equal(t, e):
                 return True
         return False
-
-    def strictly_covers(self, t: Time) -> bool:
-        """True iff some element is strictly ``> t``."""
-        return any(less_than(t, e) for e in self._elements)
 
     def union(self, other: UpperAntichain) -> UpperAntichain:
         """Maximal elements of both: merges the upper frontiers of several partitions."""

@@ -33,23 +33,9 @@ class ChangeBatch:
         self._counts: dict[Time, int] = {}
         self.extend(updates)
 
-    @classmethod
-    def new_from(cls, t: Time, delta: int) -> ChangeBatch:
-        """A batch holding the single update ``(t, delta)``."""
-        batch = cls()
-        batch.update(t, delta)
-        return batch
-
     def update(self, t: Time, delta: int) -> None:
         """Add ``delta`` to the accumulation at ``t``."""
-        if delta == 0:
-            return
-        counts = self._counts
-        total = counts.get(t, 0) + delta
-        if total == 0:
-            del counts[t]
-        else:
-            counts[t] = total
+        self.extend(((t, delta),))
 
     def extend(self, updates: Iterable[tuple[Time, int]]) -> None:
         """Apply every ``(time, delta)`` of ``updates``."""
@@ -67,13 +53,6 @@ class ChangeBatch:
         """True iff every accumulation is zero."""
         return not self._counts
 
-    def compact(self) -> None:
-        """Consolidate the representation.
-
-        Kept for parity with Timely: this implementation consolidates on every
-        update, so there is never anything left to do.
-        """
-
     def clear(self) -> None:
         """Drop all updates without returning them."""
         self._counts.clear()
@@ -87,14 +66,6 @@ class ChangeBatch:
         items = self._sorted_items()
         self._counts = {}
         return items
-
-    def drain_into(self, other: ChangeBatch) -> None:
-        """Move all updates into ``other`` (``other.extend(self.drain())``, but cheaper)."""
-        if not other._counts:
-            other._counts, self._counts = self._counts, {}
-        else:
-            other.extend(self._counts.items())
-            self._counts = {}
 
     def _sorted_items(self) -> list[tuple[Time, int]]:
         return sorted(self._counts.items(), key=lambda item: sort_key(item[0]))

@@ -198,13 +198,6 @@ class MutableAntichain:
         self._frontier_size = 0
         self.clear()
 
-    @classmethod
-    def new_bottom(cls, t: Time) -> MutableAntichain:
-        """A multiset holding ``t`` once, so the frontier is ``{t}``."""
-        m = cls()
-        m.update_iter(((t, 1),))
-        return m
-
     # -- updates -------------------------------------------------------------------
 
     def update_iter(self, updates: Iterable[tuple[Time, int]]) -> list[tuple[Time, int]]:
@@ -244,29 +237,9 @@ class MutableAntichain:
 
         changes: list[tuple[Time, int]] = []
         for group in dirty_total:
-            group.dirty = False
-            old = group.front
-            group.recompute()
-            new = group.front
-            if old != new:
-                if old is not None:
-                    changes.append((group.wrap(old), -1))
-                    self._frontier_size -= 1
-                if new is not None:
-                    changes.append((group.wrap(new), 1))
-                    self._frontier_size += 1
-            if group.key is not None and not group.counts:
-                del self._total[group.key]  # forget finished keys (sessions come and go)
+            self._recompute_total(group, changes)
         for pkey, pgroup in dirty_partial:
-            pgroup.dirty = False
-            old_set = pgroup.front_set
-            pgroup.recompute()
-            new_set = pgroup.front_set
-            changes.extend((t, -1) for t in old_set - new_set)
-            changes.extend((t, 1) for t in new_set - old_set)
-            self._frontier_size += len(new_set) - len(old_set)
-            if not pgroup.counts:
-                del self._partial[pkey]
+            self._recompute_partial(pkey, pgroup, changes)
         if len(changes) > 1:
             changes.sort(key=lambda change: sort_key(change[0]))
         return changes
@@ -274,26 +247,45 @@ class MutableAntichain:
     def update_ints(self, times: Sequence[int], delta: int) -> list[tuple[Time, int]]:
         """``update_iter((t, delta) for t in times)`` for plain int times (a run of them),
         in one loop and one recompute of the ints' frontier; same counts, same changes."""
-        if not delta or not times:
-            return []
-        ints = self._ints
-        if not ints.apply_many(times, delta):
-            return []
-        old = ints.front
-        ints.recompute()
-        new = ints.front
-        if old == new:
+        if not delta or not times or not self._ints.apply_many(times, delta):
             return []
         changes: list[tuple[Time, int]] = []
-        if old is not None:
-            changes.append((old, -1))
-            self._frontier_size -= 1
-        if new is not None:
-            changes.append((new, 1))
-            self._frontier_size += 1
+        self._recompute_total(self._ints, changes)
         if len(changes) > 1:
             changes.sort(key=lambda change: sort_key(change[0]))
         return changes
+
+    def _recompute_total(self, group: _TotalGroup, changes: list[tuple[Time, int]]) -> None:
+        """Recompute a totally ordered group's frontier (at most one time), appending what
+        left and entered it to ``changes``."""
+        group.dirty = False
+        old = group.front
+        group.recompute()
+        new = group.front
+        if old != new:
+            if old is not None:
+                changes.append((group.wrap(old), -1))
+                self._frontier_size -= 1
+            if new is not None:
+                changes.append((group.wrap(new), 1))
+                self._frontier_size += 1
+        if group.key is not None and not group.counts:
+            del self._total[group.key]  # forget finished keys (sessions come and go)
+
+    def _recompute_partial(
+        self, pkey: _PartialKey, pgroup: _PartialGroup, changes: list[tuple[Time, int]]
+    ) -> None:
+        """Recompute a partially ordered group's frontier, appending what left and entered
+        it to ``changes``."""
+        pgroup.dirty = False
+        old_set = pgroup.front_set
+        pgroup.recompute()
+        new_set = pgroup.front_set
+        changes.extend((t, -1) for t in old_set - new_set)
+        changes.extend((t, 1) for t in new_set - old_set)
+        self._frontier_size += len(new_set) - len(old_set)
+        if not pgroup.counts:
+            del self._partial[pkey]
 
     def update(self, t: Time, delta: int) -> list[tuple[Time, int]]:
         """Single-update shorthand for :meth:`update_iter`."""

@@ -15,8 +15,7 @@ Three kinds of time are supported, all hashable and immutable:
   one key never implies anything about another key.
 
 Times fall into disjoint *chain classes* (same kind, same tuple length, same key):
-times of different classes are always incomparable, and ``join``/``meet`` exist
-exactly within one class.
+times of different classes are always incomparable.
 """
 
 from __future__ import annotations
@@ -30,10 +29,8 @@ __all__ = [
     "Time",
     "WireTime",
     "is_time",
-    "join",
     "less_equal",
     "less_than",
-    "meet",
     "sort_key",
     "time_from_wire",
     "time_to_wire",
@@ -96,49 +93,6 @@ def less_than(a: Time, b: Time) -> bool:
     if type(a) is int and type(b) is int:
         return a < b
     return a != b and less_equal(a, b)
-
-
-def join(a: Time, b: Time) -> Time | None:
-    """Least upper bound of ``a`` and ``b``, or ``None`` when no upper bound exists.
-
-    Ints join to their max, same-length tuples element-wise, same-key keyed times
-    by joining their inner times. Different kinds, lengths or keys have no common
-    upper bound (no time is ``>=`` both), hence ``None``.
-    """
-    if type(a) is int and type(b) is int:
-        return a if a >= b else b
-    if type(a) is tuple and type(b) is tuple:
-        if len(a) != len(b):
-            return None
-        return tuple(x if x >= y else y for x, y in zip(a, b, strict=True))
-    if type(a) is Keyed and type(b) is Keyed:
-        if a.key != b.key:
-            return None
-        inner = join(a.time, b.time)
-        if inner is None:
-            return None
-        assert not isinstance(inner, Keyed)
-        return Keyed(a.key, inner)
-    return None
-
-
-def meet(a: Time, b: Time) -> Time | None:
-    """Greatest lower bound of ``a`` and ``b``, or ``None`` if none exists (dual of ``join``)."""
-    if type(a) is int and type(b) is int:
-        return a if a <= b else b
-    if type(a) is tuple and type(b) is tuple:
-        if len(a) != len(b):
-            return None
-        return tuple(x if x <= y else y for x, y in zip(a, b, strict=True))
-    if type(a) is Keyed and type(b) is Keyed:
-        if a.key != b.key:
-            return None
-        inner = meet(a.time, b.time)
-        if inner is None:
-            return None
-        assert not isinstance(inner, Keyed)
-        return Keyed(a.key, inner)
-    return None
 
 
 SortKey: TypeAlias = tuple[int, str, int, tuple[int, ...]]

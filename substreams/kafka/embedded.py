@@ -396,16 +396,6 @@ class KafkaCluster:
         os.kill(pid, signal.SIGKILL)
         self._reap(node_id, pid, 10.0)
 
-    def stop_node(self, node_id: int, timeout: float = 30.0) -> None:
-        """SIGTERM (a controlled shutdown: leadership moves first), SIGKILL after ``timeout``."""
-        pid = self.pid(node_id)
-        if pid is None:
-            return
-        os.kill(pid, signal.SIGTERM)
-        if not self._reap(node_id, pid, timeout):
-            os.kill(pid, signal.SIGKILL)
-            self._reap(node_id, pid, 10.0)
-
     def _reap(self, node_id: int, pid: int, timeout: float) -> bool:
         proc = self._procs.get(node_id)
         deadline = Deadline(timeout)

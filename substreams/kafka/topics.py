@@ -23,6 +23,7 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
     ResourceType,
+    TopicMetadata,
 )
 
 from substreams.config.model import (
@@ -111,35 +112,14 @@ def ensure_topics(
             spec, replication_factor, min_insync_replicas, report.brokers
         )
     have = {name: t for name, t in meta.topics.items() if t.error is None}
-    to_check: list[str] = []
-    for name, spec in specs.items():
-        if name not in have:
-            continue
-        parts = len(have[name].partitions)
-        if parts < spec.partitions:
-            raise BrokerError(
-                f"topic '{name}' exists with {parts} partitions; the config wants {spec.partitions}"
-            )
-        report.existing.append(name)
-        to_check.append(name)
+    to_check = _existing(specs, have, report)
     missing = [
         NewTopic(w.name, w.partitions, w.replication_factor, config=dict(w.configs))
         for w in report.wanted.values()
         if w.name not in have
     ]
     if missing:
-        futures = admin.create_topics(missing, operation_timeout=timeout, request_timeout=timeout)
-        for name, fut in futures.items():
-            try:
-                fut.result()
-                report.created.append(name)
-            except KafkaException as exc:
-                err = exc.args[0]
-                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                    report.existing.append(name)  # created by another process meanwhile
-                    to_check.append(name)
-                else:
-                    raise BrokerError(f"cannot create topic '{name}': {err}") from exc
+        to_check += _create(admin, missing, report, timeout)
     if report.created:
         _wait_served(admin, report.created, timeout)
     checked = [n for n in to_check if specs[n].kind != "other"]
@@ -149,6 +129,47 @@ def ensure_topics(
         for diff in report.differences:
             log.warning("topic settings differ (left unchanged): %s", diff)
     return report
+
+
+def _existing(
+    specs: dict[str, TopicSpec], have: dict[str, TopicMetadata], report: TopicReport
+) -> list[str]:
+    """The wanted topics that exist (recorded in ``report.existing``); raises when one has
+    fewer partitions than wanted (records would silently land elsewhere than the config
+    says)."""
+    existing: list[str] = []
+    for name, spec in specs.items():
+        if name not in have:
+            continue
+        parts = len(have[name].partitions)
+        if parts < spec.partitions:
+            raise BrokerError(
+                f"topic '{name}' exists with {parts} partitions; the config wants {spec.partitions}"
+            )
+        report.existing.append(name)
+        existing.append(name)
+    return existing
+
+
+def _create(
+    admin: AdminClient, missing: list[NewTopic], report: TopicReport, timeout: float
+) -> list[str]:
+    """Create ``missing`` (recorded in ``report.created``); returns those another process
+    created meanwhile (recorded in ``report.existing``: their settings are to be checked)."""
+    raced: list[str] = []
+    futures = admin.create_topics(missing, operation_timeout=timeout, request_timeout=timeout)
+    for name, fut in futures.items():
+        try:
+            fut.result()
+            report.created.append(name)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                report.existing.append(name)
+                raced.append(name)
+            else:
+                raise BrokerError(f"cannot create topic '{name}': {err}") from exc
+    return raced
 
 
 def _wait_served(admin: AdminClient, names: list[str], timeout: float) -> None:

@@ -17,9 +17,10 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 from rich.console import Console
@@ -35,6 +36,9 @@ from substreams.kafka.embedded import KafkaCluster, read_state
 from substreams.kafka.topics import ensure_topics
 from substreams.spark.epochs import format_time
 from substreams.spark.operator import EpochNote, EpochOperator, Row
+
+if TYPE_CHECKING:
+    from substreams.spark.runner import EpochQuery
 
 
 @dataclass
@@ -172,83 +176,126 @@ def run_demo(
     ``records`` clicks are spread over ``seconds`` of event time (the wall clock), so the
     windows close while Spark runs; ``bootstrap`` overrides the config (else an embedded
     broker is started when the config says ``embedded``)."""
-    from substreams.spark.runner import run, stop
-    from substreams.spark.session import session, warm_up
-
     console = console or Console()
     config = load_config(config_path)
     sub = _pick_substream(config, substream)
     assert sub.size_ms is not None
     report = DemoReport()
     with contextlib.ExitStack() as stack:
-        if bootstrap is None and config.kafka.embedded and read_state() is None:
-            # No recorded broker (`substreams broker start`): a throw-away one for this run.
-            home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="substreams-")))
-            console.print("[bold]broker[/] starting an embedded Apache Kafka ...")
-            broker = stack.enter_context(
-                KafkaCluster(home, progress=lambda line: console.print(f"  {line}"))
-            )
-            server = broker.bootstrap
-            console.print(f"[bold]broker[/] embedded Apache Kafka on {server}")
-        else:
-            server = client.resolve_bootstrap(config, bootstrap)
-            console.print(f"[bold]broker[/] {server}")
+        server = _broker(stack, config, bootstrap, console)
         ensure_topics(client.admin(server, config), config.topics())
         stack.enter_context(_tracker(config, server, sub, report))
         console.print(f"[bold]tracking[/] {sub.name} ({sub.mechanism}) by {report.tracker}")
-        console.print("[bold]spark[/] starting a local session...")
-        # ERROR: the demo's output is its own lines, not Spark's "batch falling behind" WARNs.
-        spark = session(
-            "substreams-demo", master=master, shuffle_partitions=2, jvm_read=True,
-            **{"spark.log.level": "ERROR"},
-        )
-        warm_up(spark)
-        checkpoint = stack.enter_context(tempfile.TemporaryDirectory(prefix="substreams-demo-"))
         printer = _Printer(console, report, sub.size_ms)
-        query = run(
-            printer,
-            config,
-            sub.name,
-            None,
-            checkpoint=checkpoint,
-            spark=spark,
-            bootstrap=server,
-            query_name="demo",
-            block=False,
-        )
-        stack.callback(stop, query)
+        query = _start_query(stack, config, server, sub, printer, master)
         interrupted = threading.Event()
         stack.enter_context(_ctrl_c_sets(interrupted))
         _warm_up_query(config, server, sub, printer, interrupted, wait_timeout)
-        # Kafka calls run in a thread: a signal in the main thread would abort a blocking
-        # librdkafka call (commit_transaction) half way.
-        failure: list[BaseException] = []
-
-        def publish() -> None:
-            try:
-                _publish(config, server, sub, records, users, seconds, report, console, interrupted)
-            except BaseException as exc:
-                failure.append(exc)
-
-        publisher = threading.Thread(target=publish, name="demo-publisher", daemon=True)
-        publisher.start()
-        while publisher.is_alive():
-            publisher.join(0.2)
-        if failure:
-            raise failure[0]
-        deadline = time.monotonic() + wait_timeout
-        with printer.done:
-            while len(report.notified) < len(report.sealed) and time.monotonic() < deadline:
-                if interrupted.is_set():
-                    break
-                if query.exception() is not None:
-                    raise SubstreamsError(f"the Spark query failed: {query.exception()}")
-                printer.done.wait(0.5)
+        _in_thread(
+            lambda: _publish(
+                config, server, sub, records, users, seconds, report, console, interrupted
+            )
+        )
+        _await_notifications(printer, report, query, interrupted, wait_timeout)
         report.interrupted = interrupted.is_set()
         if report.interrupted:
             console.print("[yellow]interrupted: shutting down cleanly[/]")
         _summary(console, report)
     return report
+
+
+def _broker(
+    stack: contextlib.ExitStack, config: Config, bootstrap: str | None, console: Console
+) -> str:
+    """The bootstrap to use: ``bootstrap``, the recorded or configured broker, or (embedded
+    config, no recorded broker) a throw-away embedded one closed with ``stack``."""
+    if bootstrap is None and config.kafka.embedded and read_state() is None:
+        # No recorded broker (`substreams broker start`): a throw-away one for this run.
+        home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="substreams-")))
+        console.print("[bold]broker[/] starting an embedded Apache Kafka ...")
+        broker = stack.enter_context(
+            KafkaCluster(home, progress=lambda line: console.print(f"  {line}"))
+        )
+        console.print(f"[bold]broker[/] embedded Apache Kafka on {broker.bootstrap}")
+        return broker.bootstrap
+    server = client.resolve_bootstrap(config, bootstrap)
+    console.print(f"[bold]broker[/] {server}")
+    return server
+
+
+def _start_query(
+    stack: contextlib.ExitStack,
+    config: Config,
+    server: str,
+    sub: SubstreamConfig,
+    printer: _Printer,
+    master: str,
+) -> EpochQuery:
+    """Start the firm-bound demo query on a local session; ``stack`` stops it."""
+    from substreams.spark.runner import run, stop
+    from substreams.spark.session import session, warm_up
+
+    printer.console.print("[bold]spark[/] starting a local session...")
+    # ERROR: the demo's output is its own lines, not Spark's "batch falling behind" WARNs.
+    spark = session(
+        "substreams-demo", master=master, shuffle_partitions=2, jvm_read=True,
+        **{"spark.log.level": "ERROR"},
+    )
+    warm_up(spark)
+    checkpoint = stack.enter_context(tempfile.TemporaryDirectory(prefix="substreams-demo-"))
+    query = run(
+        printer,
+        config,
+        sub.name,
+        None,
+        checkpoint=checkpoint,
+        spark=spark,
+        bootstrap=server,
+        query_name="demo",
+        block=False,
+    )
+    stack.callback(stop, query)
+    return query
+
+
+def _in_thread(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in a thread and wait for it, re-raising its failure.
+
+    Kafka calls run in a thread: a signal in the main thread would abort a blocking
+    librdkafka call (commit_transaction) half way."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name="demo-publisher", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+    if failure:
+        raise failure[0]
+
+
+def _await_notifications(
+    printer: _Printer,
+    report: DemoReport,
+    query: EpochQuery,
+    interrupted: threading.Event,
+    timeout: float,
+) -> None:
+    """Wait until every sealed window was notified, Ctrl-C, or ``timeout``; raise if the
+    query failed meanwhile."""
+    deadline = time.monotonic() + timeout
+    with printer.done:
+        while len(report.notified) < len(report.sealed) and time.monotonic() < deadline:
+            if interrupted.is_set():
+                break
+            if query.exception() is not None:
+                raise SubstreamsError(f"the Spark query failed: {query.exception()}")
+            printer.done.wait(0.5)
 
 
 def _warm_up_query(

@@ -7,7 +7,6 @@ submit`` passes the config through ``$SUBSTREAMS_CONFIG``.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Sequence
 
@@ -15,6 +14,7 @@ import click
 
 from substreams.config import Config, load_config
 from substreams.errors import SubstreamsError
+from substreams.spark.log import driver_logging
 from substreams.spark.operator import EpochOperator
 
 ENV_CONFIG = "SUBSTREAMS_CONFIG"
@@ -31,39 +31,6 @@ def job_command(
 ) -> click.Command:
     """A click command running ``factory(...)`` with :func:`substreams.spark.run`."""
 
-    @click.command(name, context_settings={"help_option_names": ["-h", "--help"]})
-    @click.option(
-        "-c",
-        "--config",
-        "config_path",
-        default=None,
-        help=f"substreams.yaml (default: ${ENV_CONFIG}, else ./substreams.yaml).",
-    )
-    @click.option("--substream", default=substream, show_default=True, help="Input substream.")
-    @click.option("--output", default=output, show_default=True, help="Output stream.")
-    @click.option("--checkpoint", default=None, help="Spark checkpoint directory.")
-    @click.option(
-        "--query-name",
-        default=name,
-        show_default=True,
-        help="Identifies the query across restarts (checkpoint, output source id).",
-    )
-    @click.option("--trigger", default="100 milliseconds", show_default=True)
-    @click.option("--once", is_flag=True, help="Process what is complete now, then stop.")
-    @click.option("--bootstrap", default=None, help="Kafka bootstrap servers override.")
-    @click.option(
-        "--metrics-port",
-        type=click.IntRange(0, 65535),
-        default=None,
-        help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics.",
-    )
-    @click.option(
-        "--read",
-        type=click.Choice(["jvm", "python"]),
-        default="python",
-        show_default=True,
-        help="Who reads the records: Spark's Kafka source + from_avro, or Python tasks.",
-    )
     def command(
         config_path: str | None,
         substream: str,
@@ -78,11 +45,7 @@ def job_command(
     ) -> None:
         from substreams.spark.runner import run
 
-        # The runner's progress ("batch N: started", "batch N: K epochs") on stderr.
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
-        logging.getLogger("py4j").setLevel(logging.WARNING)
+        driver_logging()
         path = config_path or os.environ.get(ENV_CONFIG) or "substreams.yaml"
         try:
             config = load_config(path)
@@ -102,7 +65,49 @@ def job_command(
         except SubstreamsError as exc:
             raise click.ClickException(str(exc)) from exc
 
-    return command
+    for option in reversed(_job_options(name, substream, output)):
+        command = option(command)
+    return click.command(name, context_settings={"help_option_names": ["-h", "--help"]})(command)
+
+
+def _job_options(
+    name: str, substream: str, output: str | None
+) -> list[Callable[[Callable[..., None]], Callable[..., None]]]:
+    """The flags every job takes, in ``--help`` order; the defaults are the job's own."""
+    return [
+        click.option(
+            "-c",
+            "--config",
+            "config_path",
+            default=None,
+            help=f"substreams.yaml (default: ${ENV_CONFIG}, else ./substreams.yaml).",
+        ),
+        click.option("--substream", default=substream, show_default=True, help="Input substream."),
+        click.option("--output", default=output, show_default=True, help="Output stream."),
+        click.option("--checkpoint", default=None, help="Spark checkpoint directory."),
+        click.option(
+            "--query-name",
+            default=name,
+            show_default=True,
+            help="Identifies the query across restarts (checkpoint, output source id).",
+        ),
+        click.option("--trigger", default="100 milliseconds", show_default=True),
+        click.option("--once", is_flag=True, help="Process what is complete now, then stop."),
+        click.option("--bootstrap", default=None, help="Kafka bootstrap servers override."),
+        click.option(
+            "--metrics-port",
+            type=click.IntRange(0, 65535),
+            default=None,
+            help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics.",
+        ),
+        click.option(
+            "--read",
+            type=click.Choice(["jvm", "python"]),
+            default="python",
+            show_default=True,
+            help="Who reads the records: Spark's Kafka source + from_avro, or Python tasks.",
+        ),
+    ]
 
 
 def main(command: click.Command, argv: Sequence[str] | None = None) -> None:

@@ -14,8 +14,6 @@ reader actually reached it (a record read, or end of partition at the last stabl
 
 from __future__ import annotations
 
-import logging
-import os
 import time as _time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,23 +31,6 @@ from substreams.control.traffic import CONTROL_READ, TRAFFIC
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka.read import Reader
-
-LOG_LEVEL_ENV = "SUBSTREAMS_SPARK_LOG"
-"""Log level of substreams in Spark's Python workers (default INFO); ``DEBUG`` shows each
-micro-batch's per-phase timings (Kafka client set-up, first fetch, operator, commit)."""
-
-
-def worker_logging() -> None:
-    """Log to stderr in a Python worker Spark started (a task, or the source's planner):
-    Spark forwards its stderr to the executor's log; a worker has no handler otherwise.
-    The level comes from ``$SUBSTREAMS_SPARK_LOG`` (workers inherit the JVM's env)."""
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    level = os.environ.get(LOG_LEVEL_ENV, "").upper()
-    if level in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        logging.getLogger("substreams").setLevel(level)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from substreams.spark.executor import (
 )
 from substreams.spark.jvm_read import Decoding, jvm_unsupported
 from substreams.spark.jvm_read import records as jvm_records
-from substreams.spark.offsets import worker_logging
+from substreams.spark.log import worker_logging
 from substreams.spark.operator import (
     EpochFunction,
     EpochInfo,

@@ -40,12 +40,12 @@ from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.spark.epochs import epoch_int, epoch_key, epoch_struct, format_time
 from substreams.spark.limits import ReadLimits, batch_end
+from substreams.spark.log import worker_logging
 from substreams.spark.offsets import (
     ControlScanner,
     DataScanner,
     Notification,
     SourceOffset,
-    worker_logging,
 )
 from substreams.spark.options import SourceOptions
 from substreams.spark.schema import PayloadLayout, row

@@ -234,63 +234,6 @@ class DashboardModel:
     def _build(self) -> dict[str, Any]:
         now = int(time.time() * 1000)
         acker = self.config.acker
-        out_subs = []
-        for sub in self.subs.values():
-            state = self._tracking(sub.name)
-            table = state.tables.get(sub.name) if state is not None else None
-            open_times = None
-            if table is not None:
-                open_times = [
-                    {
-                        "time": format_time(t),
-                        "xor": f"{e.xor:016x}",
-                        "records": e.records,
-                        "unsealed": table.unsealed_sources(t),
-                        "first_seen_ms": e.first_seen_ms,
-                    }
-                    for t, e in sorted(table.open.items(), key=lambda te: sort_key(te[0]))
-                ]
-            out_subs.append({
-                "name": sub.name,
-                "stream": sub.stream,
-                "mechanism": sub.mechanism,
-                "lower": format_times(list(sub.frontiers.lower)),
-                "upper": format_times(self._upper(sub).elements()),
-                "completed_seen": sub.completed,
-                "open": open_times,
-                "notifications": list(sub.notifications),
-                "evictions": list(sub.evictions),
-            })
-        sources = [
-            {
-                "shard": shard.name,
-                "source": s.source,
-                "incarnation": s.incarnation,
-                "roles": s.roles,
-                "substreams": s.substreams,
-                "last_seen_ms": s.last_seen_ms,
-                "status": s.status,
-                "holds": None if s.held is None else {
-                    "substream": s.held.substream,
-                    "time": format_time(s.held.time),
-                    "since_ms": s.held.since_ms,
-                },
-            }
-            for shard in self.shards.values() if shard.state is not None
-            for s in source_liveness(shard.state, shard.checkpoint_ms, acker.source_timeout_ms)
-        ]
-        blockers = [
-            {
-                "shard": shard.name,
-                "partition": b.partition,
-                "offset": b.offset,
-                "since_ms": b.since_ms,
-                "holder": b.holder(),
-                "verdict": b.verdict,
-            }
-            for shard in self.shards.values() if shard.state is not None
-            for b in shard.state.blockers
-        ]
         views = list(self.shards.values())
         alive = [bool(v.seen_ms) and now - v.seen_ms < acker.standby_timeout_ms for v in views]
         shards = [
@@ -309,11 +252,77 @@ class DashboardModel:
                 "alive": all(alive),
                 "shards": shards,
             },
-            "substreams": out_subs,
-            "sources": sources,
-            "blockers": blockers,
+            "substreams": [self._substream_view(sub) for sub in self.subs.values()],
+            "sources": self._sources_view(),
+            "blockers": self._blockers_view(),
             "error": self.error,
         }
+
+    def _substream_view(self, sub: _Substream) -> dict[str, Any]:
+        """One substream's frontiers, open times (when its acker checkpointed), recent
+        notifications and evictions."""
+        state = self._tracking(sub.name)
+        table = state.tables.get(sub.name) if state is not None else None
+        open_times = None
+        if table is not None:
+            open_times = [
+                {
+                    "time": format_time(t),
+                    "xor": f"{e.xor:016x}",
+                    "records": e.records,
+                    "unsealed": table.unsealed_sources(t),
+                    "first_seen_ms": e.first_seen_ms,
+                }
+                for t, e in sorted(table.open.items(), key=lambda te: sort_key(te[0]))
+            ]
+        return {
+            "name": sub.name,
+            "stream": sub.stream,
+            "mechanism": sub.mechanism,
+            "lower": format_times(list(sub.frontiers.lower)),
+            "upper": format_times(self._upper(sub).elements()),
+            "completed_seen": sub.completed,
+            "open": open_times,
+            "notifications": list(sub.notifications),
+            "evictions": list(sub.evictions),
+        }
+
+    def _sources_view(self) -> list[dict[str, Any]]:
+        """Every checkpointed shard's sources with their liveness and the time they hold."""
+        timeout_ms = self.config.acker.source_timeout_ms
+        return [
+            {
+                "shard": shard.name,
+                "source": s.source,
+                "incarnation": s.incarnation,
+                "roles": s.roles,
+                "substreams": s.substreams,
+                "last_seen_ms": s.last_seen_ms,
+                "status": s.status,
+                "holds": None if s.held is None else {
+                    "substream": s.held.substream,
+                    "time": format_time(s.held.time),
+                    "since_ms": s.held.since_ms,
+                },
+            }
+            for shard in self.shards.values() if shard.state is not None
+            for s in source_liveness(shard.state, shard.checkpoint_ms, timeout_ms)
+        ]
+
+    def _blockers_view(self) -> list[dict[str, Any]]:
+        """Every checkpointed shard's blocked acks partitions and who holds them."""
+        return [
+            {
+                "shard": shard.name,
+                "partition": b.partition,
+                "offset": b.offset,
+                "since_ms": b.since_ms,
+                "holder": b.holder(),
+                "verdict": b.verdict,
+            }
+            for shard in self.shards.values() if shard.state is not None
+            for b in shard.state.blockers
+        ]
 
     def _upper(self, sub: _Substream) -> UpperAntichain:
         """The upper frontier: the acker's own (checkpointed) when it tracks ``sub``; else

@@ -90,7 +90,7 @@ def test_a_loaded_config_round_trips_without_its_files(
     assert copy == loaded
     assert pickle.loads(blob) == loaded
     assert copy.topics() == loaded.topics()
-    assert copy.stream("events").parsed_schema() == loaded.stream("events").parsed_schema()
+    assert copy.stream("events").schema == loaded.stream("events").schema
     assert copy.substream("s").gap_ms == 500
     assert isinstance(copy.kafka.client, MappingProxyType)
     assert dict(copy.kafka.client) == {
