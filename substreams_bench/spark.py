@@ -157,7 +157,10 @@ def run(ctx: BenchContext) -> BenchResult:
     result.targets = targets(result.rows)
     if ctx.part in (None, "a"):
         result.notes.append(
-            f"part (a): each query in its own process and local[2] JVM, trigger availableNow "
+            ("part (a): --smoke: every query in one child process and local[2] JVM (the "
+             "peaks and CPU seconds are not per query), " if ctx.smoke else
+             "part (a): each query in its own process and local[2] JVM, ")
+            + "trigger availableNow "
             "over the same backlog; the firm queries with maxEpochsPerTrigger="
             f"{QUICK_EPOCHS_PER_BATCH if ctx.quick else EPOCHS_PER_BATCH}; "
             "driver peak MB = VmHWM of the driver's Python process + VmHWM of its JVM (local "
@@ -178,7 +181,7 @@ def run(ctx: BenchContext) -> BenchResult:
 
 
 def _latency(ctx: BenchContext, result: BenchResult) -> list[dict[str, Any]]:
-    epochs = 9 if ctx.quick else 41  # the first is a warm-up
+    epochs = 3 if ctx.smoke else 9 if ctx.quick else 41  # the first is a warm-up
     granularity = 100
     error: str | None = None
     marks: dict[str, list[float]] = {}
@@ -600,12 +603,12 @@ def _throughput(
         ("Kafka + from_avro + withWatermark + window", windows[0], "watermark-avro"),
         ("Kafka + mapInPandas decode + withWatermark + window", windows[0], "watermark-pandas"),
     ]
-    rows = []
-    for query, count, kind in runs:
+    specs = []
+    for _query, count, kind in runs:
         label = f"{kind}-{count}"
         # one output stream per firm query: each reads back only its own results
         outputs = {"python": 3, "jvm-df": 4}
-        spec = {
+        specs.append({
             "label": label,
             "kind": kind,
             "config": str(config.path),
@@ -618,16 +621,28 @@ def _throughput(
             "checkpoint": str(ctx.workdir / f"ckpt-{label}"),
             "max_epochs": per_batch,
             "connector": connector,
-        }
-        ctx.log(f"part (a): {query}, {count} windows ...")
-        out: dict[str, Any] | None = None
-        error: str | None = None
+        })
+    outs: list[dict[str, Any] | None] = [None] * len(runs)
+    errors: list[str | None] = [None] * len(runs)
+    if ctx.smoke:
+        ctx.log("part (a): every query, one after another, in one child JVM ...")
         try:
-            out = _spawn(ctx, spec)
+            for i, out in enumerate(_spawn(ctx, {"label": "smoke", "specs": specs})["outs"]):
+                outs[i], errors[i] = (None, out["error"]) if "error" in out else (out, None)
         except (BenchError, subprocess.TimeoutExpired) as exc:
-            error = str(exc)
+            errors = [str(exc)] * len(runs)
+    else:
+        for i, (spec, (query, count, _kind)) in enumerate(zip(specs, runs, strict=True)):
+            ctx.log(f"part (a): {query}, {count} windows ...")
+            try:
+                outs[i] = _spawn(ctx, spec)
+            except (BenchError, subprocess.TimeoutExpired) as exc:
+                errors[i] = str(exc)
+    rows = []
+    for (query, count, kind), spec, out, error in zip(runs, specs, outs, errors, strict=True):
+        if error is not None:
             ctx.log(f"[red]{error[:500]}[/]")
-            result.notes.append(f"part (a) {label} failed: {error[:500]}")
+            result.notes.append(f"part (a) {spec['label']} failed: {error[:500]}")
         rows.append({**_query_row(query, count, n, out, error), "path": kind})
     return rows
 
@@ -902,6 +917,20 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 
+def _children(spec: dict[str, Any]) -> dict[str, Any]:
+    """One part-(a) query, or (``--smoke``) each of ``spec["specs"]`` in turn in this one
+    process: a SparkSession each, the JVM started once (its peaks are then shared)."""
+    if "specs" not in spec:
+        return _child(spec)
+    outs: list[dict[str, Any]] = []
+    for one in spec["specs"]:
+        try:
+            outs.append(_child(one))
+        except Exception as exc:  # reported in its row, the next query still runs
+            outs.append({"error": f"{one['label']}: {exc!r}"[:1500]})
+    return {"outs": outs}
+
+
 def plot(result: BenchResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
@@ -939,4 +968,4 @@ if __name__ == "__main__":
     # substreams_bench.spark.WindowCounts (an executor can import it), not as __main__'s.
     from substreams_bench import spark as _bench
 
-    print(json.dumps(_bench._child(json.loads(sys.argv[1]))), flush=True)
+    print(json.dumps(_bench._children(json.loads(sys.argv[1]))), flush=True)
