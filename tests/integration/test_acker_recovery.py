@@ -25,9 +25,6 @@ from tests.integration.test_acker import (
 )
 
 SUBSTREAM = {"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}
-EPOCHS, KILLS = 40, 6
-"""The kill test's size: the simulator (tests/sim) crashes its acker at random in thousands
-of schedules; this shows the same of a real process, its start-up and its checkpoint."""
 
 
 def test_sigkill_and_restart_loses_and_duplicates_nothing(
@@ -49,7 +46,7 @@ def test_sigkill_and_restart_loses_and_duplicates_nothing(
             pubs = [
                 Application(config).publisher(stream, f"src{i}", batch_size=5) for i in range(3)
             ]
-            for epoch in range(EPOCHS):
+            for epoch in range(80):
                 for i, pub in enumerate(pubs):
                     for k in range(rng.randrange(4)):
                         url = f"/{epoch}/{i}/{k}"
@@ -84,7 +81,7 @@ def test_sigkill_and_restart_loses_and_duplicates_nothing(
     kills = 0
     seen = []
     try:
-        while not done.is_set() or kills < KILLS:
+        while not done.is_set() or kills < 10:
             log.flush()
             since = log_path.stat().st_size
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -100,7 +97,7 @@ def test_sigkill_and_restart_loses_and_duplicates_nothing(
         since = log_path.stat().st_size
         final = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
-            check_exactly_once(config, sub, sent, set(range(EPOCHS)))
+            check_exactly_once(config, sub, sent, set(range(80)))
         finally:
             # A SIGTERM before the process installed its handler (still importing: the
             # notifications may all be there already) kills it; the clean stop is what
@@ -110,8 +107,8 @@ def test_sigkill_and_restart_loses_and_duplicates_nothing(
             assert final.wait(20) == 0
     finally:
         log.close()
-    assert kills >= KILLS
-    assert len(set(seen)) >= KILLS // 2 + 1, f"the acker made progress between kills: {seen}"
+    assert kills >= 10
+    assert len(set(seen)) >= 5, f"the acker made progress between kills: {seen}"
     assert all(r.ok for r in verify_config(config)), [r.broken for r in verify_config(config)]
     verify_chains(config, [checkpoint_topic(config)])
 
