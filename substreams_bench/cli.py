@@ -104,6 +104,13 @@ BENCHES = (
     help="spark only: run part (a) (backlog throughput) or part (b) (seal -> operator "
     "latency) alone (default: both).",
 )
+@click.option(
+    "--smoke",
+    is_flag=True,
+    help="spark only, implies --quick: check that every query runs and every output is "
+    "written, not the rates: part (a)'s queries one after another in one child JVM, part (b) "
+    "with 3 epochs (the test suite's run).",
+)
 @bootstrap_option
 def command(
     name: str,
@@ -115,6 +122,7 @@ def command(
     sample_s: float | None,
     records: int | None,
     part: str | None,
+    smoke: bool,
     page: Path | None,
     bootstrap: str | None,
 ) -> None:
@@ -138,6 +146,9 @@ def command(
         raise BenchError(f"--records applies to 'bench spark' only, not to 'bench {name}'")
     if part is not None and name != "spark":
         raise BenchError(f"--part applies to 'bench spark' only, not to 'bench {name}'")
+    if smoke and name != "spark":
+        raise BenchError(f"--smoke applies to 'bench spark' only, not to 'bench {name}'")
+    quick = quick or smoke
     module = importlib.import_module(f"substreams_bench.{name}")
     # SIGTERM unwinds like Ctrl-C, so the embedded broker and the acker process stop too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -149,6 +160,7 @@ def command(
         ctx.minutes, ctx.sample_s = minutes, sample_s
         ctx.records = records
         ctx.part = part
+        ctx.smoke = smoke
         where = f"on {ctx.bootstrap}" if needs_broker else "(no broker needed)"
         console.print(f"[bold]bench {name}[/]{' (quick)' if quick else ''} {where}")
         result = module.run(ctx)

@@ -272,6 +272,9 @@ class BenchContext:
         """Records of the backlog (``--records``; spark only), else the benchmark's default."""
         self.part: str | None = None
         """Only this part, ``a`` or ``b`` (``--part``; spark only), else both."""
+        self.smoke = False
+        """Check the outputs, not the rates (``--smoke``; spark only): fewer JVMs and
+        epochs, so that a test can afford the whole run."""
         self._topics: set[str] = set()
         self._schema = workdir / "bench_record.avsc"
         self._schema.write_text(json.dumps(BENCH_SCHEMA))

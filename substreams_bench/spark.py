@@ -144,7 +144,7 @@ def run(ctx: BenchContext) -> BenchResult:
         Column("p50_ms", "p50 ms", "{:.0f}"),
         Column("p99_ms", "p99 ms", "{:.0f}"),
     ]
-    windows = QUICK_WINDOWS if ctx.quick else WINDOWS
+    windows = SMOKE_WINDOWS if ctx.smoke else QUICK_WINDOWS if ctx.quick else WINDOWS
     n = ctx.records or (QUICK_RECORDS if ctx.quick else RECORDS)
     if n % windows[1]:
         raise BenchError(f"bench spark: --records {n} is not a multiple of {windows[1]}")
@@ -157,7 +157,10 @@ def run(ctx: BenchContext) -> BenchResult:
     result.targets = targets(result.rows)
     if ctx.part in (None, "a"):
         result.notes.append(
-            f"part (a): each query in its own process and local[2] JVM, trigger availableNow "
+            ("part (a): --smoke: every query in one child process and local[2] JVM (the "
+             "peaks and CPU seconds are not per query), " if ctx.smoke else
+             "part (a): each query in its own process and local[2] JVM, ")
+            + "trigger availableNow "
             "over the same backlog; the firm queries with maxEpochsPerTrigger="
             f"{QUICK_EPOCHS_PER_BATCH if ctx.quick else EPOCHS_PER_BATCH}; "
             "driver peak MB = VmHWM of the driver's Python process + VmHWM of its JVM (local "
@@ -178,7 +181,7 @@ def run(ctx: BenchContext) -> BenchResult:
 
 
 def _latency(ctx: BenchContext, result: BenchResult) -> list[dict[str, Any]]:
-    epochs = 9 if ctx.quick else 41  # the first is a warm-up
+    epochs = 3 if ctx.smoke else 9 if ctx.quick else 41  # the first is a warm-up
     granularity = 100
     error: str | None = None
     marks: dict[str, list[float]] = {}
@@ -258,7 +261,8 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
     ratio = hi / lo if lo and hi else None
     out.append(
         Target(
-            f"(a) JVM firm driver peak RSS, epochs 10x larger ({small} -> {large} windows)",
+            f"(a) JVM firm driver peak RSS, epochs {small // large}x larger ({small} -> {large} "
+            "windows)",
             "<= 1.2x",
             "not measured"
             if ratio is None
@@ -422,6 +426,8 @@ WINDOWS = (50, 500)
 """The two epoch sizes of part (a): the same records in 50 one-second tumbling windows and
 in 500 of 100 ms (epochs 10x smaller)."""
 QUICK_WINDOWS = (10, 100)
+SMOKE_WINDOWS = (10, 20)
+"""``--smoke``: the smaller epochs only 2x smaller (2 batches of 10 epochs, not 10)."""
 EPOCHS_PER_BATCH = 5
 """``maxEpochsPerTrigger`` of the firm queries in part (a): a batch grows with the epoch."""
 QUICK_EPOCHS_PER_BATCH = 10
@@ -600,12 +606,12 @@ def _throughput(
         ("Kafka + from_avro + withWatermark + window", windows[0], "watermark-avro"),
         ("Kafka + mapInPandas decode + withWatermark + window", windows[0], "watermark-pandas"),
     ]
-    rows = []
-    for query, count, kind in runs:
+    specs = []
+    for _query, count, kind in runs:
         label = f"{kind}-{count}"
         # one output stream per firm query: each reads back only its own results
         outputs = {"python": 3, "jvm-df": 4}
-        spec = {
+        specs.append({
             "label": label,
             "kind": kind,
             "config": str(config.path),
@@ -618,16 +624,28 @@ def _throughput(
             "checkpoint": str(ctx.workdir / f"ckpt-{label}"),
             "max_epochs": per_batch,
             "connector": connector,
-        }
-        ctx.log(f"part (a): {query}, {count} windows ...")
-        out: dict[str, Any] | None = None
-        error: str | None = None
+        })
+    outs: list[dict[str, Any] | None] = [None] * len(runs)
+    errors: list[str | None] = [None] * len(runs)
+    if ctx.smoke:
+        ctx.log("part (a): every query, one after another, in one child JVM ...")
         try:
-            out = _spawn(ctx, spec)
+            for i, out in enumerate(_spawn(ctx, {"label": "smoke", "specs": specs})["outs"]):
+                outs[i], errors[i] = (None, out["error"]) if "error" in out else (out, None)
         except (BenchError, subprocess.TimeoutExpired) as exc:
-            error = str(exc)
+            errors = [str(exc)] * len(runs)
+    else:
+        for i, (spec, (query, count, _kind)) in enumerate(zip(specs, runs, strict=True)):
+            ctx.log(f"part (a): {query}, {count} windows ...")
+            try:
+                outs[i] = _spawn(ctx, spec)
+            except (BenchError, subprocess.TimeoutExpired) as exc:
+                errors[i] = str(exc)
+    rows = []
+    for (query, count, kind), spec, out, error in zip(runs, specs, outs, errors, strict=True):
+        if error is not None:
             ctx.log(f"[red]{error[:500]}[/]")
-            result.notes.append(f"part (a) {label} failed: {error[:500]}")
+            result.notes.append(f"part (a) {spec['label']} failed: {error[:500]}")
         rows.append({**_query_row(query, count, n, out, error), "path": kind})
     return rows
 
@@ -902,6 +920,20 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 
+def _children(spec: dict[str, Any]) -> dict[str, Any]:
+    """One part-(a) query, or (``--smoke``) each of ``spec["specs"]`` in turn in this one
+    process: a SparkSession each, the JVM started once (its peaks are then shared)."""
+    if "specs" not in spec:
+        return _child(spec)
+    outs: list[dict[str, Any]] = []
+    for one in spec["specs"]:
+        try:
+            outs.append(_child(one))
+        except Exception as exc:  # reported in its row, the next query still runs
+            outs.append({"error": f"{one['label']}: {exc!r}"[:1500]})
+    return {"outs": outs}
+
+
 def plot(result: BenchResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
@@ -939,4 +971,4 @@ if __name__ == "__main__":
     # substreams_bench.spark.WindowCounts (an executor can import it), not as __main__'s.
     from substreams_bench import spark as _bench
 
-    print(json.dumps(_bench._child(json.loads(sys.argv[1]))), flush=True)
+    print(json.dumps(_bench._children(json.loads(sys.argv[1]))), flush=True)

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,9 @@ import yaml
 from hypothesis import settings
 
 from substreams.config import Config, load_config
+from substreams.control.io import ControlTail, Corrupt
+from substreams.control.messages import EpochComplete, completions
+from substreams.errors import ProtocolError
 from substreams.kafka import client
 from substreams.kafka.embedded import KafkaCluster
 from substreams.kafka.topics import ensure_topics
@@ -187,3 +191,28 @@ def make_config(tmp_path: Path, bootstrap: str) -> ConfigFactory:
 def short(name: str) -> str:
     """A test's logical name from a suffixed one ("clicks-1a2b3c4d" -> "clicks")."""
     return name.rsplit("-", 1)[0]
+
+
+def follow_notifications(
+    config: Config, substream: str, count: int, timeout: float = 30.0
+) -> list[EpochComplete]:
+    """The EpochComplete notes of ``substream``'s control topic once there are ``count`` (or
+    ``timeout`` passed), with whatever else is already there: one tail read as the records
+    come (the wait ends when the notification arrives, the topic is not read again and
+    again from its start)."""
+    notes: list[EpochComplete] = []
+    deadline = time.monotonic() + timeout
+    topic = config.acker.control_topic(substream)
+    with ControlTail(config.kafka.bootstrap, topic, 0, config) as tail:
+        while True:
+            batch = tail.poll_batch(0.2)
+            for offset, rec in batch:
+                if isinstance(rec, Corrupt):
+                    raise ProtocolError(f"control topic '{topic}' offset {offset}: {rec.reason}")
+                notes.extend(completions(rec.body))  # one per time, batched or not
+            if len(notes) >= count:
+                if not batch:  # reached, and nothing more is buffered
+                    return notes
+                deadline = min(deadline, time.monotonic() + 1.0)
+            if time.monotonic() > deadline:
+                return notes

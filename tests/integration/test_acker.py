@@ -38,7 +38,7 @@ from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.frontier import Time, sort_key
 from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
-from tests.conftest import ConfigFactory
+from tests.conftest import ConfigFactory, follow_notifications
 
 FAST = {"heartbeat_ms": 200, "flush_ms": 2}
 
@@ -86,12 +86,7 @@ def notifications(config: Config, substream: str) -> list[EpochComplete]:
 def wait_notifications(
     config: Config, substream: str, count: int, timeout: float = 30.0
 ) -> list[EpochComplete]:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = notifications(config, substream)
-        if len(got) >= count or time.monotonic() > deadline:
-            return got
-        time.sleep(0.2)
+    return follow_notifications(config, substream, count, timeout)
 
 
 def step_until_notified(service: AckerService, timeout: float = 20.0) -> None:

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,12 +32,22 @@ def run(
 
 
 def test_help_lists_commands_and_each_has_its_own_help() -> None:
+    """The entry point once as a process; each command's help in this process (the same
+    click tree ``python -m substreams`` runs, without a Python start-up per command)."""
+    from click.testing import CliRunner
+
+    from substreams.cli.main import cli
+
     top = run("--help")
     assert top.returncode == 0
+
+    def invoke(*args: str) -> Any:
+        return CliRunner().invoke(cli, list(args), prog_name="substreams")
+
     for name in ("broker", "topics", "config", "demo", "tail", "ui", "spark-cluster"):
         assert name in top.stdout
-        sub = run(name, "--help")
-        assert sub.returncode == 0 and "Usage:" in sub.stdout
+        sub = invoke(name, "--help")
+        assert sub.exit_code == 0 and "Usage:" in sub.output
     for path in (
         ("broker", "start"),
         ("broker", "stop"),
@@ -46,7 +57,7 @@ def test_help_lists_commands_and_each_has_its_own_help() -> None:
         ("spark-cluster", "start"),
         ("spark-cluster", "kill-worker"),
     ):
-        assert run(*path, "--help").returncode == 0
+        assert invoke(*path, "--help").exit_code == 0
 
 
 def test_broker_start_status_stop_and_restart_keeps_topics(tmp_path: Path) -> None:

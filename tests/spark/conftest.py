@@ -8,7 +8,6 @@ import contextlib
 import os
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -17,9 +16,9 @@ import pytest
 
 from substreams.app import DIRECT, Application
 from substreams.config import Config
-from substreams.control.io import read_control
-from substreams.control.messages import EpochComplete, completions
+from substreams.control.messages import EpochComplete
 from substreams.streams.publisher import Publisher
+from tests.conftest import follow_notifications
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -126,14 +125,6 @@ def wait_for_epochs(
     config: Config, substream: str, count: int, timeout: float = 30.0
 ) -> list[EpochComplete]:
     """Block until the control topic of ``substream`` holds ``count`` EpochComplete records."""
-    deadline = time.monotonic() + timeout
-    while True:
-        notes = [
-            n
-            for _, r in read_control(config.kafka.bootstrap, config.acker.control_topic(substream))
-            for n in completions(r.body)
-        ]
-        if len(notes) >= count or time.monotonic() > deadline:
-            assert len(notes) >= count, f"{substream}: {len(notes)} of {count} epochs completed"
-            return notes
-        time.sleep(0.2)
+    notes = follow_notifications(config, substream, count, timeout)
+    assert len(notes) >= count, f"{substream}: {len(notes)} of {count} epochs completed"
+    return notes

@@ -504,11 +504,15 @@ def test_all_brokers_killed_and_restarted(
 
 
 def test_publisher_that_could_not_register_can_be_opened_again(
-    make_config: ConfigFactory,
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A Publisher whose acker hook cannot register (the acks topic unreachable, as when its
     partition has no leader) fails; once the acks topic is back, a new one for the same
-    source opens (it used to stay "already acquired in this process" for good)."""
+    source opens (it used to stay "already acquired in this process" for good).  The
+    registration's patience is cut from 30 s to 3 s: how long it waits is not the point."""
+    from substreams.streams import publisher as publisher_module
+
+    monkeypatch.setattr(publisher_module, "REGISTER_PATIENCE_S", 3.0)
     config = make_config([{"name": "clicks", "partitions": 1}], [WINDOWS], create=False)
     acks = config.acker.acks_topic
     admin = client.admin(config.kafka.bootstrap, config)
