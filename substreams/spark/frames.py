@@ -66,7 +66,9 @@ class FrameBatchHandler:
         self._last_batch = -1
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        marks = sorted(df.collect(), key=lambda r: (r["control_offset"], r["control_index"]))
+        found = self.jvm.batch_notes(df)
+        marks: list[Any] = sorted(df.collect() if found is None else found,
+                       key=lambda r: (r["control_offset"], r["control_index"]))
         writer = self.writer
         sealed = writer is not None and batch_id <= writer.sink.committed
         if batch_id <= self._last_batch or sealed:

@@ -41,6 +41,7 @@ from substreams.spark.executor import (
 from substreams.spark.jvm_read import Decoding, jvm_unsupported
 from substreams.spark.jvm_read import records as jvm_records
 from substreams.spark.log import worker_logging
+from substreams.spark.offsets import ControlScanner, SourceOffset
 from substreams.spark.operator import (
     EpochFunction,
     EpochInfo,
@@ -56,7 +57,7 @@ from substreams.spark.operator import (
 )
 from substreams.spark.options import CONFIG_PICKLE, ship_config
 from substreams.spark.sink import BatchSink
-from substreams.spark.source import NOTE_COLUMN
+from substreams.spark.source import NOTE_COLUMN, note_row
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +105,13 @@ class JvmRead:
         self.bootstrap = bootstrap
         self.group_id = f"substreams.spark.{query}.read"
         """Stable: Spark pools executor consumers by (group id, partition)."""
-        self.layout_struct = PayloadLayout(config.stream(self.stream)).struct()
+        self.layout = PayloadLayout(config.stream(self.stream))
+        self.layout_struct = self.layout.struct()
         self._decoding: Decoding | None = None
         self._schema_seen: int | None = None
         self._consumer: Any = None
+        self._control: ControlScanner | None = None
+        """The driver's own follower of the control topic (:meth:`batch_notes`)."""
 
     def decoding(self) -> Decoding:
         """The writer schemas, the schema topic re-read only when its end moved (one
@@ -141,6 +145,34 @@ class JvmRead:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+
+    def batch_notes(self, df: DataFrame) -> list[dict[str, Any]] | None:
+        """The batch's notification rows (what collecting ``df`` gives), made on the driver
+        without a Spark job: the control records between the batch's start and end
+        offsets -- read from ``df``'s plan, i.e. Spark's offset log, so a replay names the
+        same epochs -- scanned by a follower kept here, which stays at the topic's end
+        between batches.  None when the plan does not show the offsets (the caller
+        collects ``df``)."""
+        span = batch_span(df)
+        if span is None:
+            return None
+        start, end = span
+        if self._control is None:
+            self._control = ControlScanner(
+                self.bootstrap, self.config.acker.control_topic(self.substream),
+                self.substream, self.config,
+            )
+        scanner = self._control
+        deadline = time.monotonic() + 30.0
+        while scanner.scanned_to < end and time.monotonic() < deadline:
+            scanner.scan(start, max_wait=0.5)  # from where the last batch left it
+        notes = scanner.between(start, end)  # re-read from start if the scan fell short
+        scanner.forget_before(start)
+        names = [*self.layout_struct.fieldNames(), NOTE_COLUMN]
+        return [dict(zip(names, note_row(self.layout, n), strict=True)) for n in notes]
 
     def batch_rows(self, spark: SparkSession, marks: list[Any]) -> tuple[DataFrame, bool]:
         """The batch's rows as the Python read would give them -- records read and decoded
@@ -155,11 +187,12 @@ class JvmRead:
         schema = StructType([*struct.fields,
                              StructField("until_coords", ArrayType(LongType()), True)])
         local = [
-            (*(r[f.name] for f in struct.fields),
-             None if n["until"] is None else list(n["until"]["coords"]))
+            {**{f.name: r[f.name] for f in struct.fields if r[f.name] is not None},
+             "epoch": _epoch_dict(r["epoch"]),
+             "until_coords": None if n["until"] is None else list(n["until"]["coords"])}
             for r, n in zip(marks, notes, strict=True)
         ]
-        note_df = spark.createDataFrame(local, schema)
+        note_df = local_frame(spark, local, schema)
         marks_df = note_df.drop("until_coords")
         if not any(r.stream == self.stream and r.end > r.start for r in ranges):
             # epochs without records here: nothing to read
@@ -169,6 +202,50 @@ class JvmRead:
             self.decoding(), self.group_id, spans=any(n["until"] is not None for n in notes),
         ).unionByName(marks_df)
         return rows, all(r.stream == self.stream for r in ranges)
+
+
+def _epoch_dict(value: Any) -> dict[str, Any]:
+    """An ``epoch`` value (a collected Row, or the source's (key, coords, kind)) as JSON."""
+    if hasattr(value, "asDict"):
+        return dict(value.asDict())
+    key, coords, kind = value
+    return {"key": key, "coords": list(coords), "kind": kind}
+
+
+def local_frame(spark: SparkSession, rows: list[dict[str, Any]], schema: Any) -> DataFrame:
+    """``rows`` (JSON values by column name, an absent one null) as a DataFrame of
+    ``schema`` over a local relation made in the JVM in one call.  Why not
+    ``createDataFrame``: from a Python list it makes a parallelized RDD, whose every use
+    (the broadcast of the batch's notes) is a Spark job of its own."""
+    from pyspark.sql import functions as F
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    texts = [json.dumps(r) for r in rows]
+    jds = spark._jsparkSession.createDataset(texts, jvm.org.apache.spark.sql.Encoders.STRING())
+    return DataFrame(jds.toDF(), spark).select(
+        F.from_json("value", schema).alias("r")).select("r.*")
+
+
+def batch_span(df: DataFrame) -> tuple[int, int] | None:
+    """The control offsets [start, end) of the ``substreams`` source's micro-batch that
+    ``df`` (a ``foreachBatch`` argument) reads: its plan's streaming scan carries the
+    offsets Spark logged for the batch.  None if the plan has no such scan (e.g. a plan
+    shape of another Spark version)."""
+    try:
+        leaves = df._jdf.queryExecution().logical().collectLeaves()
+        for i in range(leaves.size()):
+            leaf = leaves.apply(i)
+            if leaf.getClass().getSimpleName() != "StreamingDataSourceV2ScanRelation":
+                continue
+            start, end = leaf.startOffset(), leaf.endOffset()
+            if not (start.isDefined() and end.isDefined()):
+                return None
+            return (SourceOffset.from_json(json.loads(start.get().json())).control,
+                    SourceOffset.from_json(json.loads(end.get().json())).control)
+    except Exception as exc:  # a py4j error (no such method or class), or not our offset
+        log.debug("batch offsets not found in the plan (%s): collecting the notes", exc)
+    return None
 
 
 class EpochBatchHandler:
@@ -272,7 +349,9 @@ class EpochBatchHandler:
         sorted, and handed to the same unit tasks as the Python read's."""
         op = self.operator
         t0 = time.perf_counter()
-        marks = sorted(df.collect(), key=lambda r: (r["control_offset"], r["control_index"]))
+        found = jvm.batch_notes(df)
+        marks: list[Any] = sorted(df.collect() if found is None else found,
+                       key=lambda r: (r["control_offset"], r["control_index"]))
         t_notes = time.perf_counter()
         if sealed or not marks:
             if marks:

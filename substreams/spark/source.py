@@ -131,6 +131,12 @@ def note_json(n: Notification) -> str:
     })
 
 
+def note_row(layout: PayloadLayout, n: Notification) -> tuple[Any, ...]:
+    """The row option ``read=notes`` gives for ``n``: its notification row, then
+    :data:`NOTE_COLUMN`."""
+    return (*row(layout, None, _marker_meta(n)), note_json(n))
+
+
 def epoch_batch(
     layout: PayloadLayout,
     schema: Any,
@@ -361,7 +367,7 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         opts = self.opts
         if opts.read == "notes":
             for n in notes:
-                yield (*row(self.layout, None, _marker_meta(n)), note_json(n))
+                yield note_row(self.layout, n)
             return
         schema = arrow_schema(self.layout)
         index: EpochIndex[int] = EpochIndex()
