@@ -113,7 +113,12 @@ TXN_TIMEOUT_MS = 4000
 """Sources' ``transaction.timeout.ms``: longer than the timeout, so that a publisher dying
 inside a transaction is found by the acker (blocker rule) before its coordinator aborts it."""
 DRAIN_MS = TXN_TIMEOUT_MS + 6 * TIMEOUT_MS
-"""How long the acker runs on after the sources ended, at most, for every time to end."""
+"""How long the acker runs on, at most, for every time to end: after the sources ended and
+after the last commit that returned, whichever is later (a stage, always restarted and
+faulted like a source, may still be working through its input when the sources end)."""
+DRAIN_CAP_MS = 10 * DRAIN_MS
+"""The simulator's own bound: writers still committing this long after the sources ended
+is a violation (every writer's work is finite), not a schedule that runs forever."""
 SNAPSHOT_EVERY = 100
 IDLE_POLL_MS = 50
 """The acker's and the stage's poll timeout: a poll that read nothing waits that long for
@@ -278,6 +283,8 @@ class Sim:
         self._queue: list[tuple[int, int, Gen]] = []
         self._seq = 0
         self.t0 = self.clock.now_ms()
+        self.last_commit_at = self.t0
+        """When the last commit of any writer returned (the drain counts from it)."""
         # ground truth
         self.commit_at: dict[tuple[int, int], int] = {}
         """Data records (partition, offset) whose transaction's commit returned, and when."""
@@ -362,8 +369,13 @@ class Sim:
                         ended_at = self.now()
                 elif (not any(self.pending.values())
                       and all(a.caught_up() for a in self.ackers)) or (
-                    self.now() - ended_at > DRAIN_MS
+                    self.now() - max(ended_at, self.last_commit_at) > DRAIN_MS
                 ):
+                    break
+                elif self.now() - ended_at > DRAIN_CAP_MS:
+                    self.violations.append(
+                        f"drain: writers still committing {DRAIN_CAP_MS} ms after the "
+                        "sources ended")
                     break
             check(self)
         return Result(self.seed, self.violations, self.faults, self.events, self.stats)
@@ -745,7 +757,7 @@ class Incarnation:
         self.in_txn = False
         self.src.guarded = False
         now = sim.now()
-        self.last_commit = now
+        self.last_commit = sim.last_commit_at = now
         sim.stats["commits"] += 1
         self.truth(delivered, now)
         sim.event(f"{self.inc} committed epochs {sorted(set(self.epochs))}")
