@@ -26,8 +26,8 @@ What runs (all randomness from ``random.Random(seed)``, all time from a :class:`
   name blockers with ``record_at``, :meth:`AckerCore.tick`,
   carry out fences and evictions (off the loop, as the service does: the fence takes
   simulated time while the acker and the sources run on), then commit the notifications with
-  a checkpoint (``state.dumps()``) atomically.  It crashes at random and restarts from its
-  last checkpoint.
+  a checkpoint (``state.dumps()``: its document, encoded when a restart reads it)
+  atomically.  It crashes at random and restarts from its last checkpoint.
 
 * *A stage* (half the schedules; ``acker/stage.py``): reads the data topic
   ``read_committed`` from its group's committed positions and writes 0-2 outputs per input
@@ -354,18 +354,21 @@ class Sim:
             if self.spark:
                 self.spawn(self.driver_incarnation(self.driver), self.rng.randrange(50))
             ended_at: int | None = None
-            while self._queue:
-                at, _, actor = heapq.heappop(self._queue)
-                if at > self.clock.now_ms():
-                    self.clock.advance_ms(at - self.clock.now_ms())
+            queue, clock, pop, push = self._queue, self.clock, heapq.heappop, heapq.heappush
+            writers = len(self.sources) + self.spark
+            while queue:
+                at, _, actor = pop(queue)
+                now = clock.now_ms()
+                if at > now:
+                    clock.advance_ms(at - now)
                 try:
                     delay = next(actor)
                 except StopIteration:
                     continue
                 self._seq += 1
-                heapq.heappush(self._queue, (at + delay, self._seq, actor))
+                push(queue, (at + delay, self._seq, actor))
                 if ended_at is None:
-                    if self.finished == len(self.sources) + self.spark:
+                    if self.finished == writers:
                         ended_at = self.now()
                 elif (not any(self.pending.values())
                       and all(a.caught_up() for a in self.ackers)) or (
@@ -876,7 +879,9 @@ class AckerShell:
         self.parts = parts
         self.home = sim.home
         self.subs = [s for s in sim.subs if self.home[s] in parts]
-        self.checkpoint: tuple[bytes, dict[int, int]] | None = None
+        self.checkpoint: tuple[dict[str, Any], dict[int, int]] | None = None
+        """The last commit's checkpoint: ``state.to_doc()`` (the bytes of ``dumps()`` but for
+        the encoding, which only a restart needs: it encodes it then) and acks offsets."""
         self.alive = False
         self.core = self._core()
         self.reader: MemoryReader = sim.log.reader()
@@ -885,7 +890,8 @@ class AckerShell:
         if self.checkpoint is None:
             state = AckerState()
         else:
-            blob, offsets = self.checkpoint
+            doc, offsets = self.checkpoint
+            blob = AckerState.encode(doc)
             state = AckerState.loads(blob, dict(offsets), SNAPSHOT_EVERY)
         for sub in self.subs:
             state.ensure(sub, SNAPSHOT_EVERY)
@@ -996,7 +1002,7 @@ class AckerShell:
         if sim.fault(0.004):
             raise Crash()  # before the commit: the step's work is lost, replayed
         core.state.checkpoints += 1
-        self.checkpoint = (core.state.dumps(), dict(core.state.acks_offsets))
+        self.checkpoint = (core.state.to_doc(), dict(core.state.acks_offsets))
         self.last_write = now
         for _, body in items:
             for c in completions(body):
