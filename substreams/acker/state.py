@@ -12,6 +12,7 @@ and the CLI (``substreams acker status|epochs``); they never alias the live tabl
 
 from __future__ import annotations
 
+import copy
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -201,6 +202,17 @@ class AckerState:
     # -- checkpoint encoding -------------------------------------------------------------
 
     def dumps(self) -> bytes:
+        return self.encode(self._doc(share=True))
+
+    def to_doc(self) -> dict[str, Any]:
+        """The checkpoint's JSON document.  It shares no mutable object with the state, so
+        it can be encoded later (:meth:`encode`) and still be the state of now: the
+        simulator keeps the document of each commit and encodes one only when it restarts
+        from it."""
+        return self._doc(share=False)
+
+    def _doc(self, *, share: bool) -> dict[str, Any]:
+        """``share``: the handler's documents by reference (encoded at once)."""
         doc: dict[str, Any] = {
             "version": STATE_VERSION,
             "checkpoints": self.checkpoints,
@@ -213,13 +225,18 @@ class AckerState:
             },
         }
         if self.commands is not None:
-            doc["commands"] = self.commands
+            doc["commands"] = self.commands if share else copy.deepcopy(self.commands)
         if self.retired is not None:
-            doc["retired"] = self.retired
+            doc["retired"] = self.retired if share else copy.deepcopy(self.retired)
         if self.blockers:
             doc["blockers"] = [b.to_state() for b in self.blockers]
         if self.holds:
             doc["holds"] = [h.to_state() for h in self.holds]
+        return doc
+
+    @staticmethod
+    def encode(doc: dict[str, Any]) -> bytes:
+        """A :meth:`to_doc` document as the checkpoint's bytes (what :meth:`loads` reads)."""
         return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
 
     @classmethod

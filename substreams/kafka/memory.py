@@ -153,6 +153,8 @@ class MemoryLog:
     def settle(self) -> None:
         """Run the coordinator to the clock's now: abort timed-out transactions (rule 8)
         and write the markers that are due (rule 4).  Every operation does this first."""
+        if not self._unfinished:
+            return
         now = self.clock.monotonic()
         for txn in list(self._unfinished.values()):
             if txn.state == OPEN:

@@ -26,8 +26,8 @@ What runs (all randomness from ``random.Random(seed)``, all time from a :class:`
   name blockers with ``record_at``, :meth:`AckerCore.tick`,
   carry out fences and evictions (off the loop, as the service does: the fence takes
   simulated time while the acker and the sources run on), then commit the notifications with
-  a checkpoint (``state.dumps()``) atomically.  It crashes at random and restarts from its
-  last checkpoint.
+  a checkpoint (``state.dumps()``: its document, encoded when a restart reads it)
+  atomically.  It crashes at random and restarts from its last checkpoint.
 
 * *A stage* (half the schedules; ``acker/stage.py``): reads the data topic
   ``read_committed`` from its group's committed positions and writes 0-2 outputs per input
@@ -113,7 +113,12 @@ TXN_TIMEOUT_MS = 4000
 """Sources' ``transaction.timeout.ms``: longer than the timeout, so that a publisher dying
 inside a transaction is found by the acker (blocker rule) before its coordinator aborts it."""
 DRAIN_MS = TXN_TIMEOUT_MS + 6 * TIMEOUT_MS
-"""How long the acker runs on after the sources ended, at most, for every time to end."""
+"""How long the acker runs on, at most, for every time to end: after the sources ended and
+after the last commit that returned, whichever is later (a stage, always restarted and
+faulted like a source, may still be working through its input when the sources end)."""
+DRAIN_CAP_MS = 10 * DRAIN_MS
+"""The simulator's own bound: writers still committing this long after the sources ended
+is a violation (every writer's work is finite), not a schedule that runs forever."""
 SNAPSHOT_EVERY = 100
 IDLE_POLL_MS = 50
 """The acker's and the stage's poll timeout: a poll that read nothing waits that long for
@@ -278,6 +283,8 @@ class Sim:
         self._queue: list[tuple[int, int, Gen]] = []
         self._seq = 0
         self.t0 = self.clock.now_ms()
+        self.last_commit_at = self.t0
+        """When the last commit of any writer returned (the drain counts from it)."""
         # ground truth
         self.commit_at: dict[tuple[int, int], int] = {}
         """Data records (partition, offset) whose transaction's commit returned, and when."""
@@ -347,23 +354,31 @@ class Sim:
             if self.spark:
                 self.spawn(self.driver_incarnation(self.driver), self.rng.randrange(50))
             ended_at: int | None = None
-            while self._queue:
-                at, _, actor = heapq.heappop(self._queue)
-                if at > self.clock.now_ms():
-                    self.clock.advance_ms(at - self.clock.now_ms())
+            queue, clock, pop, push = self._queue, self.clock, heapq.heappop, heapq.heappush
+            writers = len(self.sources) + self.spark
+            while queue:
+                at, _, actor = pop(queue)
+                now = clock.now_ms()
+                if at > now:
+                    clock.advance_ms(at - now)
                 try:
                     delay = next(actor)
                 except StopIteration:
                     continue
                 self._seq += 1
-                heapq.heappush(self._queue, (at + delay, self._seq, actor))
+                push(queue, (at + delay, self._seq, actor))
                 if ended_at is None:
-                    if self.finished == len(self.sources) + self.spark:
+                    if self.finished == writers:
                         ended_at = self.now()
                 elif (not any(self.pending.values())
                       and all(a.caught_up() for a in self.ackers)) or (
-                    self.now() - ended_at > DRAIN_MS
+                    self.now() - max(ended_at, self.last_commit_at) > DRAIN_MS
                 ):
+                    break
+                elif self.now() - ended_at > DRAIN_CAP_MS:
+                    self.violations.append(
+                        f"drain: writers still committing {DRAIN_CAP_MS} ms after the "
+                        "sources ended")
                     break
             check(self)
         return Result(self.seed, self.violations, self.faults, self.events, self.stats)
@@ -745,7 +760,7 @@ class Incarnation:
         self.in_txn = False
         self.src.guarded = False
         now = sim.now()
-        self.last_commit = now
+        self.last_commit = sim.last_commit_at = now
         sim.stats["commits"] += 1
         self.truth(delivered, now)
         sim.event(f"{self.inc} committed epochs {sorted(set(self.epochs))}")
@@ -864,7 +879,9 @@ class AckerShell:
         self.parts = parts
         self.home = sim.home
         self.subs = [s for s in sim.subs if self.home[s] in parts]
-        self.checkpoint: tuple[bytes, dict[int, int]] | None = None
+        self.checkpoint: tuple[dict[str, Any], dict[int, int]] | None = None
+        """The last commit's checkpoint: ``state.to_doc()`` (the bytes of ``dumps()`` but for
+        the encoding, which only a restart needs: it encodes it then) and acks offsets."""
         self.alive = False
         self.core = self._core()
         self.reader: MemoryReader = sim.log.reader()
@@ -873,7 +890,8 @@ class AckerShell:
         if self.checkpoint is None:
             state = AckerState()
         else:
-            blob, offsets = self.checkpoint
+            doc, offsets = self.checkpoint
+            blob = AckerState.encode(doc)
             state = AckerState.loads(blob, dict(offsets), SNAPSHOT_EVERY)
         for sub in self.subs:
             state.ensure(sub, SNAPSHOT_EVERY)
@@ -984,7 +1002,7 @@ class AckerShell:
         if sim.fault(0.004):
             raise Crash()  # before the commit: the step's work is lost, replayed
         core.state.checkpoints += 1
-        self.checkpoint = (core.state.dumps(), dict(core.state.acks_offsets))
+        self.checkpoint = (core.state.to_doc(), dict(core.state.acks_offsets))
         self.last_write = now
         for _, body in items:
             for c in completions(body):

@@ -9,7 +9,7 @@ import pytest
 from substreams.acker.core import AckerCore
 from tests.sim.__main__ import main
 from tests.sim.runner import describe_failure, run_seeds
-from tests.sim.sim import BUGS, run_schedule
+from tests.sim.sim import BUGS, DRAIN_MS, run_schedule
 
 CI_SCHEDULES = 300
 """Schedules per test in CI."""
@@ -63,6 +63,21 @@ def test_old_unregister_is_unreachable_while_fencing_holds() -> None:
     nothing (heartbeats, the one late message of an old incarnation, are old_heartbeat)."""
     run = run_seeds(range(CI_SCHEDULES), frozenset({"old_unregister"}), workers=2)
     assert run.failing == []
+
+
+def test_the_drain_counts_from_the_last_commit() -> None:
+    """Seed 59988 (staged): the stage pauses for most of the schedule and commits its last
+    inputs' outputs more than a drain after the sources ended; the acker terminates their
+    times at once.  A drain counted from the sources' end alone stopped the schedule during
+    the stage's last pause and reported times that were merely not yet due."""
+    r = run_schedule(59988)
+    assert r.violations == []
+    ended = max(ms for ms, text in r.events if text.endswith(("closed", "gone for good")))
+    last = max(ms for ms, text in r.events
+               if text.startswith("stage.") and " committed epochs [" in text)
+    assert last - ended > DRAIN_MS
+    notified = [ms for ms, text in r.events if " notifies " in text]
+    assert max(notified) >= last
 
 
 def test_known_issue_an_idle_zombie_keeps_its_source_alive_forever() -> None:

@@ -202,6 +202,29 @@ def test_retired_survives_the_checkpoint() -> None:
     assert AckerState.loads(state.dumps(), {}, 10).retired == state.retired
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_a_checkpoint_document_encoded_later_is_the_state_it_was_taken_of(seed: int) -> None:
+    """``to_doc`` shares nothing mutable with the state: encoded after the state moved on,
+    it is still the checkpoint of when it was taken (what the simulator relies on)."""
+    state = _state(2, seed)
+    state.retired = {"to_shards": 2, "by": "acker.shard0of2"}
+    then, doc = state.dumps(), state.to_doc()
+    for s in SUBS:
+        state.tables[s].report(7, 12345, 2, 1, (), 9)
+        state.tables[s].register("z", SOURCE)
+        state.trackers[s].activate_many([8])
+        state.last_notification[s] = (99, 9)
+    for session in state.sessions.values():
+        session.seq += 1
+    state.sessions[("z", 0)] = SourceSession("inc-z", 1, 2, "tx-z")
+    assert isinstance(state.commands, dict) and isinstance(state.retired, dict)
+    state.commands["x"] = 2
+    state.retired["by"] = "someone else"
+    state.checkpoints += 1
+    assert state.dumps() != then
+    assert AckerState.encode(doc) == then
+
+
 def test_config_refuses_more_shards_than_partitions(tmp_path: Path) -> None:
     (tmp_path / "c.avsc").write_text(
         '{"type":"record","name":"C","fields":[{"name":"ts","type":"long"}]}'
