@@ -18,10 +18,11 @@ the command handler.  Every second message closes a time of each of its substrea
 rows also say how many times per second the acker completes (notifications written).
 
 (b) Latency.  An acker runs in a thread; a publisher writes g records of epoch i and calls
-``seal()`` at t0, which commits them with the seal; a ``ControlTail`` on the substream's control topic sees the
-``EpochComplete`` of i at t1; latency = t1 - t0.  Baseline in the same run, same broker: raw
-one-message produce->consume latency (``linger.ms=0``, ``acks=all``, assigned consumer).
-Publisher, tail and acker share one Python process (and its GIL).
+``seal()`` at t0, which commits them with the seal; a ``ControlTail`` on the substream's
+control topic sees the ``EpochComplete`` of i at t1; latency = t1 - t0.  Baseline in the
+same run, same broker: raw one-message produce->consume latency (``linger.ms=0``,
+``acks=all``, assigned consumer).  Publisher, tail and acker share one Python process (and
+its GIL).
 
 Run: ``substreams bench acker [--quick]``; prints a table and the target, and writes
 ``DIR/acker.json`` and ``DIR/acker.png``.

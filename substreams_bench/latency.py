@@ -392,7 +392,8 @@ def run(ctx: BenchContext) -> BenchResult:
         "CONCURRENT_TRANSACTIONS retries pub/other: requests the transaction coordinator "
         "refused because the writer's previous transaction was still being completed, each "
         "retried by librdkafka after a fixed ~20 ms; 'pub' = the publishers' (the seal "
-        "path: each seal() commits its epoch's records with it), 'other' = the acker's and control writers' (the acker process included); "
+        "path: each seal() commits its epoch's records with it), 'other' = the acker's and "
+        "control writers' (the acker process included); "
         "counted from librdkafka's eos debug log, which every transactional producer of the "
         "run writes (client.TxnRetryCounter)."
     )
