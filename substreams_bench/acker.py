@@ -17,11 +17,12 @@ the release to the last shard's end), as ``acker run --shard i`` would run them;
 the command handler.  Every second message closes a time of each of its substreams, so the
 rows also say how many times per second the acker completes (notifications written).
 
-(b) Latency.  An acker runs in a thread; a publisher writes g records of epoch i, commits, and
-calls ``seal()`` at t0; a ``ControlTail`` on the substream's control topic sees the
-``EpochComplete`` of i at t1; latency = t1 - t0.  Baseline in the same run, same broker: raw
-one-message produce->consume latency (``linger.ms=0``, ``acks=all``, assigned consumer).
-Publisher, tail and acker share one Python process (and its GIL).
+(b) Latency.  An acker runs in a thread; a publisher writes g records of epoch i and calls
+``seal()`` at t0, which commits them with the seal; a ``ControlTail`` on the substream's
+control topic sees the ``EpochComplete`` of i at t1; latency = t1 - t0.  Baseline in the
+same run, same broker: raw one-message produce->consume latency (``linger.ms=0``,
+``acks=all``, assigned consumer).  Publisher, tail and acker share one Python process (and
+its GIL).
 
 Run: ``substreams bench acker [--quick]``; prints a table and the target, and writes
 ``DIR/acker.json`` and ``DIR/acker.png``.
@@ -656,9 +657,8 @@ def seal_latency(ctx: BenchContext, samples: int, records: int) -> tuple[list[fl
                 for _ in range(records):
                     pub.publish({"ts": ts, "batch": i, "body": "x" * 100})
                     ts += 1
-                pub.flush()
                 t0 = time.perf_counter()
-                pub.seal(sub, i)
+                pub.seal(sub, i)  # commits the epoch's records with it (no flush before)
                 seen = _wait_complete(tail, i, 30.0 if i == 0 else 10.0)
                 if seen is None:
                     missed += 1
@@ -832,7 +832,7 @@ def run(ctx: BenchContext) -> BenchResult:
         "CONCURRENT_TRANSACTIONS retries pub/other (seal latency row): requests the "
         "transaction coordinator refused because the writer's previous transaction was still "
         "being completed, each retried by librdkafka after a fixed ~20 ms; 'pub' = the "
-        "publisher's (records committed by flush(), then the seal's own transaction), "
+        "publisher's (each seal commits its epoch's records with it: one transaction), "
         "'other' = the acker's and control writers'; from librdkafka's eos debug log "
         "(client.TxnRetryCounter)."
     )

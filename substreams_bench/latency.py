@@ -2,8 +2,10 @@
 
 Per configuration (mechanism, P producers, Q partitions, granularity g records per
 substream) and per epoch: the P publishers write the epoch's g records (spread over the
-producers, round-robin over partitions) and commit them; then, at ``t0``, all P seal the
-epoch at once (one thread each, like P processes whose epoch timer fires); the latency is
+producers, round-robin over partitions); then, at ``t0``, all P seal the epoch at once
+(one thread each, like P processes whose epoch timer fires), each seal committing its
+publisher's records of the epoch with it (the default path: no ``flush()`` before a seal,
+whose transaction would then follow the records' one back to back); the latency is
 the moment an observer thread sees the end of the epoch minus the moment the *last* of the P
 publishers called ``seal()`` -- the epoch's end, since no notification can precede it:
 
@@ -165,12 +167,11 @@ def measure(ctx: BenchContext, case: Case) -> Samples:
         for epoch in range(case.epochs):
             for r in range(case.granularity):
                 pubs[r % case.producers].publish(record(epoch, epoch))
-            parallel(pubs, lambda p: p.flush())
             sealed_at: list[float] = []
 
             def seal(pub: Publisher, e: int = epoch, at: list[float] = sealed_at) -> None:
                 at.append(time.time())  # list.append is atomic under the GIL
-                pub.seal(substream, e)
+                pub.seal(substream, e)  # commits the epoch's records with it
 
             t0 = time.time()
             parallel(pubs, seal)
@@ -391,7 +392,8 @@ def run(ctx: BenchContext) -> BenchResult:
         "CONCURRENT_TRANSACTIONS retries pub/other: requests the transaction coordinator "
         "refused because the writer's previous transaction was still being completed, each "
         "retried by librdkafka after a fixed ~20 ms; 'pub' = the publishers' (the seal "
-        "path), 'other' = the acker's and control writers' (the acker process included); "
+        "path: each seal() commits its epoch's records with it), 'other' = the acker's and "
+        "control writers' (the acker process included); "
         "counted from librdkafka's eos debug log, which every transactional producer of the "
         "run writes (client.TxnRetryCounter)."
     )

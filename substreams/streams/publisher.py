@@ -70,6 +70,10 @@ POLICY_TICK_S = 0.02
 seals its records moved when its caller has not committed them: the delay a policy seal
 may add to a notification."""
 
+FULL_WAIT_S = 0.02
+"""How long a full transaction of a publisher that seals waits for its caller to write or
+seal again before the ticker commits it (:meth:`Publisher._batch_full`)."""
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -203,7 +207,8 @@ class Publisher:
     """Appends typed entries to one stream, as one source.
 
     ``publish`` adds to an open transaction, committed every ``batch_size`` records, on
-    ``flush()``, ``seal()`` and ``close()``.  Use it as a context manager.
+    ``flush()``, ``seal()`` and ``close()``; a seal commits the records written before it in
+    its own transaction (see :meth:`seal`).  Use it as a context manager.
     """
 
     def __init__(
@@ -243,18 +248,13 @@ class Publisher:
         self.incarnation = uuid.uuid4().hex[:16]
         """This start of the source id: fences every earlier one (see the acker's agent)."""
         self._key = (self.bootstrap, stream, source_id)
-        with _ACQUIRED_LOCK:
-            if self._key in _ACQUIRED:
-                raise PublisherAlreadyAcquiredError(
-                    f"the publisher of stream '{stream}' for source '{source_id}' is already "
-                    "acquired in this process; close it first"
-                )
-            _ACQUIRED.add(self._key)
+        self._acquire()
         self._closed = False
         self._lock = threading.RLock()
         self._tick_error: BaseException | None = None
         self.ticker = Ticker(f"publisher-{stream}-{source_id}")
         """Runs what must happen while the caller is quiet (heartbeats, idle seals)."""
+        self._ticking = False
         try:
             self._producer = client.producer(
                 self.bootstrap,
@@ -266,14 +266,37 @@ class Publisher:
         except BaseException:
             self._release()
             raise
+        self._init_writing()
+        self._init_hooks(late_writer)
+        self._register(mechanisms or {}, seal_policies or {})
+
+    def _acquire(self) -> None:
+        """Refuse a second publisher of this (cluster, stream, source) in this process."""
+        with _ACQUIRED_LOCK:
+            if self._key in _ACQUIRED:
+                raise PublisherAlreadyAcquiredError(
+                    f"the publisher of stream '{self.stream}' for source '{self.source_id}' "
+                    "is already acquired in this process; close it first"
+                )
+            _ACQUIRED.add(self._key)
+
+    def _init_writing(self) -> None:
+        """The state of the open transaction and of the records' order, partitions, times."""
         self._in_txn = False
         self._pending = 0
+        self._full_at: float | None = None
+        """When the open transaction reached ``batch_size`` records, if its commit waits
+        (:meth:`_batch_full`); None otherwise."""
         self._rr = random.randrange(self.partitions)
         self._last_order_key: int | None = None
         self._rand = random.Random()
-        subs = config.substreams_of(stream)
+        subs = self.config.substreams_of(self.stream)
         self.assigners = {s.name: TimeAssigner(s, self.stream_config.order_key) for s in subs}
         self._assigner_items = list(self.assigners.items())
+
+    def _init_hooks(self, late_writer: LateWriter | None) -> None:
+        """Empty hook lists, the batches the delivery hooks are handed, the seal policies'
+        state (filled by :meth:`_register`)."""
         self._hooks: dict[str, PublishHook] = {}
         self._hook_list: list[PublishHook] = []
         self._delivery_hooks: list[PublishHook] = []
@@ -300,24 +323,28 @@ class Publisher:
         self._seal_pending = False
         self._committed_at = 0.0
         self._policy_fields: list[tuple[str, SealClock, str]] = []
+
+    def _register(
+        self, mechanisms: Mechanisms, seal_policies: Mapping[str, SealPolicy | None]
+    ) -> None:
+        """Attach the hooks and seal policies, and commit the hooks' registrations before
+        any record (a source counts from the moment the acker reads its Register); on any
+        failure, abort (release the (stream, source) and let the hooks go)."""
         try:
-            self._install_hooks(mechanisms or {})
-            self._install_policies(seal_policies or {})
+            self._install_hooks(mechanisms)
+            self._install_policies(seal_policies)
             if self._hook_list:
-                # The hooks' registrations, committed before any record: a source counts
-                # from the moment the acker reads its Register.
                 self.commit(patience=REGISTER_PATIENCE_S)
         except KafkaException as exc:
             self.abort()
             raise SubstreamsError(
-                f"the publisher of stream '{stream}' for source '{source_id}' could not "
-                f"register within {REGISTER_PATIENCE_S:.0f} s (is the acks topic "
-                f"'{config.acker.acks_topic}' there and served?): {exc}"
+                f"the publisher of stream '{self.stream}' for source '{self.source_id}' could "
+                f"not register within {REGISTER_PATIENCE_S:.0f} s (is the acks topic "
+                f"'{self.config.acker.acks_topic}' there and served?): {exc}"
             ) from exc
         except BaseException:
             # E.g. a broker outage at start: without this the (stream, source) stayed
             # acquired and every later Publisher for it in this process was refused.
-            # Hooks already attached let go of their resources.
             self.abort()
             raise
 
@@ -370,7 +397,7 @@ class Publisher:
                 (name, clock, clock.substream.field or self.stream_config.order_key)
                 for name, clock in self._clocks.items()
             ]
-            self.ticker.every(POLICY_TICK_S, self._tick)
+            self._start_ticking()
 
     def hook_for(self, substream: str) -> PublishHook | None:
         """The mechanism's hook that tracks ``substream`` (None: untracked)."""
@@ -398,6 +425,20 @@ class Publisher:
         if not self._in_txn:
             self._guard(self._producer.begin_transaction)
             self._in_txn = True
+
+    def _batch_full(self) -> None:
+        """The open transaction holds ``batch_size`` records: commit it -- later, for a
+        publisher that seals.  Its commit then waits for the caller's next write (before
+        it), a seal or ``flush()`` (with it), or ``FULL_WAIT_S`` of quiet (the ticker).
+        Why: a seal that comes right after a full batch rides in the batch's transaction
+        instead of beginning one of its own right behind it, which the broker refuses
+        (CONCURRENT_TRANSACTIONS: the previous commit's markers are still being written)
+        and librdkafka retries after a fixed 20 ms."""
+        if not self._hooks:
+            self.flush()
+        elif self._full_at is None:
+            self._full_at = time.monotonic()
+            self._start_ticking()
 
     def _guard(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``call`` with a fencing error raised as :class:`PublisherFencedError`."""
@@ -445,18 +486,7 @@ class Publisher:
         ``dead_lettered`` set."""
         if self._closed:
             raise SubstreamsError("publish() on a closed publisher")
-        field = self.stream_config.order_key
-        try:
-            order_key = int(payload[field])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SubstreamsError(
-                f"stream '{self.stream}': payload has no integer order key '{field}': {payload!r}"
-            ) from exc
-        if check_order and self._last_order_key is not None and order_key < self._last_order_key:
-            raise OrderKeyRegressionError(
-                f"stream '{self.stream}', source '{self.source_id}': order key {field}={order_key} "
-                f"is below the previous {self._last_order_key}; order keys must be non-decreasing"
-            )
+        order_key = self._order_key_of(payload, check_order)
         if partition is None:
             partition = self.partition_for(key)
         elif not 0 <= partition < self.partitions:
@@ -465,12 +495,7 @@ class Publisher:
             )
         try:
             if times:
-                assigned = dict(times)
-                for name, assigner in self._assigner_items:
-                    if name not in assigned:
-                        assigned[name] = assigner.time_of(payload)
-                    else:
-                        assigner.check(assigned[name])
+                assigned = self._times_with(payload, times)
             else:
                 assigned = {name: a.time_of(payload) for name, a in self._assigner_items}
         except SealedTimeError:
@@ -487,11 +512,56 @@ class Publisher:
         if check_order:
             self._last_order_key = order_key
         record = SentRecord(self.stream, partition, order_key, tracking_id, assigned)
+        self._write_one(record, value, key, payload)
+        return record
+
+    def _order_key_of(self, payload: Mapping[str, Any], check_order: bool) -> int:
+        """The record's order key, refused below the last one written (with ``check_order``)."""
+        field = self.stream_config.order_key
+        try:
+            order_key = int(payload[field])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SubstreamsError(
+                f"stream '{self.stream}': payload has no integer order key '{field}': {payload!r}"
+            ) from exc
+        last = self._last_order_key
+        if check_order and last is not None and order_key < last:
+            raise OrderKeyRegressionError(
+                f"stream '{self.stream}', source '{self.source_id}': order key {field}={order_key} "
+                f"is below the previous {last}; order keys must be non-decreasing"
+            )
+        return order_key
+
+    def _times_with(
+        self, payload: Mapping[str, Any], times: Mapping[str, Time]
+    ) -> dict[str, Time]:
+        """The record's times, ``times`` replacing the assigned ones (each checked against
+        this source's seals)."""
+        assigned = dict(times)
+        for name, assigner in self._assigner_items:
+            if name not in assigned:
+                assigned[name] = assigner.time_of(payload)
+            else:
+                assigner.check(assigned[name])
+        return assigned
+
+    def _write_one(
+        self,
+        record: SentRecord,
+        value: bytes,
+        key: str | bytes | None,
+        payload: Mapping[str, Any],
+    ) -> None:
+        """One checked record into the open transaction, with what the hooks and the commit
+        cadence make of it."""
+        if self._full_at is not None:
+            self.flush()  # the full transaction no seal came for
         self._begin()
         if self._sent:
             one = (record,)
             for sent in self._sent:
                 sent(one)
+        partition = record.partition
         if self._delivery_hooks:
             # Like a batch (see publish_many): one shared callback, the hooks see the
             # record with its offset in the commit (no closure per record).
@@ -509,8 +579,7 @@ class Publisher:
         if self._clocks:
             self._published((payload,))
         if self._pending >= self.batch_size and self._in_txn:
-            self.flush()
-        return record
+            self._batch_full()
 
     @_locked
     def publish_many(
@@ -529,7 +598,8 @@ class Publisher:
         one written), partitions, this source's seals (:class:`SealedTimeError`), the payloads'
         schema -- runs on the whole batch before any of it is written, so a batch that
         raises wrote nothing and left the publisher as it was.  A batch never spans two
-        transactions (the commit every ``batch_size`` records comes after it).  ``keys``,
+        transactions (the commit every ``batch_size`` records comes after it: at once, or
+        for a publisher that seals with the next write or seal, see ``_batch_full``).  ``keys``,
         ``partitions`` and ``times`` are per record (as ``publish``'s ``key``,
         ``partition`` and ``times``); hooks see the batch once (``sent``,
         ``delivered``).  Records late only under ``late: dead_letter`` policies go
@@ -540,9 +610,7 @@ class Publisher:
         n = len(payloads)
         for name, column in (("keys", keys), ("partitions", partitions), ("times", times)):
             if column is not None and len(column) != n:
-                raise SubstreamsError(
-                    f"publish_many(): {len(column)} {name} for {n} payloads"
-                )
+                raise SubstreamsError(f"publish_many(): {len(column)} {name} for {n} payloads")
         if not n:
             return []
         order_keys = self._order_keys(payloads)
@@ -558,23 +626,51 @@ class Publisher:
             if not all(self._dead_letters(m) for m in missed if m):
                 raise
             return self._publish_some(payloads, keys, parts, times, missed, check_order)
-        rand = self._rand.randbytes(8 * n)
-        tracking_ids = struct.unpack(f"<{n}q", rand)
-        try:
-            if int_times is None:
-                values = self._encoder.encode_many(order_keys, tracking_ids, assigned, payloads)
-            else:
-                values = self._encoder.encode_many_int_times(
-                    order_keys, tracking_ids, int_times[0], int_times[1], payloads
-                )
-        except _ENCODE_ERRORS as exc:
-            raise self._schema_error(exc) from exc
+        tracking_ids = struct.unpack(f"<{n}q", self._rand.randbytes(8 * n))
+        values = self._encode_batch(order_keys, tracking_ids, assigned, int_times, payloads)
         # Nothing below raises for the batch's own sake: it is written from here on.
         if check_order:
             self._last_order_key = order_keys[-1]
         self._rr = rr
-        stream = self.stream
-        records = list(map(partial(SentRecord, stream), parts, order_keys, tracking_ids, assigned))
+        records = list(
+            map(partial(SentRecord, self.stream), parts, order_keys, tracking_ids, assigned)
+        )
+        self._write_batch(records, values, parts, keys, int_times)
+        if self._clocks:
+            self._published(payloads)
+        if self._pending >= self.batch_size and self._in_txn:
+            self._batch_full()
+        return records
+
+    def _encode_batch(
+        self,
+        order_keys: list[int],
+        tracking_ids: Sequence[int],
+        assigned: list[Mapping[str, Time]],
+        int_times: tuple[str, list[int]] | None,
+        payloads: Sequence[Mapping[str, Any]],
+    ) -> list[bytes]:
+        """The batch's envelopes (framed from the int time column when there is one)."""
+        try:
+            if int_times is None:
+                return self._encoder.encode_many(order_keys, tracking_ids, assigned, payloads)
+            return self._encoder.encode_many_int_times(
+                order_keys, tracking_ids, int_times[0], int_times[1], payloads
+            )
+        except _ENCODE_ERRORS as exc:
+            raise self._schema_error(exc) from exc
+
+    def _write_batch(
+        self,
+        records: list[SentRecord],
+        values: Sequence[bytes],
+        parts: list[int],
+        keys: Sequence[str | bytes | None] | None,
+        int_times: tuple[str, list[int]] | None,
+    ) -> None:
+        """A checked batch into the open transaction, the hooks told of it."""
+        if self._full_at is not None:
+            self.flush()  # the full transaction no seal came for
         self._begin()
         for sent in self._sent:
             sent(records)
@@ -596,15 +692,10 @@ class Publisher:
                 for column in columns.values():
                     del column[i:]
 
-            self._produce_batch(values, parts, keys, [delivered] * n, refused)
+            self._produce_batch(values, parts, keys, [delivered] * len(values), refused)
         else:
             self._produce_batch(values, parts, keys, None)
-        self._pending += n
-        if self._clocks:
-            self._published(payloads)
-        if self._pending >= self.batch_size and self._in_txn:
-            self.flush()
-        return records
+        self._pending += len(values)
 
     def _publish_some(
         self,
@@ -696,9 +787,17 @@ class Publisher:
                 self.seal(name, sealed.upto, commit=False)
         self._seal_pending = True
 
+    def _start_ticking(self) -> None:
+        """Run :meth:`_tick` on the ticker from now on (once: policies and full batches
+        share it)."""
+        if not self._ticking:
+            self._ticking = True
+            self.ticker.every(POLICY_TICK_S, self._tick)
+
     def _tick(self) -> None:
-        """On the ticker: seal what idleness allows, and commit policy seals the caller left
-        pending -- only between two calls of the caller (its lock is not waited for)."""
+        """On the ticker: seal what idleness allows, commit policy seals the caller left
+        pending, and a full transaction that waited ``FULL_WAIT_S`` for a seal -- only
+        between two calls of the caller (its lock is not waited for)."""
         if not self._lock.acquire(blocking=False):
             return
         try:
@@ -709,10 +808,12 @@ class Publisher:
                 sealed = clock.idle(now)
                 if sealed is not None:
                     self._policy_seal(name, sealed)
-            if self._seal_pending and self._in_txn:
+            full_at = self._full_at
+            waited = full_at is not None and time.monotonic() - full_at >= FULL_WAIT_S
+            if (self._seal_pending or waited) and self._in_txn:
                 self.flush()
         except Exception as exc:
-            log.warning("stream '%s', source '%s': a policy seal failed: %s",
+            log.warning("stream '%s', source '%s': a commit on the ticker failed: %s",
                         self.stream, self.source_id, exc)
             self._tick_error = exc
         finally:
@@ -931,6 +1032,7 @@ class Publisher:
             self._guard(client.commit_transaction, self._producer, what, patience)
             self._in_txn = False
             self._pending = 0
+            self._full_at = None
             self._seal_pending = False
             self._committed_at = time.monotonic()
             how: Ending = "closed" if last else "committed"
@@ -986,9 +1088,13 @@ class Publisher:
         ``substream``; the substream's mechanism makes that known downstream.  From the
         call on, a record at a time ``<= time`` raises :class:`SealedTimeError`.
 
-        The seal takes effect with the commit of the records written before it: at once
-        (``commit=True``), or with the next commit (batch boundary, ``flush()``, ``close()``)
-        so that many fine-grained seals share one transaction."""
+        The seal takes effect with the commit of the records written before it, in their
+        transaction: at once (``commit=True``), or with the next commit (batch boundary,
+        ``flush()``, ``close()``) so that many fine-grained seals share one transaction.
+        Seal *instead of* calling ``flush()`` first: a seal committed alone right after its
+        records' commit pays the broker's refusal of back-to-back transactions (a fixed
+        20 ms retry, on about a third of such seals).  A seal with nothing pending commits
+        alone."""
         hook = self._hook_for(substream)
         self._begin()
         self._write(hook.seal(substream, time, False))
@@ -1076,6 +1182,7 @@ class Publisher:
         finally:
             self.ticker.close()
             self._in_txn = False
+            self._full_at = None
             self._closed = True
             self._batches = []
             self._singles = None

@@ -9,12 +9,14 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
+import substreams.streams.publisher as publisher_module
 from substreams.app import Application
 from substreams.errors import (
     OrderKeyRegressionError,
@@ -210,3 +212,35 @@ def test_a_hook_sees_each_record_of_a_batch_once(make_config: ConfigFactory) -> 
     where = {(e.partition, e.index): e.tracking_id for e in entries}
     assert {(r.partition, o): r.tracking_id for r, o in hook.offsets} == where
     assert hook.commits == 2  # the 10-record batch went out whole, then close() committed
+
+
+def test_a_seal_after_a_full_batch_commits_in_the_batchs_transaction(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publisher that seals leaves a full transaction open for a seal that may follow
+    (one transaction, not two back to back); its next write commits it first, and a quiet
+    caller's is committed by the ticker."""
+    epoch = {"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}
+    config = make_config([{"name": "clicks"}], [epoch])
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    monkeypatch.setattr(publisher_module, "FULL_WAIT_S", 3600.0)  # no ticker commit yet
+    hook = CountingHook()
+    with Application(config).publisher(stream, "src", batch_size=3) as pub:
+        pub.add_hook(hook)
+        pub.publish_many([click(0, f"/0.{i}") for i in range(3)])
+        assert hook.commits == 0  # full: waiting for a seal
+        pub.seal(sub, 0)
+        assert hook.commits == 1  # the records and their seal, one transaction
+        for i in range(3):
+            pub.publish(click(1, f"/1.{i}"))
+        assert hook.commits == 1
+        pub.publish(click(2, "/2.0"))
+        assert hook.commits == 2  # the full one, committed before the next record
+        monkeypatch.setattr(publisher_module, "FULL_WAIT_S", 0.02)
+        pub.publish_many([click(2, "/2.1"), click(2, "/2.2")])
+        deadline = time.monotonic() + 30
+        while hook.commits < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hook.commits == 3  # the caller went quiet: the ticker committed it
+        with Listener(config, stream) as listener:
+            assert len(read_all(listener)) == 9
