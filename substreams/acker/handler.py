@@ -134,8 +134,7 @@ class CommandHandler:
         self.dead_letters = 0
         self.capture_interval = capture_interval_ms / 1000.0
         self._last_capture = 0.0
-        self._position = 0
-        """The next command-topic offset to read (what a capture covers)."""
+        self._position = 0  # the next command-topic offset to read (what a capture covers)
         self._saved_replay = False
         self.replayed_from = 0
         """The command-topic offset start-up replayed from (0 without a saved history)."""
