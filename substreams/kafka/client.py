@@ -12,6 +12,7 @@ fenced), and readers must never see an aborted write.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -91,7 +92,9 @@ def producer(
         settings["transactional.id"] = transactional_id
         settings["transaction.timeout.ms"] = TRANSACTION_TIMEOUT_MS
         counts_in = os.environ.get(ENV_COUNT_TXN_RETRIES)
-        if counts_in:
+        if counts_in and not Path(counts_in).is_dir():
+            _warn_not_a_folder(counts_in)
+        elif counts_in:
             settings.update(debug="eos", log_level=7, logger=TxnRetryCounter(
                 transactional_id, Path(counts_in)))
     settings.update(_extra(config))
@@ -103,6 +106,16 @@ ENV_COUNT_TXN_RETRIES = "SUBSTREAMS_COUNT_TXN_RETRIES"
 """A folder: when set, every transactional producer of every process that inherits it
 counts its CONCURRENT_TRANSACTIONS retries there (:class:`TxnRetryCounter`).  For
 benchmarks; unset in production, where the debug log it needs would cost for nothing."""
+
+
+
+@functools.cache
+def _warn_not_a_folder(value: str) -> None:
+    """Once per value: the benches set the variable to a folder; a user's ``=1`` is ignored
+    with a warning rather than failing every transactional producer."""
+    log.warning("%s=%r is not an existing folder: CONCURRENT_TRANSACTIONS retries are not "
+                "counted (the benches set it themselves)", ENV_COUNT_TXN_RETRIES, value)
+
 
 CONCURRENT_TRANSACTIONS = "another concurrent operation on the same transaction"
 """librdkafka's text of the broker's CONCURRENT_TRANSACTIONS error (code 51)."""

@@ -72,3 +72,18 @@ def test_opt_in_only(monkeypatch: pytest.MonkeyPatch) -> None:
         assert client.ENV_COUNT_TXN_RETRIES in os.environ
         assert client.txn_retries(folder) == {}
     assert client.ENV_COUNT_TXN_RETRIES not in os.environ
+
+
+def test_a_value_that_is_not_a_folder_warns_and_counts_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(client.ENV_COUNT_TXN_RETRIES, "1")
+    with caplog.at_level(logging.WARNING, client.log.name):
+        producer = client.producer("127.0.0.1:1", transactional_id="not-a-folder")
+    assert producer is not None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{client.ENV_COUNT_TXN_RETRIES}='1' is not an existing folder: "
+        "CONCURRENT_TRANSACTIONS retries are not counted (the benches set it themselves)"
+    ]
+    assert list(tmp_path.iterdir()) == []
