@@ -66,10 +66,8 @@ from typing import Any
 import substreams.acker.agent as agent_module
 from substreams.acker.core import AckerCore, Evict
 from substreams.acker.deadletter import REASON_TERMINATED
-from substreams.acker.liveness import probe_interval_ms
 from substreams.acker.protocol import (
     STAGE,
-    Register,
     decode_ack,
     encode_ack,
     segment_partition,
@@ -78,7 +76,7 @@ from substreams.acker.state import AckerState, Blocker
 from substreams.acker.table import SOURCE
 from substreams.acker.tracker import Tracker
 from substreams.control.messages import completions
-from substreams.errors import BrokerError, ProtocolError
+from substreams.errors import BrokerError
 from substreams.kafka.clock import SimClock
 from substreams.kafka.log import Committed, FencedError, Record
 from substreams.kafka.memory import MemoryLog, MemoryReader, MemoryTransactionalWriter
@@ -909,8 +907,6 @@ class AckerShell:
         self.reader = self.sim.log.reader(committed=True, name="acker")
         self.reader.assign({(ACKS, p): self.core.state.acks_offsets.get(p, 0)
                             for p in self.parts})
-        self.last_probe = -10**18
-        self.last_write = -10**18
         self.evictions: list[tuple[Evict, list[int | None]]] = []
         """Evictions whose fence runs (a restart drops them: the new core starts afresh)."""
         self.alive = True
@@ -976,8 +972,7 @@ class AckerShell:
                     joined[(session.incarnation, p)] = self._last_terminated(p)
         self._collect()
         positions = {p: self._position(p) for p in self.parts}
-        if now - self.last_probe >= probe_interval_ms(TIMEOUT_MS):
-            self.last_probe = now
+        if core.probe_due(now):
             stable = log.end_offsets(ACKS, self.parts, committed=True)
             high = log.end_offsets(ACKS, self.parts, committed=False)
             for p in self.parts:
@@ -994,7 +989,7 @@ class AckerShell:
             sim.spawn(self._fence_io(e.writer, e.reason, e.key[1], slot))
         evicted = [(key, core.state.sessions[key].incarnation) for key, *_ in effects.evicted]
         items = list(effects.records)
-        heartbeat = now - self.last_write >= ACKER_HEARTBEAT_MS
+        heartbeat = core.heartbeat_due(now)
         if not items and not heartbeat:
             return bool(polled)
         if heartbeat:
@@ -1003,7 +998,7 @@ class AckerShell:
             raise Crash()  # before the commit: the step's work is lost, replayed
         core.state.checkpoints += 1
         self.checkpoint = (core.state.to_doc(), dict(core.state.acks_offsets))
-        self.last_write = now
+        core.committed(now)
         for _, body in items:
             for c in completions(body):
                 self._notified(c.substream, c.time, c.records, c.ranges, now)
@@ -1042,17 +1037,10 @@ class AckerShell:
 
     def _name(self, blocker: Blocker) -> None:
         rec = self.sim.log.record_at(ACKS, blocker.partition, blocker.offset)
-        source = incarnation = writer = None
-        if rec is not None:
-            try:
-                ack = decode_ack(rec.value or b"", rec.headers)
-            except ProtocolError:
-                pass
-            else:
-                source, incarnation = ack.source, ack.incarnation
-                if isinstance(ack.body, Register):
-                    writer = ack.body.writer or None
-        self.core.named(blocker, source, incarnation, writer)
+        if rec is None:
+            self.core.named_record(blocker, None, None)
+        else:
+            self.core.named_record(blocker, rec.value or b"", rec.headers)
 
     def _notified(self, sub: str, time: Any, records: int, ranges: Any, now: int) -> None:
         sim = self.sim
