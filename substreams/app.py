@@ -137,7 +137,7 @@ class Application:
         def handler(service: AckerService) -> CommandHandler:
             return CommandHandler(
                 self.config, service.bootstrap, service.name, owned=service.segments,
-                **command_options,
+                clock=service.clock, **command_options,
             )
 
         return AckerService(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import time
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -77,6 +76,7 @@ from substreams.control.messages import (
 from substreams.errors import BrokerError, ProtocolError
 from substreams.frontier import Time, sort_key
 from substreams.kafka import client
+from substreams.kafka.clock import SYSTEM, Clock
 from substreams.kafka.read import Reader
 from substreams.kafka.topics import ensure_topics
 from substreams.kafka.write import produce
@@ -86,10 +86,6 @@ if TYPE_CHECKING:
     from substreams.acker.state import AckerView
 
 log = logging.getLogger(__name__)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 Done = Completion | EpochComplete
@@ -117,8 +113,10 @@ class CommandHandler:
         keep_completed: int = 10_000,
         capture_interval_ms: int = 1000,
         owned: Iterable[str] | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.config = config
+        self.clock = clock  # the service's: a SimClock in tests
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.name = name or config.acker.name
         self.substreams = tracked_substreams(config)
@@ -149,11 +147,8 @@ class CommandHandler:
         self._last_push = 0.0
         self._commands: Reader | None = None
         self._control: ControlFollower | None = None
-        self._topic_sub = {
-            config.acker.control_topic(s): s
-            for s in self.substreams
-            if mine is None or s in mine
-        }
+        self._topic_sub = {config.acker.control_topic(s): s for s in self.substreams
+                           if mine is None or s in mine}
         """The control topics read for completed times: this shard's substreams' only."""
         self._backfill: dict[str, int] = {}
         """The service's own control topics still read from the topic at start-up: their end
@@ -179,11 +174,11 @@ class CommandHandler:
             cmd = self._decode(msg)
             if cmd is not None:
                 self._handle(cmd, view)
-        due = time.monotonic() - self._last_push >= self.frontier_interval
+        due = self.clock.monotonic() - self._last_push >= self.frontier_interval
         if due and self.history.state.configured is not None:
             self._push_frontiers(view, force=False)
         self._producer.poll(0)
-        if time.monotonic() - self._last_capture >= self.capture_interval:
+        if self.clock.monotonic() - self._last_capture >= self.capture_interval:
             service.state.commands = self.capture()
         return []
 
@@ -194,7 +189,7 @@ class CommandHandler:
         watermark *now*, and every response to a command past the position is produced
         later.  The responses sent so far are flushed first, so that an answer the history
         counts as given is on the topic."""
-        self._last_capture = time.monotonic()
+        self._last_capture = self.clock.monotonic()
         self.history.reduce()
         self._since_reduce = 0
         self._producer.flush(5)
@@ -246,7 +241,7 @@ class CommandHandler:
                 self.config.topic_spec(acker.response_topic),
             ],
         )
-        began = time.monotonic()
+        began = self.clock.monotonic()
         answered = self._answered_since(responses_from, answered_as)
         self._follow_control(own or set())
         replayed = self._replay(kept, position, answered, view)
@@ -256,7 +251,8 @@ class CommandHandler:
         log.info(
             "acker '%s' command handler recovery in %.3f s: %s, then replayed %d commands of "
             "'%s' from offset %d (%d kept after reduction); %d responses of '%s' read from "
-            "offset %d to skip what was already answered", self.name, time.monotonic() - began,
+            "offset %d to skip what was already answered",
+            self.name, self.clock.monotonic() - began,
             "no saved history" if saved is None
             else f"{len(kept)} commands of the reduced history in the checkpoint",
             replayed, acker.command_topic, position, len(self.history.commands), len(answered),
@@ -451,7 +447,7 @@ class CommandHandler:
                 cmd.nonce,
                 cmd.seq if seq is None else seq,
                 body,
-                now_ms(),
+                self.clock.now_ms(),
             )
         )
 
@@ -491,7 +487,7 @@ class CommandHandler:
 
     def _push_frontiers(self, view: _LazyView, *, force: bool) -> None:
         """Frontiers of the configured substreams to the controller that configured them."""
-        self._last_push = time.monotonic()
+        self._last_push = self.clock.monotonic()
         state = self.history.state
         controller = state.configured_by()
         session = state.sessions.get(controller or "")
@@ -512,7 +508,7 @@ class CommandHandler:
                         session.nonce,
                         -1,
                         Frontiers(name, *now),
-                        now_ms(),
+                        self.clock.now_ms(),
                     )
                 )
 

@@ -44,7 +44,7 @@ def test_the_acker_is_built_with_its_shard_s_command_handler(tmp_path: Path) -> 
         # it follows the control topics of this shard's substreams only
         assert set(handler._topic_sub.values()) == set(service.segments)
         assert 0 < len(service.segments) < 8
-        assert service.clock is clock
+        assert service.clock is clock and handler.clock is clock  # one time base
         with pytest.raises(AttributeError):
             service.command_handler = handler  # type: ignore[misc]
     finally:
