@@ -426,6 +426,14 @@ class Publisher:
             self._guard(self._producer.begin_transaction)
             self._in_txn = True
 
+    def _begin_write(self) -> None:
+        """Open the transaction new records go into: a full one still waiting for a seal
+        (:meth:`_batch_full`) commits first, so a transaction never outgrows ``batch_size``
+        by more than one call."""
+        if self._full_at is not None:
+            self.flush()
+        self._begin()
+
     def _batch_full(self) -> None:
         """The open transaction holds ``batch_size`` records: commit it -- later, for a
         publisher that seals.  Its commit then waits for the caller's next write (before
@@ -554,9 +562,7 @@ class Publisher:
     ) -> None:
         """One checked record into the open transaction, with what the hooks and the commit
         cadence make of it."""
-        if self._full_at is not None:
-            self.flush()  # the full transaction no seal came for
-        self._begin()
+        self._begin_write()
         if self._sent:
             one = (record,)
             for sent in self._sent:
@@ -669,9 +675,7 @@ class Publisher:
         int_times: tuple[str, list[int]] | None,
     ) -> None:
         """A checked batch into the open transaction, the hooks told of it."""
-        if self._full_at is not None:
-            self.flush()  # the full transaction no seal came for
-        self._begin()
+        self._begin_write()
         for sent in self._sent:
             sent(records)
         if self._delivery_hooks:
