@@ -29,6 +29,7 @@ from substreams.config import Config, load_config
 from substreams.control.messages import OffsetRange
 from substreams.errors import SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.clock import Deadline
 from substreams.spark.executor import (
     DIRECT_UNITS,
     SUMMARY_FIELDS,
@@ -166,8 +167,8 @@ class JvmRead:
                 self.substream, self.config,
             )
         scanner = self._control
-        deadline = time.monotonic() + 30.0
-        while scanner.scanned_to < end and time.monotonic() < deadline:
+        deadline = Deadline(30.0)
+        while scanner.scanned_to < end and not deadline.passed:
             scanner.scan(start, max_wait=0.5)  # from where the last batch left it
         notes = scanner.between(start, end)  # re-read from start if the scan fell short
         scanner.forget_before(start)
