@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from substreams.acker.deadletter import read_dead_letters
 from substreams.acker.protocol import (
     AckBlock,
     AckEntry,
@@ -36,6 +35,7 @@ from substreams.control.messages import EpochComplete, EpochsComplete, OffsetRan
 from substreams.control.ranges import read_ranges
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.frontier import Time, sort_key
+from substreams.streams.deadletter import read_dead_letters
 from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
 from tests.conftest import ConfigFactory, follow_notifications
