@@ -172,7 +172,7 @@ class DeadLetterWriter:
         (waiting out a broker outage of up to ``patience`` seconds); an
         :class:`UndeliveredError` after that, the letters kept for the next flush.  Call it
         before committing a position past the messages dead-lettered."""
-        if self._producer is None or not self._pending:
+        if not self._pending:
             return
         what = f"{self.service}: dead letters to '{self.topic}'"
         for _ in range(2):  # a failed delivery is sent once more, then it must be there
@@ -180,6 +180,7 @@ class DeadLetterWriter:
             for seq in failed:
                 self._send(seq)
             try:
+                assert self._producer is not None  # created by the first letter
                 client.flush_producer(self._producer, what, patience)
             except BrokerError as exc:
                 raise UndeliveredError(str(exc)) from exc

@@ -14,9 +14,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from confluent_kafka import Producer
 
 from substreams.app import Application
 from substreams.config import Config, load_config
@@ -28,9 +29,10 @@ from substreams.punctuation.aligner import Event, Late, Released, Terminated
 from substreams.punctuation.hook import register
 from substreams.punctuation.reader import PunctuatedReader
 from substreams.punctuation.service import PunctuationAligner
-from substreams.streams.deadletter import REASON_LATE, read_dead_letters
+from substreams.streams.deadletter import REASON_LATE, UndeliveredError, read_dead_letters
 from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
+from tests.unit.test_dead_letters import FlakyProducer
 
 P, Q, SIZE = 3, 4, 1000
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,9 +248,16 @@ def test_late_producer_record_goes_to_dead_letter(make_config: ConfigFactory) ->
             service.step()
         with Application(config).publisher(stream, "latecomer") as late:
             late.publish({"user": "late", "url": "/", "ts": 500}, partition=2)
-        while service.late < 1:
-            assert time.monotonic() < deadline
-            service.step()
+        # its dead letter cannot be delivered: the step raises before a checkpoint
+        service._letters._producer = cast(Producer, FlakyProducer(failures=2))
+        checkpoints = service.checkpoints
+        with pytest.raises(UndeliveredError):
+            while time.monotonic() < deadline:
+                service.step()
+        assert service.late == 1 and service.checkpoints == checkpoints
+        service._letters._producer = None  # the broker again: the next step delivers it
+        service.step()
+        assert service._letters.pending == 0
     [letter] = read_dead_letters(config)  # the one format of every service
     assert (letter.service, letter.reason) == (f"aligner.{sub}", REASON_LATE)
     assert (letter.topic, letter.partition, letter.source) == (stream, 2, "latecomer")
