@@ -536,7 +536,7 @@ class AckerService:
         coordinator aborted it during a long outage and bumped the producer epoch, or dead
         letters could not be delivered before it.  Everything since the last checkpoint is
         replayed."""
-        log.error("acker '%s': transaction failed (%s); recovering from the latest "
+        log.error("acker '%s': could not commit (%s); recovering from the latest "
                   "checkpoint", self.name, exc)
         self.recoveries += 1
         if self._superseded(stop):

@@ -222,7 +222,7 @@ def late_letter(
 def read_dead_letters(
     config: Config, bootstrap: str | None = None, timeout: float = 30.0
 ) -> Iterator[DeadLetter]:
-    """Every dead letter so far (for tests and ``acker status``); the whole topic or an error."""
+    """Every dead letter so far (tests, tools); the whole topic or an error."""
     server = client.resolve_bootstrap(config, bootstrap)
     for msg in drain(server, config, config.acker.dead_letter_topic, timeout=timeout):
         yield DeadLetter.from_json(msg.value())
