@@ -22,7 +22,6 @@ from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from substreams.acker.deadletter import write_late_record
 from substreams.acker.tracker import source_tracker
 from substreams.config import Config, SealPolicy
 from substreams.control.direct import DirectProgress
@@ -30,6 +29,7 @@ from substreams.control.notifications import Notifications
 from substreams.control.subscriber import Start
 from substreams.kafka.clock import SYSTEM, Clock
 from substreams.punctuation.hook import PunctuationHook
+from substreams.streams.deadletter import write_late_record
 from substreams.streams.publisher import Mechanisms, Publisher
 
 if TYPE_CHECKING:  # the services are imported when built: a publisher needs none of them
@@ -95,7 +95,7 @@ class Application:
         mechanisms (see :class:`~substreams.streams.publisher.Publisher`).
         ``seal_policies`` replaces the configured seal policy of the named substreams for
         this publisher (None: manual); late records under ``late: dead_letter`` go to the
-        dead-letter topic (:func:`~substreams.acker.deadletter.write_late_record`)."""
+        dead-letter topic (:func:`~substreams.streams.deadletter.write_late_record`)."""
         return Publisher(
             self.config,
             stream,

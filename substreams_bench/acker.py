@@ -18,7 +18,7 @@ the command handler.  Every second message closes a time of each of its substrea
 rows also say how many times per second the acker completes (notifications written).
 
 (b) Latency.  An acker runs in a thread; a publisher writes g records of epoch i and calls
-``seal()`` at t0, which commits them with the seal; a ``ControlTail`` on the substream's
+``seal()`` at t0, which commits them with the seal; a ``ControlFollower`` on the substream's
 control topic sees the ``EpochComplete`` of i at t1; latency = t1 - t0.  Baseline in the
 same run, same broker: raw one-message produce->consume latency (``linger.ms=0``,
 ``acks=all``, assigned consumer).  Publisher, tail and acker share one Python process (and
@@ -61,7 +61,7 @@ from substreams.acker.state import AckerState
 from substreams.app import Application
 from substreams.config import Config
 from substreams.control.chain import ChainHead
-from substreams.control.io import ControlTail
+from substreams.control.follower import LOG, ControlFollower
 from substreams.control.messages import OffsetRange, completions
 from substreams.kafka import client
 from substreams.kafka.write import produce
@@ -649,7 +649,7 @@ def seal_latency(ctx: BenchContext, samples: int, records: int) -> tuple[list[fl
     thread.start()
     latencies: list[float] = []
     missed = 0
-    tail = ControlTail(ctx.bootstrap, config.acker.control_topic(sub), 0, config)
+    tail = control_tail(ctx.bootstrap, config, config.acker.control_topic(sub))
     try:
         with Application(config, ctx.bootstrap).publisher(stream, "lat-src") as pub:
             ts = 0
@@ -671,11 +671,18 @@ def seal_latency(ctx: BenchContext, samples: int, records: int) -> tuple[list[fl
     return latencies, missed
 
 
-def _wait_complete(tail: ControlTail, t: int, timeout: float) -> float | None:
+def control_tail(bootstrap: str, config: Config, topic: str) -> ControlFollower:
+    """Follows ``topic`` from offset 0 (an undecodable record is logged and passed over)."""
+    tail = ControlFollower(bootstrap, config, name="bench: control", on_bad=LOG, verify=False)
+    tail.assign({topic: 0})
+    return tail
+
+
+def _wait_complete(tail: ControlFollower, t: int, timeout: float) -> float | None:
     deadline = time.perf_counter() + timeout
     while time.perf_counter() < deadline:
-        for _, rec in tail.poll(0.001, 100):
-            if any(note.time == t for note in completions(getattr(rec, "body", None))):
+        for followed in tail.poll(0.001, 100):
+            if any(note.time == t for note in completions(followed.record.body)):
                 return time.perf_counter()
     return None
 

@@ -6,7 +6,7 @@
 Starts an embedded Apache Kafka and ``substreams acker run`` as its own process with
 ``SUBSTREAMS_ACKER_PHASES=1`` (the acker logs each notifying step's phases), then, like
 ``bench acker``'s latency row: one publisher writes ``--records`` records of epoch i,
-commits, and at t0 calls ``seal()``; a ``ControlTail`` of the substream's control topic sees
+commits, and at t0 calls ``seal()``; a ``ControlFollower`` of the substream's control topic sees
 ``EpochComplete(i)``.  The publisher's producer is wrapped to time its transaction calls.
 Per epoch, on one wall clock (all processes share the machine):
 
@@ -43,8 +43,8 @@ import yaml
 
 from substreams.app import Application
 from substreams.config import load_config
-from substreams.control.io import ControlTail
 from substreams.control.messages import completions
+from substreams_bench.acker import control_tail
 from substreams_bench.harness import bench_context, percentile
 from substreams_bench.workload import acker_process
 
@@ -127,7 +127,7 @@ def main() -> None:
             path.write_text(yaml.safe_dump(doc, sort_keys=False))
             acker_config = load_config(path)
         with acker_process(acker_config, ctx.bootstrap):
-            tail = ControlTail(ctx.bootstrap, config.acker.control_topic(sub), 0, config)
+            tail = control_tail(ctx.bootstrap, config, config.acker.control_topic(sub))
             app = Application(config, ctx.bootstrap)
             with app.publisher(stream, "lat-src", producer_overrides=overrides) as pub:
                 timed = TimedProducer(pub._producer)
@@ -147,10 +147,9 @@ def main() -> None:
                     pub_phases[i] = (t0, ends[0][1], ends[-1][2], t1)
                     deadline = time.time() + 10
                     while i not in seen and time.time() < deadline:
-                        for _, rec in tail.poll(0.001, 100):
-                            body = getattr(rec, "body", None)
-                            for note in completions(body):
-                                seen[note.time] = (time.time(), getattr(rec, "written_at_ms", 0))
+                        for followed in tail.poll(0.001, 100):
+                            for note in completions(followed.record.body):
+                                seen[note.time] = (time.time(), followed.record.written_at_ms)
                     time.sleep(0.02)
             tail.close()
             time.sleep(0.5)

@@ -51,7 +51,7 @@ from substreams.acker.state import AckerState, SourceSession
 from substreams.acker.table import SOURCE
 from substreams.app import Application
 from substreams.config import Config
-from substreams.control.io import ControlTail, ControlWriter
+from substreams.control.io import ControlWriter, read_control
 from substreams.control.messages import (
     Checkpoint,
     ControlBody,
@@ -188,8 +188,7 @@ def replay_from_zero(config: Config) -> tuple[float, int]:
     t0 = time.perf_counter()
     records = 0
     for topic in topics:
-        with ControlTail(config.kafka.bootstrap, topic, 0, config) as tail:
-            records += sum(1 for _ in tail.read_to_end(timeout=1800.0))
+        records += len(read_control(config.kafka.bootstrap, topic, config, timeout=1800.0))
     return time.perf_counter() - t0, records
 
 
@@ -278,8 +277,7 @@ def aligner_replay(config: Config) -> float:
     the data topic read and aligned from offset 0 until caught up."""
     sub = config.substreams[0].name
     t0 = time.perf_counter()
-    with ControlTail(config.kafka.bootstrap, config.acker.control_topic(sub), 0, config) as tail:
-        sum(1 for _ in tail.read_to_end(timeout=1800.0))
+    read_control(config.kafka.bootstrap, config.acker.control_topic(sub), config, timeout=1800.0)
     with PunctuatedReader(config, sub, bound="soft") as reader:
         while not reader.caught_up:
             reader.poll(0.05)

@@ -335,9 +335,11 @@ class _ControlWatch:
     """Waits for the acker's notification of each epoch on the control topic."""
 
     def __init__(self, ctx: BenchContext, config: Config, topic: str) -> None:
-        from substreams.control.io import ControlTail
+        from substreams.control.follower import LOG, ControlFollower
 
-        self.tail = ControlTail(ctx.bootstrap, topic, 0, config)
+        self.tail = ControlFollower(ctx.bootstrap, config, name="bench: control", on_bad=LOG,
+                                    verify=False)
+        self.tail.assign({topic: 0})
         self.done: set[int] = set()
 
     def wait_for(self, epoch: int, timeout: float) -> None:
@@ -347,8 +349,8 @@ class _ControlWatch:
         while epoch not in self.done:
             if time.monotonic() > deadline:
                 raise BenchError(f"bench traffic: acker: no notification of epoch {epoch}")
-            for _, rec in self.tail.poll(0.05):
-                for note in completions(getattr(rec, "body", None)):
+            for followed in self.tail.poll(0.05):
+                for note in completions(followed.record.body):
                     if isinstance(note.time, int):
                         self.done.add(note.time)
 

@@ -22,9 +22,8 @@ import yaml
 from hypothesis import settings
 
 from substreams.config import Config, load_config
-from substreams.control.io import ControlTail, Corrupt
+from substreams.control.follower import RAISE, ControlFollower
 from substreams.control.messages import EpochComplete, completions
-from substreams.errors import ProtocolError
 from substreams.kafka import client
 from substreams.kafka.embedded import KafkaCluster
 from substreams.kafka.topics import ensure_topics
@@ -203,13 +202,14 @@ def follow_notifications(
     notes: list[EpochComplete] = []
     deadline = time.monotonic() + timeout
     topic = config.acker.control_topic(substream)
-    with ControlTail(config.kafka.bootstrap, topic, 0, config) as tail:
+    with ControlFollower(
+        config.kafka.bootstrap, config, name="test: notifications", on_bad=RAISE, verify=False
+    ) as tail:
+        tail.assign({topic: 0})
         while True:
             batch = tail.poll_batch(0.2)
-            for offset, rec in batch:
-                if isinstance(rec, Corrupt):
-                    raise ProtocolError(f"control topic '{topic}' offset {offset}: {rec.reason}")
-                notes.extend(completions(rec.body))  # one per time, batched or not
+            for followed in batch:
+                notes.extend(completions(followed.record.body))  # one per time, batched or not
             if len(notes) >= count:
                 if not batch:  # reached, and nothing more is buffered
                     return notes

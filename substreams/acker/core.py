@@ -79,13 +79,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from substreams.acker.deadletter import (
-    REASON_MALFORMED,
-    REASON_STALE,
-    REASON_TERMINATED,
-    REASON_UNKNOWN_SUBSTREAM,
-    REASON_UNREGISTERED,
-)
 from substreams.acker.liveness import (
     Holds,
     Liveness,
@@ -121,6 +114,13 @@ from substreams.control.notes import format_time
 from substreams.control.progress import ProgressTracker
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time
+from substreams.streams.deadletter import (
+    REASON_MALFORMED,
+    REASON_STALE,
+    REASON_TERMINATED,
+    REASON_UNKNOWN_SUBSTREAM,
+    REASON_UNREGISTERED,
+)
 
 MAX_COMPLETIONS_PER_RECORD = 500
 """Times one ``EpochsComplete`` may announce.  Why bounded: a control record must stay well

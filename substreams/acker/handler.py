@@ -62,7 +62,6 @@ from substreams.acker.commands import (
     encode_response,
     response_headers,
 )
-from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter
 from substreams.acker.history import CommandHistory, OutcomeKind
 from substreams.config import Config
 from substreams.control.follower import LOG, ControlFollower
@@ -80,6 +79,7 @@ from substreams.kafka.clock import SYSTEM, Clock
 from substreams.kafka.read import Reader
 from substreams.kafka.topics import ensure_topics
 from substreams.kafka.write import produce
+from substreams.streams.deadletter import REASON_MALFORMED, DeadLetterWriter, UndeliveredError
 
 if TYPE_CHECKING:
     from substreams.acker.service import AckerService
@@ -159,11 +159,12 @@ class CommandHandler:
         """Fed completions of a topic still being backfilled, kept in order until it ends."""
         fast: dict[str, Any] = {"linger.ms": 0}
         self._producer = client.producer(self.bootstrap, config, **fast)
+        self._letters = DeadLetterWriter(config, f"{self.name}.commands", producer=self._producer)
         self._closed = False
 
     # -- life cycle ----------------------------------------------------------------------
 
-    def __call__(self, service: AckerService) -> list[tuple[str, bytes]]:
+    def __call__(self, service: AckerService) -> None:
         view = _LazyView(service.view)
         if not self._started:
             self._start(view, service.state.commands, set(service.control_topics.values()))
@@ -179,17 +180,21 @@ class CommandHandler:
             self._push_frontiers(view, force=False)
         self._producer.poll(0)
         if self.clock.monotonic() - self._last_capture >= self.capture_interval:
-            service.state.commands = self.capture()
-        return []
+            try:
+                service.state.commands = self.capture()
+            except UndeliveredError as exc:  # the checkpoint keeps the previous capture
+                log.warning("command handler: %s; history not captured", exc)
 
     def capture(self) -> dict[str, Any]:
         """What the acker's next checkpoint keeps of the command side: the reduced history,
         the command-topic position it covers, and the response-topic offset from which a
         restarted handler must look for answers.  Why that offset is safe: it is the high
         watermark *now*, and every response to a command past the position is produced
-        later.  The responses sent so far are flushed first, so that an answer the history
-        counts as given is on the topic."""
+        later.  The dead letters and responses sent so far are flushed first, so that a
+        command the history counts as handled has its dead letter or its answer on the topic
+        (:class:`UndeliveredError` if a dead letter is not)."""
         self._last_capture = self.clock.monotonic()
+        self._letters.flush(5.0)
         self.history.reduce()
         self._since_reduce = 0
         self._producer.flush(5)
@@ -294,7 +299,9 @@ class CommandHandler:
             for msg in responses.iter_to_end():
                 try:
                     resp = decode_response(msg.value() or b"", msg.headers())
-                except ProtocolError:
+                except ProtocolError as exc:  # not an answer: nothing to skip for it
+                    log.warning("command handler: response topic offset %d passed over: %s",
+                                msg.offset(), exc)
                     continue
                 if answered_as is None or resp.acker in answered_as:
                     answered.add((resp.controller, resp.nonce, resp.seq))
@@ -378,10 +385,7 @@ class CommandHandler:
         except ProtocolError as exc:
             # Dead-lettered when read, also on a replay after a restart: at least once, as
             # the acker's own dead letters (same topic/partition/offset: easy to de-duplicate).
-            letter = DeadLetter.of(msg, REASON_MALFORMED, str(exc))
-            log.warning("dead letter: malformed command at %s@%d: %s", msg.topic(),
-                        msg.offset(), exc)
-            self._produce(self.config.acker.dead_letter_topic, letter.to_json(), None)
+            self._letters.write_message(msg, REASON_MALFORMED, str(exc))
             self.dead_letters += 1
             return None
 
@@ -457,11 +461,9 @@ class CommandHandler:
             return
         if self._saved_replay and not isinstance(resp.body, PeekResponse):
             return  # the saved history was answered, but for peeks still owed
-        self._produce(self.config.acker.response_topic, encode_response(resp), response_headers())
+        produce(self._producer, self.config.acker.response_topic, encode_response(resp),
+                partition=0, headers=response_headers())
         self.responses_sent += 1
-
-    def _produce(self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None) -> None:
-        produce(self._producer, topic, value, partition=0, headers=headers)
 
     # -- status, frontiers ---------------------------------------------------------------
 

@@ -33,11 +33,11 @@ only if no one else took the id since, so the state read is final), then commit 
 that belong to its partitions as its own first checkpoint.
 
 Acks are read with ``assign()`` from stored offsets (never a consumer group).  Messages the
-acker cannot apply go to the dead-letter topic (:mod:`substreams.acker.deadletter`) and the
-acker keeps running.  ``command_handler`` (the command protocol's, built with the service
-from the ``commands`` factory: :meth:`substreams.app.Application.acker`) is called once per
-step with the service; the ``(topic, value)`` pairs it returns are produced as plain
-(non-transactional) messages.
+acker cannot apply go to the dead-letter topic (:mod:`substreams.streams.deadletter`, flushed
+before the checkpoint that moves past them) and the acker keeps running.
+``command_handler`` (the command protocol's, built with the service from the ``commands``
+factory: :meth:`substreams.app.Application.acker`) is called once per step with the
+service.
 
 Time is read from a :class:`~substreams.kafka.clock.Clock` (the system's by default), and
 every decision about a source, a time or a shard is the core's (:mod:`substreams.acker.core`):
@@ -69,10 +69,6 @@ from substreams.acker.core import (
     start_offsets,
     superseded,
 )
-from substreams.acker.deadletter import (
-    DeadLetter,
-    PlainWriter,
-)
 from substreams.acker.protocol import (
     segment_partition,
     shard_partitions,
@@ -80,7 +76,8 @@ from substreams.acker.protocol import (
 from substreams.acker.state import AckerState, AckerView, Blocker
 from substreams.acker.table import Segment, acker_segments
 from substreams.config import Config
-from substreams.control.io import ControlTail, ControlWriter, Corrupt, find_last, read_control
+from substreams.control.follower import LOG, ControlFollower
+from substreams.control.io import ControlWriter, find_last, read_control
 from substreams.control.messages import (
     Checkpoint,
     ControlBody,
@@ -95,15 +92,15 @@ from substreams.kafka.clock import SYSTEM, Clock
 from substreams.kafka.read import Reader, record_at
 from substreams.kafka.topics import ensure_topics
 from substreams.kafka.write import fenced_as
+from substreams.streams.deadletter import DeadLetterWriter, UndeliveredError
 
 
 class StepHandler(Protocol):
     """What serves beside the loop, called once per step by the thread that owns the state
     (the command protocol's :class:`~substreams.acker.handler.CommandHandler`)."""
 
-    def __call__(self, service: AckerService) -> list[tuple[str, bytes]]:
-        """One round; the ``(topic, value)`` pairs to produce as plain messages."""
-        ...
+    def __call__(self, service: AckerService) -> None:
+        """One round."""
 
     def close(self) -> None: ...
 
@@ -235,7 +232,7 @@ class AckerService:
         self.fenced = False
         self._writer: ControlWriter | None = None
         self._reader: Reader | None = None
-        self._out: PlainWriter | None = None
+        self._letters: DeadLetterWriter | None = None
         self._heartbeat_s = config.acker.heartbeat_ms / 1000.0
         self._open_gauges = metrics.OpenTimes(self.name)
         self._hold_gauges = metrics.UnsealedAges(self.name)
@@ -393,7 +390,7 @@ class AckerService:
     def _open_reader(self) -> None:
         """The dead-letter writer and the acks reader, at the offsets the core's start-up
         rule gives (:func:`~substreams.acker.core.start_offsets`)."""
-        self._out = PlainWriter(self.config, self.bootstrap)
+        self._letters = DeadLetterWriter(self.config, self.name, bootstrap=self.bootstrap)
         self._reader = Reader(
             self.bootstrap, self.config, name=f"acker '{self.name}': acks topic"
         )
@@ -498,15 +495,18 @@ class AckerService:
         )
         # From the end: only heartbeats from now on tell whether the active acker lives
         # (reading the topic's history first would delay a take-over by its length).
-        with ControlTail(self.bootstrap, self.checkpoint_topic, OFFSET_END, self.config) as tail:
+        with ControlFollower(
+            self.bootstrap, self.config, name=f"standby acker '{self.name}'", on_bad=LOG,
+            verify=False,
+        ) as tail:
+            tail.assign({self.checkpoint_topic: OFFSET_END})
             log.info("standby acker '%s': following the heartbeats on '%s' from its end "
                      "(taking over after %.1f s of silence)", self.name, self.checkpoint_topic,
                      timeout)
             last_seen = self.clock.monotonic()
             while not stop.is_set():
-                for _, rec in tail.poll(0.1):
-                    if not isinstance(rec, Corrupt) and rec.writer == self.name:
-                        last_seen = self.clock.monotonic()
+                if any(f.record.writer == self.name for f in tail.poll(0.1)):
+                    last_seen = self.clock.monotonic()
                 silent = self.clock.monotonic() - last_seen
                 if silent > timeout:
                     log.warning("standby acker '%s': no heartbeat for %.1f s; taking over",
@@ -524,18 +524,19 @@ class AckerService:
             while not stop.is_set():
                 try:
                     self.step(0.05)
-                except KafkaException as exc:
+                except (KafkaException, UndeliveredError) as exc:
                     self._rewind(exc, stop)
         finally:
             self.close()
             log.info("acker '%s' stopped after %d notifications, %d dead letters",
                      self.name, self.notifications, self.dead_letters)
 
-    def _rewind(self, exc: KafkaException, stop: threading.Event) -> None:
+    def _rewind(self, exc: KafkaException | UndeliveredError, stop: threading.Event) -> None:
         """Not a fence (that is AckerFencedError): our own transaction was lost, e.g. the
-        coordinator aborted it during a long outage and bumped the producer epoch.
-        Everything since the last checkpoint is replayed."""
-        log.error("acker '%s': transaction failed (%s); recovering from the latest "
+        coordinator aborted it during a long outage and bumped the producer epoch, or dead
+        letters could not be delivered before it.  Everything since the last checkpoint is
+        replayed."""
+        log.error("acker '%s': could not commit (%s); recovering from the latest "
                   "checkpoint", self.name, exc)
         self.recoveries += 1
         if self._superseded(stop):
@@ -570,9 +571,9 @@ class AckerService:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-        if self._out is not None:
-            self._out.close()
-            self._out = None
+        if self._letters is not None:
+            self._letters.close()
+            self._letters = None
         if self._writer is not None:
             if not self.fenced:  # a fenced producer has nothing left to flush
                 self._writer.close()
@@ -630,6 +631,8 @@ class AckerService:
         heartbeat = core.heartbeat_due(now)
         committed = bool(items) or heartbeat
         if committed:
+            assert self._letters is not None
+            self._letters.flush()  # durable before the checkpoint moves past their acks
             self._commit(items, now, heartbeat)
         t_committed = time.perf_counter()
         self.serve_commands()
@@ -644,13 +647,8 @@ class AckerService:
     def serve_commands(self) -> None:
         """One round of the command handler, if any (its first one is its start-up: a
         benchmark runs it before it starts the clock)."""
-        if self._commands is None:
-            return
-        out = self._commands(self)
-        if out:
-            assert self._out is not None
-            for topic, value in out:
-                self._out.produce(topic, value)
+        if self._commands is not None:
+            self._commands(self)
 
     def _log_phases(
         self, msgs: list[Message], t_poll: float, t_woke: float, t_applied: float,
@@ -792,10 +790,9 @@ class AckerService:
                 log.warning("acker '%s': a fence failed: %s", self.name, f.exception())
 
     def _dead(self, msg: Message, source: str | None, reason: str, detail: str) -> None:
-        assert self._out is not None
-        self._out.write(DeadLetter.of(msg, reason, detail, source))
+        assert self._letters is not None
+        self._letters.write_message(msg, reason, detail, source)
         self.dead_letters += 1
-        metrics.DEAD_LETTERS.labels(self.name, reason).inc()
 
     def _commit(
         self, items: list[tuple[str, ControlBody]], now: int, heartbeat: bool = False

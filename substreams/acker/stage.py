@@ -37,13 +37,13 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from substreams import metrics
-from substreams.acker.deadletter import REASON_MALFORMED, DeadLetter, PlainWriter
 from substreams.acker.table import acker_segments
 from substreams.acker.tracker import stage_writer
 from substreams.config import Config, StageConfig
 from substreams.errors import DecodeError, SubstreamsError
 from substreams.kafka import client
 from substreams.kafka.read import Reader
+from substreams.streams.deadletter import REASON_MALFORMED, DeadLetterWriter
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
 
@@ -118,14 +118,9 @@ class Stage:
         self.processed = 0
         self.emitted = 0
         self.dead_letters = 0
-        self._dlq: PlainWriter | None = None
+        # in the output's transaction: committed exactly with the input offsets past them
+        self._letters = DeadLetterWriter(config, self.source_id, publisher=self.output)
         self._closed = False
-
-    def _dead_letters(self) -> PlainWriter:
-        """Created on the first dead letter: most stages never write one."""
-        if self._dlq is None:
-            self._dlq = PlainWriter(self.config, self.bootstrap)
-        return self._dlq
 
     def step(self, timeout: float = 0.1) -> int:
         """Process one batch of input records; returns how many were consumed."""
@@ -137,7 +132,7 @@ class Stage:
             try:
                 entry = self.decoder.decode(msg)
             except DecodeError as exc:
-                self._dead_letters().write(DeadLetter.of(msg, REASON_MALFORMED, str(exc)))
+                self._letters.write_message(msg, REASON_MALFORMED, str(exc))
                 self.dead_letters += 1
                 continue
             if not isinstance(entry, Entry):
@@ -198,8 +193,6 @@ class Stage:
                  self.stage.name, self.processed, self.emitted, self.dead_letters)
         try:
             self.output.close()  # the tracker's Unregister goes with the final commit
-            if self._dlq is not None:
-                self._dlq.close()
         finally:
             self.reader.close()
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 
 from confluent_kafka import KafkaException, Message, TopicPartition
 
@@ -29,14 +28,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass(frozen=True)
-class Corrupt:
-    """A control-topic message that is not a decodable control record."""
-
-    offset: int
-    reason: str
-
-
 def decode_control(msg: Message) -> ControlRecord:
     """The control record in ``msg``; :class:`ProtocolError` (and nothing else) for any bytes
     that are not one."""
@@ -50,78 +41,21 @@ def decode_control(msg: Message) -> ControlRecord:
         raise ProtocolError(f"control record is malformed: {exc}") from exc
 
 
-class ControlTail:
-    """Follows one control topic (one partition) from an offset, decoding as it goes."""
-
-    def __init__(
-        self, bootstrap: str, topic: str, from_offset: int = 0, config: Config | None = None
-    ) -> None:
-        self.topic = topic
-        self._reader = Reader(
-            bootstrap, config, [TopicPartition(topic, 0, from_offset)],
-            name=f"control topic '{topic}'",
-        )
-        self._reader.positions[(topic, 0)] = from_offset
-
-    @property
-    def position(self) -> int:
-        """The offset of the next record to read."""
-        return self._reader.positions[(self.topic, 0)]
-
-    @property
-    def at_end(self) -> bool:
-        return self._reader.caught_up
-
-    def log_start(self) -> int:
-        """The topic's first offset: past 0 once retention (or ``delete_records``) removed
-        its oldest records.  A reader asked to start below it starts there instead."""
-        return self._reader.log_start(self.topic)
-
-    def _decoded(self, msgs: Iterable[Message]) -> Iterator[tuple[int, ControlRecord | Corrupt]]:
-        for msg in msgs:
-            try:
-                yield msg.offset(), decode_control(msg)
-            except ProtocolError as exc:
-                yield msg.offset(), Corrupt(msg.offset(), str(exc))
-
-    def poll(
-        self, timeout: float = 0.1, max_records: int = 500
-    ) -> list[tuple[int, ControlRecord | Corrupt]]:
-        return list(self._decoded(self._reader.poll(timeout, max_records)))
-
-    def poll_batch(
-        self, timeout: float = 0.1, max_records: int = 500
-    ) -> list[tuple[int, ControlRecord | Corrupt]]:
-        """What is buffered now, or the first record (or end of partition) within
-        ``timeout``: unlike :meth:`poll`, it does not wait out ``timeout`` for
-        ``max_records`` (a tail that must answer fast: the Spark source's planner)."""
-        return list(self._decoded(self._reader.poll_batch(timeout, max_records)))
-
-    def read_to_end(self, timeout: float = 10.0) -> Iterator[tuple[int, ControlRecord | Corrupt]]:
-        """Everything from the current position up to the end of the partition."""
-        yield from self._decoded(self._reader.iter_to_end(timeout))
-
-    def close(self) -> None:
-        self._reader.close()
-
-    def __enter__(self) -> ControlTail:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def read_control(
-    bootstrap: str, topic: str, config: Config | None = None
+    bootstrap: str, topic: str, config: Config | None = None, timeout: float = 10.0
 ) -> list[tuple[int, ControlRecord]]:
-    """All decodable records of a control topic (a corrupt one is a ProtocolError)."""
-    with ControlTail(bootstrap, topic, 0, config) as tail:
-        out: list[tuple[int, ControlRecord]] = []
-        for offset, rec in tail.read_to_end():
-            if isinstance(rec, Corrupt):
-                raise ProtocolError(f"control topic '{topic}' offset {offset}: {rec.reason}")
-            out.append((offset, rec))
-        return out
+    """All records of a control topic, from offset 0 (an undecodable one is a ProtocolError
+    naming its offset: a start-up that replays the topic must not pass over a record)."""
+    out: list[tuple[int, ControlRecord]] = []
+    with Reader(bootstrap, config, [TopicPartition(topic, 0, 0)],
+                name=f"control topic '{topic}'") as reader:
+        for msg in reader.iter_to_end(timeout):
+            try:
+                out.append((msg.offset(), decode_control(msg)))
+            except ProtocolError as exc:
+                where = f"control topic '{topic}' offset {msg.offset()}"
+                raise ProtocolError(f"{where}: {exc}") from exc
+    return out
 
 
 def _scan_last(
@@ -187,14 +121,13 @@ def find_resume(
     """The operator's :class:`ChainResume` that accepts ``record`` at ``offset`` of ``topic``
     and its own offset: it can only have been written after the break, so it is looked for
     from ``offset + 1`` to the end (read only when a chain breaks)."""
-    with ControlTail(bootstrap, topic, offset + 1, config) as tail:
-        for at, rec in tail.read_to_end(30.0):
-            if (
-                isinstance(rec, ControlRecord)
-                and isinstance(rec.body, ChainResume)
-                and resumes(rec.body, offset, record)
-            ):
-                return at, rec.body
+    with Reader(bootstrap, config, [TopicPartition(topic, 0, offset + 1)],
+                name=f"control topic '{topic}'") as reader:
+        for msg in reader.iter_to_end(30.0):
+            with contextlib.suppress(ProtocolError):  # judged by whoever reads it for real
+                body = decode_control(msg).body
+                if isinstance(body, ChainResume) and resumes(body, offset, record):
+                    return msg.offset(), body
     return None
 
 

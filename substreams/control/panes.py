@@ -47,11 +47,6 @@ def windows_completed(prev: int | None, pane: int, panes: int) -> list[int]:
     return held if held and held[-1] == last else [*held, last]
 
 
-def window_panes(window: int, panes: int) -> range:
-    """The panes of ``window``."""
-    return range(window, window + panes)
-
-
 class PaneWindows(Generic[N]):
     """Turns pane notifications (each with a payload ``N``) into window notifications,
     keeping only the panes a later window can still hold (at most ``panes - 1``)."""
@@ -94,4 +89,4 @@ def lookback_enough(earliest: int | None, last: int | None, panes: int, at_start
     return earliest <= last - panes + 1
 
 
-__all__ = ["PaneWindows", "lookback_enough", "window_panes", "windows_completed"]
+__all__ = ["PaneWindows", "lookback_enough", "windows_completed"]

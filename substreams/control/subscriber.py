@@ -30,7 +30,7 @@ from confluent_kafka import TopicPartition
 from substreams.config import Config, SubstreamConfig
 from substreams.control.chain import TrustingVerifier
 from substreams.control.follower import RAISE, ControlFollower, Followed
-from substreams.control.io import ControlTail, ResumeLookup, find_last
+from substreams.control.io import ResumeLookup, find_last
 from substreams.control.messages import (
     ControlBody,
     ControlRecord,
@@ -115,8 +115,8 @@ def find_latest_snapshot(
 
 
 def _log_start(bootstrap: str, topic: str, config: Config | None) -> int:
-    with ControlTail(bootstrap, topic, 0, config) as tail:
-        return tail.log_start()
+    with Reader(bootstrap, config, name=f"control topic '{topic}'") as reader:
+        return reader.log_start(topic)
 
 
 def _check_start(start: Start) -> None:

@@ -15,13 +15,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from confluent_kafka import TopicPartition
+
 from substreams.config import Config
 from substreams.control.chain import ChainHead, ChainVerifier, compute_digest, resumes
-from substreams.control.io import ControlTail, ControlWriter, Corrupt, find_resume
+from substreams.control.io import ControlWriter, decode_control, find_resume
 from substreams.control.messages import ChainResume, ControlRecord
-from substreams.errors import SubstreamsError
+from substreams.errors import ProtocolError, SubstreamsError
 from substreams.kafka import client
 from substreams.kafka.clock import Deadline
+from substreams.kafka.read import Reader
 
 # Why a record broke the chain, as short labels for tables and tests.
 UNDECODABLE = "undecodable record"
@@ -91,21 +94,25 @@ def verify_topic(bootstrap: str, topic: str, substream: str, config: Config | No
     report = TopicReport(topic, substream)
     verifier = ChainVerifier()
     pending: dict[int, tuple[Break, ControlRecord]] = {}
-    with ControlTail(bootstrap, topic, 0, config) as tail:
-        report.start_offset = tail.log_start()
+    with Reader(bootstrap, config, [TopicPartition(topic, 0, 0)],
+                name=f"control topic '{topic}'") as tail:
+        report.start_offset = tail.log_start(topic)
         deadline = Deadline(idle_timeout)
-        while not tail.at_end:
-            batch = tail.poll(0.2, max_records=5000)
+        while not tail.caught_up:
+            batch = tail.poll(0.2, 5000)
             if batch:
                 deadline.restart()
             elif deadline.passed:
                 raise SubstreamsError(
                     f"control topic '{topic}': no end of partition within {idle_timeout} s"
                 )
-            for offset, rec in batch:
+            for msg in batch:
                 report.records += 1
-                if isinstance(rec, Corrupt):
-                    report.breaks.append(Break(offset, "?", UNDECODABLE, rec.reason))
+                offset = msg.offset()
+                try:
+                    rec = decode_control(msg)
+                except ProtocolError as exc:  # reported as a break, never passed over
+                    report.breaks.append(Break(offset, "?", UNDECODABLE, str(exc)))
                     continue
                 if report.start_offset and rec.writer not in verifier.heads:
                     # the head was deleted by retention: anchor on the first remaining record

@@ -28,7 +28,6 @@ __all__ = [
     "Keyed",
     "Time",
     "WireTime",
-    "is_time",
     "less_equal",
     "less_than",
     "sort_key",
@@ -68,11 +67,6 @@ class Keyed:
 
 Time: TypeAlias = int | tuple[int, ...] | Keyed
 """Any logical time: ``int``, ``tuple[int, ...]`` or :class:`Keyed`."""
-
-
-def is_time(value: object) -> bool:
-    """True iff ``value`` is a well-formed :data:`Time` (``bool`` is rejected)."""
-    return type(value) is int or _is_coords(value) or type(value) is Keyed
 
 
 def less_equal(a: Time, b: Time) -> bool:

@@ -19,17 +19,15 @@ full replay: the ``EpochComplete`` records on the control topic into a fresh tra
 data topic from the start, every time already announced skipped.  The aligner reads with
 the soft bound (it hands records to nobody, so the firm bound's holding would only cost
 memory, and held records could not be checkpointed).  Late records (see
-:mod:`substreams.punctuation.aligner`) go to the dead-letter topic as JSON
-``{"reason", "stream", "partition", "offset", "substream"}``, and so do undecodable
-messages (reason ``malformed``, with ``detail`` and the base64 ``raw`` bytes); the ones
+:mod:`substreams.punctuation.aligner`; reason ``late_record``) and undecodable messages
+(``malformed``) go to the dead-letter topic (:mod:`substreams.streams.deadletter`, service
+``aligner.<substream>``), flushed before the checkpoint that moves past them; the ones
 already there (from the checkpoint's ``dead_from``) are read back on start so that a
 restart does not report them twice.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import threading
 import time
@@ -49,7 +47,7 @@ from substreams.control.messages import (
 )
 from substreams.control.progress import ProgressTracker
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
-from substreams.errors import BrokerError, SubstreamsError
+from substreams.errors import BrokerError, ProtocolError, SubstreamsError
 from substreams.frontier import Time, sort_key
 from substreams.kafka import client
 from substreams.kafka.read import Reader
@@ -57,6 +55,12 @@ from substreams.kafka.topics import ensure_topics
 from substreams.punctuation.aligner import Aligner, Event, Late, Terminated
 from substreams.punctuation.checkpoint import AlignerCheckpoint
 from substreams.punctuation.reader import Malformed, PunctuatedReader
+from substreams.streams.deadletter import (
+    REASON_MALFORMED,
+    DeadLetter,
+    DeadLetterWriter,
+    late_letter,
+)
 
 DeadKey = tuple[str, int, int]
 
@@ -107,7 +111,7 @@ class PunctuationAligner:
         self.writer = ControlWriter(
             self.bootstrap, self.writer_name, [self.topic, self.checkpoint_topic], config
         )
-        self._dlq = client.producer(self.bootstrap, config)
+        self._letters = DeadLetterWriter(config, self.writer_name, bootstrap=self.bootstrap)
         self._recover()
 
     # -- recovery ------------------------------------------------------------------------
@@ -203,12 +207,14 @@ class PunctuationAligner:
                 for msg in reader.iter_to_end(timeout):
                     self._dead_end = max(self._dead_end, msg.offset() + 1)
                     try:
-                        d = json.loads(msg.value() or b"")
-                        if d.get("substream") == self.substream:
-                            key = (str(d["stream"]), int(d["partition"]), int(d["offset"]))
-                            seen.setdefault(key, msg.offset())
-                    except (ValueError, KeyError, TypeError, AttributeError):
-                        continue  # someone else's dead letter
+                        letter = DeadLetter.from_json(msg.value() or b"")
+                    except ProtocolError as exc:  # not ours to judge: only ours are used
+                        log.warning("aligner '%s': %s offset %d: %s", self.substream, topic,
+                                    msg.offset(), exc)
+                        continue
+                    if letter.service == self.writer_name:
+                        key = (letter.topic, letter.partition, letter.offset)
+                        seen.setdefault(key, msg.offset())
             except BrokerError as exc:
                 if reader.last_transient_code == KafkaError.UNKNOWN_TOPIC_OR_PART:
                     raise SubstreamsError(
@@ -230,7 +236,6 @@ class PunctuationAligner:
                 self._first_seen.setdefault(t, now)
         items: list[tuple[str, ControlBody]] = []
         done: list[Terminated] = []
-        late = False
         for i, ev in enumerate(events):
             if isinstance(ev, Terminated):
                 if ev.time in self._announced:  # announced before a restart
@@ -243,12 +248,11 @@ class PunctuationAligner:
                 self._first_seen.pop(ev.time, None)
                 metrics.observe_notification(self.writer_name, self.substream, ev.sealed_at_ms, now)
             elif isinstance(ev, Late):
-                late = self._dead_letter(ev) or late
+                self._late(ev)
         for bad in self.reader.malformed:
-            late = self._malformed(bad) or late
+            self._malformed(bad)
         self.reader.malformed.clear()
-        if late:
-            self._dlq.flush(10)
+        self._letters.flush()  # before a checkpoint moves past them (raises if it cannot)
         heartbeat = False
         if time.monotonic() - self._last_heartbeat >= self.config.acker.heartbeat_ms / 1000:
             self._last_heartbeat = time.monotonic()
@@ -321,37 +325,23 @@ class PunctuationAligner:
                     starts[key] = min(r.start, starts.get(key, r.start))
         return self.tracker.snapshot(starts)
 
-    def _dead_letter(self, ev: Late) -> bool:
+    def _late(self, ev: Late) -> None:
         e = ev.entry
         self.late += 1
-        return self._write_dead(ev.reason, e.partition, e.index, {})
+        self._write_dead(late_letter(self.writer_name, e.stream, e.partition, e.index,
+                                     e.source, e.payload, ev.reason))
 
-    def _malformed(self, bad: Malformed) -> bool:
-        """An undecodable data-topic message: dead-lettered with the reason and the raw
-        bytes (base64), like the acker's ``malformed`` dead letters."""
+    def _malformed(self, bad: Malformed) -> None:
         self.malformed += 1
-        extra = {"detail": bad.reason, "raw": base64.b64encode(bad.raw).decode()}
-        return self._write_dead("malformed", bad.partition, bad.offset, extra)
+        self._write_dead(DeadLetter(self.writer_name, REASON_MALFORMED, self.reader.stream,
+                                    bad.partition, bad.offset, bad.raw, bad.reason))
 
-    def _write_dead(self, reason: str, partition: int, offset: int, extra: dict[str, str]) -> bool:
-        key = (self.reader.stream, partition, offset)
+    def _write_dead(self, letter: DeadLetter) -> None:
+        key = (letter.topic, letter.partition, letter.offset)
         if key in self._dead:  # written before a restart
-            return False
+            return
         self._dead[key] = self._dead_end  # a lower bound until its delivery says where
-        value = {
-            "reason": reason,
-            "stream": self.reader.stream,
-            "partition": partition,
-            "offset": offset,
-            "substream": self.substream,
-            **extra,
-        }
-        log.warning("dead letter: %s at %s[%d]@%d%s", reason, self.reader.stream, partition,
-                    offset, f": {extra['detail']}" if "detail" in extra else "")
-        self._dlq.produce(self.dead_letter_topic, json.dumps(value).encode(), partition=0,
-                          on_delivery=self._delivered(key))
-        metrics.DEAD_LETTERS.labels(self.writer_name, reason).inc()
-        return True
+        self._letters.write(letter, on_delivery=self._delivered(key))
 
     def run(self, stop: threading.Event) -> None:
         """Align until ``stop`` is set."""
@@ -361,7 +351,7 @@ class PunctuationAligner:
     def close(self) -> None:
         self.reader.close()
         self.writer.close()
-        self._dlq.flush(10)
+        self._letters.close()
 
     def __enter__(self) -> PunctuationAligner:
         return self

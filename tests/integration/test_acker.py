@@ -10,12 +10,11 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import Producer
 
-from substreams.acker.deadletter import read_dead_letters
 from substreams.acker.protocol import (
     AckBlock,
     AckEntry,
@@ -27,7 +26,12 @@ from substreams.acker.protocol import (
     acks_partition,
     encode_ack,
 )
-from substreams.acker.service import AckerFencedError, AckerService, checkpoint_topic
+from substreams.acker.service import (
+    AckerFencedError,
+    AckerService,
+    checkpoint_topic,
+    latest_state,
+)
 from substreams.app import Application
 from substreams.config import Config
 from substreams.control.chain import ChainVerifier
@@ -36,9 +40,11 @@ from substreams.control.messages import EpochComplete, EpochsComplete, OffsetRan
 from substreams.control.ranges import read_ranges
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.frontier import Time, sort_key
+from substreams.streams.deadletter import UndeliveredError, read_dead_letters
 from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
 from tests.conftest import ConfigFactory, follow_notifications
+from tests.unit.test_dead_letters import FlakyProducer
 
 FAST = {"heartbeat_ms": 200, "flush_ms": 2}
 
@@ -343,6 +349,48 @@ def test_malformed_acks_are_dead_lettered_and_the_acker_keeps_running(
         b"no fingerprint at all",
     }
     assert all(d.topic == topic and d.offset >= 0 for d in letters)
+
+
+def test_no_checkpoint_passes_a_dead_letter_the_broker_did_not_take(
+    make_config: ConfigFactory,
+) -> None:
+    """A malformed ack whose dead letter cannot be delivered: the step raises before its
+    commit, so the checkpoint stays before the ack; ``run()``'s rewind replays it from
+    there and the letter is written then (once on the topic)."""
+    config = make_config(
+        [{"name": "clicks", "partitions": 1}],
+        [{"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}],
+        acker={**FAST, "acks_partitions": 1},
+    )
+    producer = Producer({"bootstrap.servers": config.kafka.bootstrap})
+    producer.produce(config.acker.acks_topic, b"\x00garbage", partition=0, headers=ack_headers())
+    producer.flush(10)
+    service = AckerService(config)
+    try:
+        service.start()
+        assert service._letters is not None
+        service._letters._producer = cast(Producer, FlakyProducer(failures=2))
+        deadline = time.monotonic() + 30
+        with pytest.raises(UndeliveredError) as failed:
+            while time.monotonic() < deadline:
+                service.step()
+        assert service.dead_letters == 1
+        found = latest_state(config)
+        assert found is None or found[0].acks_offsets.get(0, 0) == 0  # not past the ack
+        service._rewind(failed.value, threading.Event())  # what run() does
+        while time.monotonic() < deadline:
+            service.step()
+            found = latest_state(config)
+            if found is not None and found[0].acks_offsets.get(0, 0) == 1:
+                break
+        assert found is not None and found[0].acks_offsets[0] == 1
+    finally:
+        service.close()
+    [letter] = read_dead_letters(config)
+    assert (letter.service, letter.reason, letter.raw) == (
+        config.acker.name, "malformed", b"\x00garbage"
+    )
+    assert (letter.topic, letter.partition, letter.offset) == (config.acker.acks_topic, 0, 0)
 
 
 def test_a_malformed_block_is_dead_lettered_and_good_blocks_apply(

@@ -8,8 +8,6 @@ decoders themselves, and every one of those must be dead-lettered.
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import random
 import signal
@@ -20,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 
 from substreams.acker.client import AckerClient
 from substreams.acker.commands import (
@@ -31,7 +29,6 @@ from substreams.acker.commands import (
     decode_command,
     encode_command,
 )
-from substreams.acker.deadletter import read_dead_letters
 from substreams.acker.protocol import (
     AckEntry,
     AckMessage,
@@ -43,12 +40,11 @@ from substreams.acker.protocol import (
 )
 from substreams.acker.table import SOURCE
 from substreams.app import Application
-from substreams.config import Config
 from substreams.errors import DecodeError
 from substreams.frontier import Keyed
-from substreams.kafka import client
 from substreams.punctuation.aligner import Punctuation
 from substreams.punctuation.service import PunctuationAligner
+from substreams.streams.deadletter import read_dead_letters
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.listener import PunctuationEntry, StreamDecoder
 from substreams.streams.schemas import TYPE_PUNCTUATION, Codec, envelope_schema, protocol_codec
@@ -188,26 +184,11 @@ def test_acker_process_dead_letters_fuzzed_acks_and_commands(make_config: Config
     assert err.count("dead letter: malformed") >= len(wanted)
 
 
-def _dead_letters(config: Config) -> list[dict[str, Any]]:
-    consumer = client.consumer(config.kafka.bootstrap, config, **{"enable.partition.eof": True})
-    out: list[dict[str, Any]] = []
-    try:
-        consumer.assign([TopicPartition(config.acker.dead_letter_topic, 0, 0)])
-        while True:
-            msg = consumer.poll(10)
-            assert msg is not None
-            if msg.error():
-                assert msg.error().code() == KafkaError._PARTITION_EOF
-                return out
-            out.append(json.loads(msg.value()))
-    finally:
-        consumer.close()
-
-
 def test_aligner_dead_letters_fuzzed_data_records(
     make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="substreams.punctuation")
+    caplog.set_level(logging.INFO, logger="substreams.streams.deadletter")
     config = make_config(
         [{"name": "clicks", "partitions": 1}],
         [{"name": "win", "stream": "clicks", "kind": "tumbling", "field": "ts", "size_ms": 1000,
@@ -251,13 +232,14 @@ def test_aligner_dead_letters_fuzzed_data_records(
         while service.tracker.completed < 1 or service.malformed < len(bad):
             assert time.monotonic() < deadline
             service.step()
-    letters = [d for d in _dead_letters(config) if d["reason"] == "malformed"]
-    assert {d["offset"] for d in letters} == bad
+    letters = [d for d in read_dead_letters(config) if d.reason == "malformed"]
+    assert {d.offset for d in letters} == bad
     raw = dict(zip(offsets, (v for v, _ in fuzzed), strict=True))
-    for d in letters:
-        assert d["stream"] == stream and d["substream"] == sub and d["detail"]
-        assert base64.b64decode(d["raw"]) == raw[d["offset"]]
+    for d in letters:  # the acker's format: service, where, the decoder's reason, the bytes
+        assert (d.service, d.topic, d.partition) == (f"aligner.{sub}", stream, 0) and d.detail
+        assert d.raw == raw[d.offset]
     said = [r.getMessage() for r in caplog.records if r.name == "substreams.punctuation.service"]
     assert any(f"aligner '{sub}' starting" in m for m in said)
     assert any(f"aligner '{sub}' recovery in" in m and "re-reading data topic" in m for m in said)
-    assert sum("dead letter: malformed" in m for m in said) == len(bad)
+    wrote = [r.getMessage() for r in caplog.records if r.name == "substreams.streams.deadletter"]
+    assert sum("dead letter: malformed" in m for m in wrote) == len(bad)

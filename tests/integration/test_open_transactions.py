@@ -19,13 +19,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from substreams.acker.deadletter import read_dead_letters
 from substreams.acker.protocol import segment_partition
 from substreams.app import Application
 from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.control.messages import SourceEvicted
 from substreams.frontier import Time
+from substreams.streams.deadletter import read_dead_letters
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import AckerThread, check_exactly_once
 from tests.integration.test_publisher_crashes import Remote

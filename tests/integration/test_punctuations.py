@@ -14,10 +14,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import Producer
 
 from substreams.app import Application
 from substreams.config import Config, load_config
@@ -25,13 +25,14 @@ from substreams.control.io import read_control
 from substreams.control.messages import EpochComplete, FrontierSnapshot
 from substreams.control.ranges import read_ranges
 from substreams.control.traffic import PUNCTUATION_READ, PUNCTUATION_WRITTEN, TRAFFIC
-from substreams.kafka import client
 from substreams.punctuation.aligner import Event, Late, Released, Terminated
 from substreams.punctuation.hook import register
 from substreams.punctuation.reader import PunctuatedReader
 from substreams.punctuation.service import PunctuationAligner
+from substreams.streams.deadletter import REASON_LATE, UndeliveredError, read_dead_letters
 from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
+from tests.unit.test_dead_letters import FlakyProducer
 
 P, Q, SIZE = 3, 4, 1000
 ROOT = Path(__file__).resolve().parents[2]
@@ -247,36 +248,23 @@ def test_late_producer_record_goes_to_dead_letter(make_config: ConfigFactory) ->
             service.step()
         with Application(config).publisher(stream, "latecomer") as late:
             late.publish({"user": "late", "url": "/", "ts": 500}, partition=2)
-        while service.late < 1:
-            assert time.monotonic() < deadline
-            service.step()
-    letters = read_topic(config, config.acker.dead_letter_topic)
-    assert len(letters) == 1
-    letter = json.loads(letters[0])
-    assert {letter["stream"], letter["partition"], letter["substream"]} == {stream, 2, sub}
-    assert "terminated" in letter["reason"] and isinstance(letter["offset"], int)
+        # its dead letter cannot be delivered: the step raises before a checkpoint
+        service._letters._producer = cast(Producer, FlakyProducer(failures=2))
+        checkpoints = service.checkpoints
+        with pytest.raises(UndeliveredError):
+            while time.monotonic() < deadline:
+                service.step()
+        assert service.late == 1 and service.checkpoints == checkpoints
+        service._letters._producer = None  # the broker again: the next step delivers it
+        service.step()
+        assert service._letters.pending == 0
+    [letter] = read_dead_letters(config)  # the one format of every service
+    assert (letter.service, letter.reason) == (f"aligner.{sub}", REASON_LATE)
+    assert (letter.topic, letter.partition, letter.source) == (stream, 2, "latecomer")
+    assert "terminated" in letter.detail and letter.offset >= 0
+    assert json.loads(letter.raw) == {"user": "late", "url": "/", "ts": 500}
     for p in pubs:
         p.close()
-
-
-def read_topic(config: Config, topic: str, timeout: float = 10.0) -> list[bytes]:
-    consumer = client.consumer(config.kafka.bootstrap, config, **{"enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    out: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return out
-                continue
-            out.append(msg.value())
-        raise AssertionError(f"no end of {topic}")
-    finally:
-        consumer.close()
 
 
 def epoch_completes(config: Config, sub: str) -> list[EpochComplete]:
@@ -506,8 +494,7 @@ def test_a_sigkilled_aligner_restarts_from_its_checkpoint_exactly_once(
         assert len(got) == c.records and all(e.payload["ts"] // SIZE == c.time for e in got)
     # nothing read twice as if late (a restart that re-read what its checkpoint had applied
     # would dead-letter those records)
-    letters = [json.loads(v) for v in read_topic(config, config.acker.dead_letter_topic)]
-    assert [x for x in letters if x.get("substream") == sub] == []
+    assert [x for x in read_dead_letters(config) if x.service == f"aligner.{sub}"] == []
     for run in runs[1:]:  # the restarts continued from a checkpoint, mid-stream
         text = run.text()
         assert "recovery in" in text and "checkpoint of" in text, text[-2000:]

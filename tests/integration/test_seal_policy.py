@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from substreams import metrics
-from substreams.acker.deadletter import REASON_LATE, read_dead_letters
 from substreams.app import Application
 from substreams.config import Config, SealPolicy
 from substreams.control.notes import EpochNote
 from substreams.errors import SealedTimeError
 from substreams.frontier import Keyed
 from substreams.punctuation.service import PunctuationAligner
+from substreams.streams.deadletter import REASON_LATE, read_dead_letters
 from substreams.streams.listener import Listener
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import FAST, acker

@@ -80,7 +80,7 @@ def test_acker_and_standby_log_start_recovery_takeover_eviction_and_dead_letters
     assert has(said, "evicting source 'gone' (evicted by hand: drill)")
     assert has(said, "source 'gone' evicted")
     assert has(said, f"acker '{name}' stopped after")
-    letters = lines(caplog, "substreams.acker.deadletter")
+    letters = lines(caplog, "substreams.streams.deadletter")
     assert has(letters, "dead letter: malformed at", config.acker.acks_topic)
 
 
@@ -123,7 +123,7 @@ def test_stage_logs_start_from_committed_offsets_and_dead_letters(
     assert has(said, f"stage '{name}' started", f"input '{clicks}' from offsets {{0: 3}}")
     assert has(said, f"stage '{name}' started", f"input '{clicks}' from offsets {{0: 4}}")
     assert has(said, f"stage '{name}' stopped after 1 records in, 1 out, 1 dead letters")
-    letters = lines(caplog, "substreams.acker.deadletter")
+    letters = lines(caplog, "substreams.streams.deadletter")
     assert has(letters, f"dead letter: malformed at {clicks}[0]@2", "cannot decode")
 
 

@@ -16,12 +16,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from substreams import metrics
-from substreams.acker.deadletter import REASON_TERMINATED, read_dead_letters
 from substreams.acker.service import latest_state
 from substreams.acker.state import SourceLiveness, source_liveness
 from substreams.app import Application
 from substreams.config import Config
 from substreams.errors import PublisherFencedError
+from substreams.streams.deadletter import REASON_TERMINATED, read_dead_letters
 from substreams.streams.publisher import Publisher
 from substreams.ui.model import DashboardModel
 from tests.conftest import ConfigFactory

@@ -65,7 +65,6 @@ from typing import Any
 
 import substreams.acker.agent as agent_module
 from substreams.acker.core import AckerCore, Evict
-from substreams.acker.deadletter import REASON_TERMINATED
 from substreams.acker.protocol import (
     STAGE,
     decode_ack,
@@ -80,6 +79,7 @@ from substreams.errors import BrokerError
 from substreams.kafka.clock import SimClock
 from substreams.kafka.log import Committed, FencedError, Record
 from substreams.kafka.memory import MemoryLog, MemoryReader, MemoryTransactionalWriter
+from substreams.streams.deadletter import REASON_TERMINATED
 from substreams.streams.records import SentRecord
 
 DATA = "clicks"

@@ -8,13 +8,6 @@ from typing import Any
 import pytest
 
 from substreams.acker.core import AckerCore, Effects
-from substreams.acker.deadletter import (
-    REASON_MALFORMED,
-    REASON_STALE,
-    REASON_TERMINATED,
-    REASON_UNKNOWN_SUBSTREAM,
-    REASON_UNREGISTERED,
-)
 from substreams.acker.protocol import (
     AckEntry,
     AckMessage,
@@ -29,6 +22,13 @@ from substreams.acker.protocol import (
 )
 from substreams.acker.state import AckerState
 from substreams.control.messages import OffsetRange, SourceEvicted, completions
+from substreams.streams.deadletter import (
+    REASON_MALFORMED,
+    REASON_STALE,
+    REASON_TERMINATED,
+    REASON_UNKNOWN_SUBSTREAM,
+    REASON_UNREGISTERED,
+)
 
 T = 3000
 
