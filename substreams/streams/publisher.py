@@ -213,6 +213,12 @@ class Publisher:
     ``publish`` adds to an open transaction, committed every ``batch_size`` records, on
     ``flush()``, ``seal()`` and ``close()``; a seal commits the records written before it in
     its own transaction (see :meth:`seal`).  Use it as a context manager.
+
+    The transaction rule of the seal path: a seal rides in the transaction of the records
+    written before it (pending ones; a full batch waits ``FULL_WAIT_S`` for it); a seal
+    with nothing pending, like any transaction of the hooks' messages alone, commits alone,
+    no sooner than ``SETTLE_S`` after the previous commit (:meth:`_settle`).  A seal is
+    never committed before the records it closes; ``flush()`` makes everything durable.
     """
 
     def __init__(
@@ -1128,10 +1134,10 @@ class Publisher:
         The seal takes effect with the commit of the records written before it, in their
         transaction: at once (``commit=True``), or with the next commit (batch boundary,
         ``flush()``, ``close()``) so that many fine-grained seals share one transaction.
-        Seal *instead of* calling ``flush()`` first: a seal committed alone right after its
-        records' commit pays the broker's refusal of back-to-back transactions (a fixed
-        20 ms retry, on about a third of such seals).  A seal with nothing pending commits
-        alone."""
+        Seal *instead of* calling ``flush()`` first: a seal with nothing pending commits
+        alone, and right after a commit it first waits out ``SETTLE_S`` (the broker refuses
+        a transaction while the previous one's markers are written, and librdkafka would
+        retry after a fixed 20 ms)."""
         hook = self._hook_for(substream)
         self._begin()
         self._write(hook.seal(substream, time, False))
