@@ -74,9 +74,10 @@ FULL_WAIT_S = 0.02
 """How long a full transaction of a publisher that seals waits for its caller to write or
 seal again before the ticker commits it (:meth:`Publisher._batch_full`)."""
 
-SETTLE_S = 0.02
+SETTLE_S = 0.01
 """How long after a commit a transaction of the hooks' messages alone waits before its first
-write (:meth:`Publisher._settle`): librdkafka's fixed retry after CONCURRENT_TRANSACTIONS."""
+write (:meth:`Publisher._settle`): half librdkafka's fixed 20 ms retry after
+CONCURRENT_TRANSACTIONS, enough for most commits' markers (docs/design.md)."""
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -442,9 +443,11 @@ class Publisher:
         so its first write's AddPartitionsToTxn is on the path of its commit.  Right behind
         the previous commit the coordinator refuses it (CONCURRENT_TRANSACTIONS: that
         commit's markers are still being written) and librdkafka asks again after a fixed
-        20 ms, which the commit then waits for.  Waiting out the same 20 ms here is never
-        longer, and asks once.  Records do not wait: the next records' transaction
-        registers long before its own commit, so its refusal, if any, delays no commit."""
+        20 ms, which the commit then waits for -- on about half such seals here.  A shorter
+        wait first is refused far less often and costs the commit about as much on average
+        (it bounds the tail: no 20 ms retry).  Records do not wait: the next records'
+        transaction registers long before its own commit, so its refusal, if any, delays no
+        commit."""
         wait = self._committed_at + SETTLE_S - time.monotonic()
         if wait > 0:
             time.sleep(wait)
@@ -1136,8 +1139,8 @@ class Publisher:
         ``flush()``, ``close()``) so that many fine-grained seals share one transaction.
         Seal *instead of* calling ``flush()`` first: a seal with nothing pending commits
         alone, and right after a commit it first waits out ``SETTLE_S`` (the broker refuses
-        a transaction while the previous one's markers are written, and librdkafka would
-        retry after a fixed 20 ms)."""
+        a transaction while the previous one's markers are written, and librdkafka retries
+        after a fixed 20 ms)."""
         hook = self._hook_for(substream)
         self._begin()
         self._write(hook.seal(substream, time, False))
