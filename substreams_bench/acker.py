@@ -771,7 +771,7 @@ def run(ctx: BenchContext) -> BenchResult:
         elif step == "seal latency":
             with client.counting_txn_retries() as counted:
                 lat, missed = seal_latency(ctx, samples, records=10)
-                retries = txn_retry_fields(client.txn_retries(counted))
+                retries = txn_retry_fields(counted)
             result.rows.append(
                 _latency_row("seal() -> EpochComplete seen", lat, missed=missed) | retries
             )
@@ -836,12 +836,12 @@ def run(ctx: BenchContext) -> BenchResult:
     result.notes.append("latency rows: publisher, subscriber tail and acker share one Python "
                         "process")
     result.notes.append(
-        "CONCURRENT_TRANSACTIONS retries pub/other (seal latency row): requests the "
-        "transaction coordinator refused because the writer's previous transaction was still "
-        "being completed, each retried by librdkafka after a fixed ~20 ms; 'pub' = the "
-        "publisher's (each seal commits its epoch's records with it: one transaction), "
-        "'other' = the acker's and control writers'; from librdkafka's eos debug log "
-        "(client.TxnRetryCounter)."
+        "CONCURRENT_TRANSACTIONS retries (seal latency row): requests the transaction "
+        "coordinator refused because the writer's previous transaction was still being "
+        "completed, each retried by librdkafka after a fixed ~20 ms; first the publisher's "
+        "retries its commit waited for (each seal commits its epoch's records with it: one "
+        "transaction), then all the publisher's, then the acker's and control writers'; from "
+        "librdkafka's eos debug log (client.TxnRetryCounter)."
     )
     result.notes.append(
         "'one acker process, publish_many g=1' rows: what publishers' agents write at one "

@@ -104,19 +104,26 @@ class Column:
     fmt: str = "{}"
 
 
-TXN_RETRIES = Column("txn_retries", "CONCURRENT TRANSACTIONS retries pub/other")
+TXN_RETRIES = Column(
+    "txn_retries", "CONCURRENT TRANSACTIONS retries: pub a commit waited for/pub/other"
+)
 """The column of :func:`txn_retry_fields`: a transaction coordinator's refusals, each a fixed
-~20 ms librdkafka retry (on the seal path: a seal's transaction right behind another)."""
+~20 ms librdkafka retry; on the seal path only those a publisher's commit waited for."""
 
 
-def txn_retry_fields(counts: dict[str, int]) -> dict[str, Any]:
-    """Row fields from ``client.txn_retries``: the publishers' retries (the seal path)
-    apart from everyone else's (the acker's, control writers')."""
+def txn_retry_fields(folder: Path) -> dict[str, Any]:
+    """Row fields from the counts ``client.counting_txn_retries`` left in ``folder``: the
+    publishers' retries a commit waited for (the seal path), all the publishers' retries,
+    and everyone else's (the acker's, control writers')."""
+    counts = client.txn_retries(folder)
+    waits = client.txn_retries(folder, commit_waits=True)
     pub = sum(n for name, n in counts.items() if name.startswith("substreams.pub."))
+    pub_waits = sum(n for name, n in waits.items() if name.startswith("substreams.pub."))
     other = sum(counts.values()) - pub
     return {
-        "txn_retries": f"{pub}/{other}",
+        "txn_retries": f"{pub_waits}/{pub}/{other}",
         "txn_retries_publishers": pub,
+        "txn_retries_publishers_commit_waited": pub_waits,
         "txn_retries_other": other,
         "txn_retries_by_id": dict(sorted(counts.items())),
     }

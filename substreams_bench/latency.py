@@ -359,7 +359,7 @@ def run(ctx: BenchContext) -> BenchResult:
             except (SubstreamsError, KafkaException) as exc:  # kept in the table and JSON
                 got = Samples([], [], f"{type(exc).__name__}: {exc}")
                 ctx.log(f"[red]{case}: {got.error}[/]")
-            retries = txn_retry_fields(client.txn_retries(counted))
+            retries = txn_retry_fields(counted)
         result.rows.append(
             _row(case.mechanism, case, got.from_last, got.error, got.from_first) | retries
         )
@@ -373,7 +373,7 @@ def run(ctx: BenchContext) -> BenchResult:
                     error = f"{type(exc).__name__}: {exc}"
                     ctx.log(f"[red]{pcase.label}: {error}[/]")
                     row = _row(pcase.label, None, [], error)
-                result.rows.append(row | txn_retry_fields(client.txn_retries(counted)))
+                result.rows.append(row | txn_retry_fields(counted))
     for row in result.rows:
         if row.get("error"):
             result.notes.append(
@@ -389,13 +389,14 @@ def run(ctx: BenchContext) -> BenchResult:
         "broker; the acker is its own process, publishers and observer share one."
     )
     result.notes.append(
-        "CONCURRENT_TRANSACTIONS retries pub/other: requests the transaction coordinator "
-        "refused because the writer's previous transaction was still being completed, each "
-        "retried by librdkafka after a fixed ~20 ms; 'pub' = the publishers' (the seal "
-        "path: each seal() commits its epoch's records with it), 'other' = the acker's and "
-        "control writers' (the acker process included); "
-        "counted from librdkafka's eos debug log, which every transactional producer of the "
-        "run writes (client.TxnRetryCounter)."
+        "CONCURRENT_TRANSACTIONS retries: requests the transaction coordinator refused "
+        "because the writer's previous transaction was still being completed, each retried "
+        "by librdkafka after a fixed ~20 ms; first the publishers' retries a commit waited "
+        "for (the seal path: each seal() commits its epoch's records with it), then all the "
+        "publishers' (the rest: the next records' transaction, begun right behind a commit, "
+        "registered long before its own commit), then the acker's and control writers' "
+        "(the acker process included); counted from librdkafka's eos debug log, which every "
+        "transactional producer of the run writes (client.TxnRetryCounter)."
     )
     result.notes.append(
         f"seal policy lines: one publisher, {POLICY_RATE} records/s in real event time, "

@@ -95,11 +95,42 @@ def producer(
         if counts_in and not Path(counts_in).is_dir():
             _warn_not_a_folder(counts_in)
         elif counts_in:
-            settings.update(debug="eos", log_level=7, logger=TxnRetryCounter(
-                transactional_id, Path(counts_in)))
+            counter = TxnRetryCounter(transactional_id, Path(counts_in))
+            settings.update(debug="eos", log_level=7, logger=counter)
+            settings.update(_extra(config))
+            settings.update(overrides)
+            return CountedProducer(settings, counter)
     settings.update(_extra(config))
     settings.update(overrides)
     return Producer(settings)
+
+
+class CountedProducer(Producer):  # type: ignore[misc]  # confluent-kafka is untyped here
+    """A transactional producer whose CONCURRENT_TRANSACTIONS retries are counted (only
+    while :func:`counting_txn_retries` is on): it carries its counter, so that a writer can
+    say when it waits for a commit (:func:`committing`)."""
+
+    def __init__(self, settings: dict[str, Any], counter: TxnRetryCounter) -> None:
+        super().__init__(settings)
+        self.txn_counter = counter
+
+
+@contextlib.contextmanager
+def committing(producer: Producer) -> Iterator[None]:
+    """Around a writer's commit (its delivery flush, last writes and ``commit_transaction``):
+    with retries counted, the refusals its commit waited for are counted apart
+    (:attr:`TxnRetryCounter.commit_waits`); otherwise nothing."""
+    counter: TxnRetryCounter | None = getattr(producer, "txn_counter", None)
+    if counter is None:
+        yield
+        return
+    producer.poll(0)  # the log lines of before the commit, counted as such
+    counter.commit_begins()
+    try:
+        yield
+    finally:
+        producer.poll(0)
+        counter.commit_ends()
 
 
 ENV_COUNT_TXN_RETRIES = "SUBSTREAMS_COUNT_TXN_RETRIES"
@@ -132,13 +163,22 @@ class TxnRetryCounter:
     AddPartitionsToTxn there, the same as a transaction that registered partitions twice.
     One refused AddPartitionsToTxn logs a line per partition: lines after one "Registering
     partitions" count once.  The count is kept in ``folder/<pid>.json`` ({transactional id:
-    retries}), rewritten on each retry, so a process that is killed still reports."""
+    [retries, commit waits]}), rewritten on each retry, so a process that is killed still
+    reports."""
 
     def __init__(self, name: str, folder: Path) -> None:
         self.name = name
         self.retries = 0
+        self.commit_waits = 0
+        """Of ``retries``: those a commit waited for -- refused during the writer's commit,
+        or refused before it and not yet retried successfully when it began.  The others
+        delayed no commit: a transaction that began right after the previous commit and
+        registered before its own commit (the next records of a steady source)."""
         self._folder = folder
         self._request_open = False
+        self._unregistered = False
+        """A refused registration not yet followed by a successful one."""
+        self._committing = False
         self._key = f"{name}|{next(_SERIAL)}"  # a producer that reuses an id counts apart
         self.save()
 
@@ -154,6 +194,9 @@ class TxnRetryCounter:
         if "Registering partitions with transaction" in line:
             self._request_open = True
             return False
+        if "registered with transaction" in line:
+            self._unregistered = False
+            return False
         if CONCURRENT_TRANSACTIONS not in line:
             return False
         if "AddPartitionsToTxn response" in line:
@@ -161,7 +204,20 @@ class TxnRetryCounter:
                 return False  # another partition of a request already counted
             self._request_open = False
         self.retries += 1
+        if self._committing:
+            self.commit_waits += 1
+        self._unregistered = True
         return True
+
+    def commit_begins(self) -> None:
+        """The writer's commit starts: a refused registration still pending delays it."""
+        self._committing = True
+        if self._unregistered:
+            self.commit_waits += 1
+            self.save()
+
+    def commit_ends(self) -> None:
+        self._committing = False
 
     def save(self) -> None:
         with _COUNTS_LOCK:
@@ -170,7 +226,7 @@ class TxnRetryCounter:
                 counts = json.loads(path.read_text())
             except (OSError, ValueError):
                 counts = {}
-            counts[self._key] = self.retries
+            counts[self._key] = [self.retries, self.commit_waits]
             with tempfile.NamedTemporaryFile("w", dir=self._folder, delete=False) as f:
                 json.dump(counts, f)
             os.replace(f.name, path)
@@ -180,18 +236,19 @@ _COUNTS_LOCK = threading.Lock()
 _SERIAL = itertools.count()
 
 
-def txn_retries(folder: Path) -> dict[str, int]:
+def txn_retries(folder: Path, *, commit_waits: bool = False) -> dict[str, int]:
     """The CONCURRENT_TRANSACTIONS retries counted in ``folder``, per transactional id,
-    summed over processes (and over producers that reused an id)."""
+    summed over processes (and over producers that reused an id); with ``commit_waits``,
+    only those a commit waited for (:attr:`TxnRetryCounter.commit_waits`)."""
     total: dict[str, int] = {}
     for path in sorted(folder.glob("*.json")):
         try:
             counts = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        for key, n in counts.items():
+        for key, pair in counts.items():
             name = key.rsplit("|", 1)[0]
-            total[name] = total.get(name, 0) + int(n)
+            total[name] = total.get(name, 0) + int(pair[1 if commit_waits else 0])
     return total
 
 

@@ -74,6 +74,11 @@ FULL_WAIT_S = 0.02
 """How long a full transaction of a publisher that seals waits for its caller to write or
 seal again before the ticker commits it (:meth:`Publisher._batch_full`)."""
 
+SETTLE_S = 0.01
+"""How long after a commit a transaction of the hooks' messages alone waits before its first
+write (:meth:`Publisher._settle`): half librdkafka's fixed 20 ms retry after
+CONCURRENT_TRANSACTIONS, enough for most commits' markers (docs/design.md)."""
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -209,6 +214,12 @@ class Publisher:
     ``publish`` adds to an open transaction, committed every ``batch_size`` records, on
     ``flush()``, ``seal()`` and ``close()``; a seal commits the records written before it in
     its own transaction (see :meth:`seal`).  Use it as a context manager.
+
+    The transaction rule of the seal path: a seal rides in the transaction of the records
+    written before it (pending ones; a full batch waits ``FULL_WAIT_S`` for it); a seal
+    with nothing pending, like any transaction of the hooks' messages alone, commits alone,
+    no sooner than ``SETTLE_S`` after the previous commit (:meth:`_settle`).  A seal is
+    never committed before the records it closes; ``flush()`` makes everything durable.
     """
 
     def __init__(
@@ -284,6 +295,9 @@ class Publisher:
         """The state of the open transaction and of the records' order, partitions, times."""
         self._in_txn = False
         self._pending = 0
+        self._written = False
+        """Something other than the stream's records (a hook's, ``produce_aside``,
+        ``send_offsets``) was written into the open transaction."""
         self._full_at: float | None = None
         """When the open transaction reached ``batch_size`` records, if its commit waits
         (:meth:`_batch_full`); None otherwise."""
@@ -420,6 +434,23 @@ class Publisher:
             _ACQUIRED.discard(self._key)
 
     # -- writing -------------------------------------------------------------------------
+
+    def _settle(self) -> None:
+        """Wait until ``SETTLE_S`` has passed since the previous commit returned.
+
+        Why: a transaction that writes only the hooks' messages (a seal with no record
+        pending, a registration, the last Unregister, an idle seal) is committed at once,
+        so its first write's AddPartitionsToTxn is on the path of its commit.  Right behind
+        the previous commit the coordinator refuses it (CONCURRENT_TRANSACTIONS: that
+        commit's markers are still being written) and librdkafka asks again after a fixed
+        20 ms, which the commit then waits for -- on about half such seals here.  A shorter
+        wait first is refused far less often and costs the commit about as much on average
+        (it bounds the tail: no 20 ms retry).  Records do not wait: the next records'
+        transaction registers long before its own commit, so its refusal, if any, delays no
+        commit."""
+        wait = self._committed_at + SETTLE_S - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
 
     def _begin(self) -> None:
         if not self._in_txn:
@@ -988,14 +1019,19 @@ class Publisher:
         visible exactly when (and only if) this publisher's records do — e.g. an exactly-once
         sink's batch marker, or the acker's reports."""
         self._begin()
+        self._written = True
         self._guard(
             produce, self._producer, topic, value, key=key, partition=partition, headers=headers
         )
 
     def _write(self, writes: Sequence[Write]) -> None:
-        """A hook's writes, into the open transaction (after the records written so far)."""
+        """A hook's writes, into the open transaction (after the records written so far).
+        The first write of a transaction without records settles first (:meth:`_settle`)."""
         if writes:
+            if not self._written and not self._pending:
+                self._settle()
             self._begin()
+            self._written = True
             for w in writes:
                 self._guard(
                     produce, self._producer, w.topic, w.value,
@@ -1007,6 +1043,7 @@ class Publisher:
         exactly-once read-process-write): they become the group's committed offsets exactly
         when this publisher's records do."""
         self._begin()
+        self._written = True
         self._guard(self._producer.send_offsets_to_transaction, offsets, group_metadata, 30)
 
     @_locked
@@ -1018,30 +1055,35 @@ class Publisher:
         that escapes after that is either abortable (abort and write again) or, if still
         ``retriable()``, leaves the outcome unknown (call ``flush()`` again)."""
         if self._in_txn:
-            what = f"stream '{self.stream}', source '{self.source_id}'"
-            if self._delivery_hooks:
-                # Every delivery callback (offsets) before the hooks' last word.
-                self._guard(client.flush_producer, self._producer, what, patience)
-                self._deliver_batches()
-            last = self._closing
-            try:
-                for hook in self._hook_list:
-                    self._write(hook.before_commit(last))
-            except KafkaException:
-                # Refused because the transaction already failed (a record's delivery timed
-                # out during an outage: "Erroneous state").  The commit names the real error
-                # -- abortable or fatal; it cannot succeed in that state.
-                self._guard(client.commit_transaction, self._producer, what, patience)
-                raise
-            self._guard(client.commit_transaction, self._producer, what, patience)
+            with client.committing(self._producer):
+                self._commit(patience)
             self._in_txn = False
+            self._written = False
             self._pending = 0
             self._full_at = None
             self._seal_pending = False
             self._committed_at = time.monotonic()
-            how: Ending = "closed" if last else "committed"
+            how: Ending = "closed" if self._closing else "committed"
             for hook in self._hook_list:
                 hook.ended(how)
+
+    def _commit(self, patience: float) -> None:
+        """The open transaction's delivery flush, the hooks' last writes, the commit."""
+        what = f"stream '{self.stream}', source '{self.source_id}'"
+        if self._delivery_hooks:
+            # Every delivery callback (offsets) before the hooks' last word.
+            self._guard(client.flush_producer, self._producer, what, patience)
+            self._deliver_batches()
+        try:
+            for hook in self._hook_list:
+                self._write(hook.before_commit(self._closing))
+        except KafkaException:
+            # Refused because the transaction already failed (a record's delivery timed
+            # out during an outage: "Erroneous state").  The commit names the real error
+            # -- abortable or fatal; it cannot succeed in that state.
+            self._guard(client.commit_transaction, self._producer, what, patience)
+            raise
+        self._guard(client.commit_transaction, self._producer, what, patience)
 
     def _deliver_batches(self) -> None:
         """Hand every ``publish_many`` batch of the transaction to the delivery hooks, once
@@ -1095,10 +1137,10 @@ class Publisher:
         The seal takes effect with the commit of the records written before it, in their
         transaction: at once (``commit=True``), or with the next commit (batch boundary,
         ``flush()``, ``close()``) so that many fine-grained seals share one transaction.
-        Seal *instead of* calling ``flush()`` first: a seal committed alone right after its
-        records' commit pays the broker's refusal of back-to-back transactions (a fixed
-        20 ms retry, on about a third of such seals).  A seal with nothing pending commits
-        alone."""
+        Seal *instead of* calling ``flush()`` first: a seal with nothing pending commits
+        alone, and right after a commit it first waits out ``SETTLE_S`` (the broker refuses
+        a transaction while the previous one's markers are written, and librdkafka retries
+        after a fixed 20 ms)."""
         hook = self._hook_for(substream)
         self._begin()
         self._write(hook.seal(substream, time, False))
@@ -1186,6 +1228,7 @@ class Publisher:
         finally:
             self.ticker.close()
             self._in_txn = False
+            self._written = False
             self._full_at = None
             self._closed = True
             self._batches = []

@@ -105,10 +105,13 @@ def test_bench_acker_quick_writes_json_and_png(bootstrap: str, tmp_path: Path) -
             assert isinstance(row[field], float) and row[field] > 0, (field, row)
         assert row["p50_ms"] <= row["p99_ms"]
     assert seal["measurement"].startswith("seal()") and "baseline" in raw["measurement"]
-    # the publisher's and the acker's CONCURRENT_TRANSACTIONS retries, counted from their logs
+    # the publisher's (those its commits waited for, then all) and the acker's
+    # CONCURRENT_TRANSACTIONS retries, counted from their logs
     assert seal["txn_retries"] == (
-        f"{seal['txn_retries_publishers']}/{seal['txn_retries_other']}"
+        f"{seal['txn_retries_publishers_commit_waited']}/{seal['txn_retries_publishers']}"
+        f"/{seal['txn_retries_other']}"
     )
+    assert seal["txn_retries_publishers_commit_waited"] <= seal["txn_retries_publishers"]
     assert any(name.startswith("substreams.pub.") for name in seal["txn_retries_by_id"])
     assert "CONCURRENT_TRANSACTIONS retries" in done.stdout
     assert [t["name"] for t in data["targets"]] == [

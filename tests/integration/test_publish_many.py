@@ -244,3 +244,53 @@ def test_a_seal_after_a_full_batch_commits_in_the_batchs_transaction(
         assert hook.commits == 3  # the caller went quiet: the ticker committed it
         with Listener(config, stream) as listener:
             assert len(read_all(listener)) == 9
+
+
+class TimedProducer:
+    """Delegates to the publisher's producer, noting when each record or message was
+    produced and when each commit returned."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.calls: list[tuple[str, float]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name not in ("produce", "produce_batch", "commit_transaction"):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = attr(*args, **kwargs)
+            self.calls.append((name, time.monotonic()))
+            return out
+
+        return call
+
+
+def test_a_seal_with_nothing_pending_waits_out_the_settle_after_a_commit(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction of the hooks' messages alone (a seal with nothing pending) right after
+    a commit writes nothing until SETTLE_S after it (no AddPartitionsToTxn into the
+    previous commit's markers, no 20 ms librdkafka retry in its commit); records and a seal
+    with records pending never wait."""
+    epoch = {"name": "s", "stream": "clicks", "kind": "epoch", "field": "ts"}
+    config = make_config([{"name": "clicks"}], [epoch])
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    with Application(config).publisher(stream, "src") as pub:
+        timed = TimedProducer(pub._producer)
+        monkeypatch.setattr(pub, "_producer", timed)
+        settles: list[float] = []
+        settle = pub._settle
+        monkeypatch.setattr(pub, "_settle", lambda: (settles.append(0.0), settle())[1])
+        pub.publish(click(0, "/0"))
+        pub.seal(sub, 0)  # records pending: rides in their transaction, no wait
+        pub.publish(click(1, "/1"))  # right behind the commit: records do not wait
+        assert settles == []
+        pub.flush()
+        committed = timed.calls[-1][1]
+        n = len(timed.calls)
+        pub.seal(sub, 1)  # nothing pending: the seal's transaction waits, then writes
+        assert len(settles) == 1
+        first_write = next(t for name, t in timed.calls[n:] if name != "commit_transaction")
+        assert first_write - committed >= publisher_module.SETTLE_S

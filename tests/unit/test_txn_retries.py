@@ -48,6 +48,33 @@ def test_counts_each_refused_request_once(tmp_path: Path) -> None:
     assert client.txn_retries(tmp_path) == {"pub-a": 3}
 
 
+def feed(counter: client.TxnRetryCounter, lines: list[str]) -> None:
+    for line in lines:
+        counter.log(logging.DEBUG, "%s [%s] %s", "ADDPARTS", "rdkafka#producer-10",
+                    f"[thrd:main]: {line}")
+
+
+REGISTERING = "TxnCoordinator/1: Registering partitions with transaction"
+
+
+def test_only_the_refusals_a_commit_waited_for_are_commit_waits(tmp_path: Path) -> None:
+    counter = client.TxnRetryCounter("pub-a", tmp_path)
+    # the next records' transaction, refused right behind a commit, registered before its own
+    feed(counter, [REGISTERING, REFUSED.format(p="t", n=0), REGISTERING,
+                   "t [0] registered with transaction"])
+    counter.commit_begins()
+    counter.commit_ends()
+    # a lone seal's transaction: refused before its commit began, retried during it
+    feed(counter, [REGISTERING, REFUSED.format(p="a", n=0)])
+    counter.commit_begins()
+    feed(counter, [REGISTERING, REFUSED.format(p="a", n=0), REGISTERING,
+                   "a [0] registered with transaction"])
+    counter.commit_ends()
+    assert (counter.retries, counter.commit_waits) == (3, 2)
+    assert client.txn_retries(tmp_path) == {"pub-a": 3}
+    assert client.txn_retries(tmp_path, commit_waits=True) == {"pub-a": 2}
+
+
 def test_counts_sum_over_producers_and_start_at_zero(tmp_path: Path) -> None:
     quiet = client.TxnRetryCounter("quiet", tmp_path)
     replay(client.TxnRetryCounter("pub-a", tmp_path))
