@@ -211,6 +211,8 @@ def render_table(result: BenchResult) -> Table:
             value = row.get(col.key)
             if isinstance(value, bool):
                 cells.append("yes" if value else "[red]no[/]")
+            elif isinstance(value, str):  # a reason in place of a number
+                cells.append(value)
             else:
                 cells.append("-" if value is None else col.fmt.format(value))
         table.add_row(*cells)

@@ -3,7 +3,8 @@ venv (Quix Streams 3.28 pins ``confluent-kafka<2.13``; ours is 2.16): imports no
 substreams.  Protocol on stdin/stdout: it prints ``ready`` once its transactional producer is
 initialised and one warm-up record is committed, waits for a line on stdin, writes ``n``
 records of the value bytes round-robin over the partitions committing every ``batch``, and
-prints ``done``.
+prints ``done <cpu seconds>``: its own CPU time (every thread, librdkafka's too) from the go
+to the last commit, which the benchmark counts as client CPU.
 
 Why ``Application.get_producer(transactional=True)``: that is Quix Streams' exactly-once
 write path without a consumer in front (its pipeline's producer is the same class, with
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -42,12 +44,14 @@ def main() -> None:
         producer.commit_transaction()
         print("ready", flush=True)
         sys.stdin.readline()
+        cpu0 = time.process_time()
         for lo in range(0, args.records, args.batch):
             producer.begin_transaction()
             for i in range(lo, min(args.records, lo + args.batch)):
                 producer.produce(args.topic, value=value, partition=i % args.partitions)
             producer.commit_transaction()
-    print("done", flush=True)
+        cpu = time.process_time() - cpu0
+    print(f"done {cpu:.6f}", flush=True)
 
 
 if __name__ == "__main__":

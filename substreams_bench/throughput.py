@@ -35,8 +35,13 @@ Decoding is still paid where the mechanism needs it: the punctuation aligner mus
 every record's time.  Why ``BATCH``: a transaction commit waits for the broker (~3 ms
 here); throughput-minded publishers batch more than the latency-minded default of 500.
 
-Records per run scale with g (a seal per g records is the cost being measured), capped;
-each line runs ``repeats`` times and reports the median rate (all runs are in the JSON).
+Records per run scale with g (a seal per g records is the cost being measured), capped.
+The lines run in ``repeats`` rounds, every line once a round, so that a slow minute of the
+shared machine hits every line alike; a line reports the median rate, the spread of its runs
+and whether it is too short to compare (:data:`MIN_RUN_S`, :data:`MAX_SPREAD`): such a line's
+ratios and targets read "too short to compare", not a number.  Beside the rate, the CPU per
+1 000 records of the broker JVM (``/proc/<pid>/stat``) and of everything else, so that the
+broker's cost of a tracked line can be held against the Quix Streams peer's.
 
 Why the untracked lines run again at every smaller record count a tracked line uses (g=1's
 2 000 quick / 20 000 full records): a line's time holds a fixed part that does not shrink
@@ -147,6 +152,58 @@ def _value_bytes(config: Config) -> bytes:
     )
 
 
+@dataclass(frozen=True)
+class Run:
+    """One timed run: its wall time and the CPU time spent during it."""
+
+    seconds: float
+    broker_cpu_s: float | None
+    """The broker JVM's utime + stime over the run; None when the broker is not ours."""
+    client_cpu_s: float
+    """Everything but the broker: this process (the producer and the reader threads) and
+    the helper processes of the line (the acker, the Quix producer)."""
+
+
+def cpu_ticks(stat: str) -> int:
+    """utime + stime (fields 14 and 15, every thread included) of a ``/proc/<pid>/stat``
+    line, in clock ticks.  The command name (field 2) may hold spaces and parentheses, so
+    fields are counted after its last ``)``."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _pid_cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid`` so far (0 when gone)."""
+    try:
+        return cpu_ticks(Path(f"/proc/{pid}/stat").read_text()) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class CpuClock:
+    """Reads, at the start and at the end of a timed run, the CPU time of the embedded
+    broker's JVM(s) (known only when the harness started the broker: a ``--bootstrap``
+    broker's CPU is not ours to read) and of the client side (this process and the
+    line's helper processes)."""
+
+    def __init__(self, ctx: BenchContext, helpers: Sequence[int] = ()) -> None:
+        self._brokers = [] if ctx.broker is None else [
+            pid for node in ctx.broker.nodes if (pid := ctx.broker.pid(node.node_id))
+        ]
+        self._helpers = list(helpers)
+        self._start = self._now()
+
+    def _now(self) -> tuple[float | None, float]:
+        broker = sum(map(_pid_cpu_s, self._brokers)) if self._brokers else None
+        return broker, time.process_time() + sum(map(_pid_cpu_s, self._helpers))
+
+    def run(self, seconds: float, extra_client_s: float = 0.0) -> Run:
+        """The run that ends now and took ``seconds``."""
+        (b0, c0), (b1, c1) = self._start, self._now()
+        broker = None if b0 is None or b1 is None else b1 - b0
+        return Run(seconds, broker, c1 - c0 + extra_client_s)
+
+
 def _produce_raw(producer: Any, topic: str, value: bytes, lo: int, hi: int) -> None:
     """Records ``lo`` to ``hi`` round-robin over the partitions with the bare client call
     (the raw lines measure the client, so not through the kafka layer's ``produce``)."""
@@ -159,7 +216,7 @@ def _produce_raw(producer: Any, topic: str, value: bytes, lo: int, hi: int) -> N
                 producer.poll(0.01)
 
 
-def run_raw(ctx: BenchContext, n: int, value: bytes) -> float:
+def run_raw(ctx: BenchContext, n: int, value: bytes) -> Run:
     topic = f"b.raw-throughput.{uuid.uuid4().hex[:8]}"
     ctx.topics([(topic, PARTITIONS)])
     producer = client.producer(ctx.bootstrap, None)
@@ -167,15 +224,16 @@ def run_raw(ctx: BenchContext, n: int, value: bytes) -> float:
         producer.produce(topic, value=value, partition=0)  # warm the connection, like the
         producer.flush(10)  # publishers' init_transactions does for the other lines
         counter.wait_for(1, WAIT_S)
-        t0 = time.time()
+        t0, cpu = time.time(), CpuClock(ctx)
         _produce_raw(producer, topic, value, 0, n)
         producer.flush(60)
         end = counter.wait_for(n + 1, WAIT_S)
+        done = cpu.run(end - t0)
     del producer
-    return end - t0
+    return done
 
 
-def run_raw_txn(ctx: BenchContext, n: int, value: bytes) -> float:
+def run_raw_txn(ctx: BenchContext, n: int, value: bytes) -> Run:
     """The raw line in transactions of ``BATCH`` records: what exactly-once costs by itself."""
     topic = f"b.rawtxn-throughput.{uuid.uuid4().hex[:8]}"
     ctx.topics([(topic, PARTITIONS)])
@@ -188,14 +246,15 @@ def run_raw_txn(ctx: BenchContext, n: int, value: bytes) -> float:
         producer.produce(topic, value=value, partition=0)
         producer.commit_transaction(30)
         counter.wait_for(1, WAIT_S)
-        t0 = time.time()
+        t0, cpu = time.time(), CpuClock(ctx)
         for lo in range(0, n, BATCH):
             producer.begin_transaction()
             _produce_raw(producer, topic, value, lo, min(n, lo + BATCH))
             producer.commit_transaction(60)
         end = counter.wait_for(n + 1, WAIT_S)
+        done = cpu.run(end - t0)
     del producer
-    return end - t0
+    return done
 
 
 class NotRun(Exception):
@@ -227,10 +286,10 @@ def quix_python() -> Path:
     return python
 
 
-def run_quix(ctx: BenchContext, python: Path, n: int, value: bytes) -> float:
+def run_quix(ctx: BenchContext, python: Path, n: int, value: bytes) -> Run:
     """Quix Streams' exactly-once producer writing the raw line's records, timed like it:
     from the go (its process started, producer initialised, one record committed) until
-    the counting reader saw every record."""
+    the counting reader saw every record; its CPU is what it reports for that span."""
     topic = f"b.quix-throughput.{uuid.uuid4().hex[:8]}"
     ctx.topics([(topic, PARTITIONS)])
     script = Path(__file__).with_name("quix_producer.py")
@@ -250,17 +309,19 @@ def run_quix(ctx: BenchContext, python: Path, n: int, value: bytes) -> float:
             if proc.stdout.readline().strip() != "ready":
                 raise NotRun(f"the Quix producer did not start: {_tail(proc)}")
             counter.wait_for(1, WAIT_S)
-            t0 = time.time()
+            t0, cpu = time.time(), CpuClock(ctx)
             proc.stdin.write("go\n")
             proc.stdin.flush()
             end = counter.wait_for(n + 1, WAIT_S)
-            if proc.wait(60):
+            run = cpu.run(end - t0)
+            done = proc.stdout.readline().split()
+            if proc.wait(60) or len(done) != 2 or done[0] != "done":
                 raise NotRun(f"the Quix producer failed: {_tail(proc)}")
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return end - t0
+    return Run(run.seconds, run.broker_cpu_s, run.client_cpu_s + float(done[1]))
 
 
 def _tail(proc: subprocess.Popen[str]) -> str:
@@ -270,7 +331,7 @@ def _tail(proc: subprocess.Popen[str]) -> str:
     return " | ".join((err or "").strip().splitlines()[-3:]) or f"exit {proc.returncode}"
 
 
-def run_untracked(ctx: BenchContext, n: int, many: bool = False) -> float:
+def run_untracked(ctx: BenchContext, n: int, many: bool = False) -> Run:
     config = _config(ctx, None)
     stream = config.streams[0].name
     (pub,) = open_publishers(
@@ -278,41 +339,44 @@ def run_untracked(ctx: BenchContext, n: int, many: bool = False) -> float:
     )
     try:
         with RecordCounter(ctx.bootstrap, config, stream, PARTITIONS) as counter:
-            t0 = time.time()
+            t0, cpu = time.time(), CpuClock(ctx)
             (sliced_publish_many if many else _publish)(pub, None, n, n)
             pub.flush()
             end = counter.wait_for(n, WAIT_S)
+            done = cpu.run(end - t0)
     finally:
         close_all([pub])
         del pub
-    return end - t0
+    return done
 
 
 def run_tracked(
     ctx: BenchContext, mechanism: str, n: int, granularity: int, many: bool = False
-) -> float:
+) -> Run:
     config = _config(ctx, mechanism)
     stream = config.streams[0].name
     substream = config.substreams[0].name
     last_epoch = (n - 1) // granularity
+    helpers: list[int] = []
     with contextlib.ExitStack() as stack:
         if mechanism == "acker":
-            stack.enter_context(acker_process(config, ctx.bootstrap))
+            helpers.append(stack.enter_context(acker_process(config, ctx.bootstrap)))
         (pub,) = open_publishers(config, stream, ["src0"], ctx.bootstrap, batch_size=BATCH)
         stack.callback(close_all, [pub])
         if mechanism == "acker":
             notes = stack.enter_context(AckerObserver(ctx.bootstrap, config, substream))
             data = stack.enter_context(RecordCounter(ctx.bootstrap, config, stream, PARTITIONS))
-            t0 = time.time()
+            t0, cpu = time.time(), CpuClock(ctx, helpers)
             (sliced_publish_many if many else _publish)(pub, substream, n, granularity)
             end = max(notes.wait_for(last_epoch, WAIT_S), data.wait_for(n, WAIT_S))
         else:
             aligned = stack.enter_context(PunctuationObserver(ctx.bootstrap, config, substream))
-            t0 = time.time()
+            t0, cpu = time.time(), CpuClock(ctx)
             (sliced_publish_many if many else _publish)(pub, substream, n, granularity)
             end = aligned.wait_for(last_epoch, WAIT_S)
+        done = cpu.run(end - t0)
         del pub
-    return end - t0
+    return done
 
 
 def _publish(pub: Any, substream: str | None, n: int, granularity: int) -> None:
@@ -342,23 +406,94 @@ def sliced_publish_many(pub: Any, substream: str | None, n: int, granularity: in
             sealed = done
 
 
+MIN_RUN_S = 1.0
+"""A line whose median run is shorter is too short to compare.  Why 1 s: a run holds a part
+that does not shrink with its records (the first commit, the readers' fetch after the last
+one, the fresh broker's JIT warming up); fitted from the baselines' two record counts of one
+run on this machine it is 0.1-0.2 s (the run's notes print the fit), so at 1 s it is at most
+a fifth of the time -- the gap between the 80 % targets and 100 %."""
+MAX_SPREAD = 0.20
+"""A line whose runs spread wider (max - min, over the median) is too noisy to compare: its
+runs disagree by more than the 20 points the targets tell apart."""
+TOO_SHORT = "too short to compare"
+OVER_100 = "over 100 %: noise, not a result"
+"""A tracked line cannot be faster than the untracked one (it does the same and more)."""
+TRACKED = ("acker", "punctuations", ACKER_MANY)
+
+
+def spread(rates: Sequence[float]) -> float | None:
+    """(max - min) / median of a line's runs, None for fewer than two runs."""
+    if len(rates) < 2:
+        return None
+    mid = statistics.median(rates)
+    return (max(rates) - min(rates)) / mid if mid else None
+
+
+def too_short(seconds: float | None, spread_: float | None) -> str | None:
+    """Why a line's rate cannot be compared with another's (None: it can)."""
+    if seconds is not None and seconds < MIN_RUN_S:
+        return f"median run {seconds:.2f} s < {MIN_RUN_S:.0f} s"
+    if spread_ is not None and spread_ > MAX_SPREAD:
+        return f"runs spread {spread_:.0%} > {MAX_SPREAD:.0%}"
+    return None
+
+
+def fixed_part(n1: int, t1: float, n2: int, t2: float) -> float:
+    """The time of a run that does not grow with its records, from two record counts of
+    one line (time = fixed + records / rate)."""
+    return t1 - n1 * (t2 - t1) / (n2 - n1)
+
+
+def _per_1k(values: Sequence[float | None], n: int) -> float | None:
+    """The median of ``values`` (CPU seconds of a run) in ms per 1 000 records."""
+    if not values or any(v is None for v in values):
+        return None
+    return round(statistics.median(v for v in values if v is not None) * 1e6 / n, 2)
+
+
 def _row(
-    line: str, granularity: int | None, n: int, runs: Sequence[float], error: str | None
+    line: str, granularity: int | None, n: int, runs: Sequence[Run], error: str | None
 ) -> dict[str, Any]:
-    """The median of the repeated runs: one hiccup of the shared machine moves it less
-    than it moves a mean, and every line (baselines included) is treated alike.  A line
-    with a run that did not finish has no rate: it is reported with its error."""
-    seconds = statistics.median(runs) if runs and error is None else None
+    """The median of the runs: one hiccup of the shared machine moves it less than it
+    moves a mean, and every line (baselines included) is treated alike; beside it the
+    spread of the runs and whether the line is too short to compare.  A line with a run
+    that did not finish has no rate: it is reported with its error."""
+    ok = bool(runs) and error is None
+    seconds = statistics.median(r.seconds for r in runs) if ok else None
+    rates = [n / r.seconds for r in runs]
+    spread_ = spread(rates) if ok else None
     return {
         "line": line,
         "granularity": granularity,
         "records": n,
         "seconds": None if seconds is None else round(seconds, 3),
         "records_per_s": None if seconds is None else round(n / seconds, 1),
-        "runs_records_per_s": [round(n / r, 1) for r in runs],
+        "spread": None if spread_ is None else round(spread_, 4),
+        "too_short": too_short(seconds, spread_) if ok else None,
+        "broker_cpu_ms_per_1k": _per_1k([r.broker_cpu_s for r in runs], n) if ok else None,
+        "client_cpu_ms_per_1k": _per_1k([r.client_cpu_s for r in runs], n) if ok else None,
+        "runs_records_per_s": [round(x, 1) for x in rates],
+        "runs_broker_cpu_s": [r.broker_cpu_s for r in runs],
+        "runs_client_cpu_s": [round(r.client_cpu_s, 3) for r in runs],
         "complete": error is None,
         "error": error,
     }
+
+
+def compare(
+    row: dict[str, Any] | None, base: dict[str, Any] | None, capped: bool = False
+) -> float | str | None:
+    """``row``'s rate over ``base``'s; :data:`TOO_SHORT` when either line is; with
+    ``capped`` (a tracked line against an untracked one) a ratio over 1 is noise,
+    :data:`OVER_100`; None when either did not finish."""
+    if row is None or base is None or not row.get("records_per_s"):
+        return None
+    if not base.get("records_per_s"):
+        return None
+    if row.get("too_short") or base.get("too_short"):
+        return TOO_SHORT
+    ratio = float(row["records_per_s"]) / float(base["records_per_s"])
+    return OVER_100 if capped and ratio > 1.0 else round(ratio, 4)
 
 
 def run(ctx: BenchContext) -> BenchResult:
@@ -368,9 +503,13 @@ def run(ctx: BenchContext) -> BenchResult:
         Column("granularity", "records/substream"),
         Column("records", "records"),
         Column("records_per_s", "records/s", "{:,.0f}"),
+        Column("spread", "spread", "±{:.0%}"),
+        Column("seconds", "run s", "{:.2f}"),
         Column("vs_raw", "% of raw", "{:.1%}"),
         Column("vs_raw_txn", "% of raw txn", "{:.1%}"),
         Column("vs_untracked", "% of untracked", "{:.1%}"),
+        Column("broker_cpu_ms_per_1k", "broker CPU ms/1k", "{:.1f}"),
+        Column("client_cpu_ms_per_1k", "client CPU ms/1k", "{:.1f}"),
         Column("complete", "finished"),
     ]
     ctx.label = NAME
@@ -391,13 +530,20 @@ def run(ctx: BenchContext) -> BenchResult:
     quix: Path | NotRun | None = None
     steps += [(m, g, p.records(g)) for g in p.granularities for m in ("acker", "punctuations")]
     steps += [(ACKER_MANY, g, p.records(g)) for g in MANY_GRANULARITIES]
+    # Rounds: every line once, then every line again, so that a slow minute of the shared
+    # machine hits every line alike rather than all the runs of one.
+    rounds = [(k, i) for k in range(p.repeats) for i in range(len(steps))]
+    runs: list[list[Run]] = [[] for _ in steps]
+    errors: list[str | None] = [None] * len(steps)
 
-    def describe(step: tuple[str, int | None, int]) -> str:
-        return f"{step[0]}" + (f" g={step[1]}" if step[1] else f" n={step[2]}")
+    def describe(item: tuple[int, int]) -> str:
+        line, g, n = steps[item[1]]
+        return f"round {item[0] + 1}/{p.repeats}: {line}" + (f" g={g}" if g else f" n={n}")
 
-    for line, g, n in ctx.track(steps, describe):
-        runs: list[float] = []
-        error: str | None = None
+    for _, i in ctx.track(rounds, describe):
+        line, g, n = steps[i]
+        if errors[i] is not None:
+            continue  # a line that failed once is reported with its error
         if line == QUIX and quix is None:
             try:
                 quix = quix_python()
@@ -405,64 +551,53 @@ def run(ctx: BenchContext) -> BenchResult:
                 quix = exc
                 result.notes.append(f"{QUIX}: not run: {exc}")
         if line == QUIX and isinstance(quix, NotRun):
-            result.rows.append(_row(line, g, n, [], f"not run: {quix}"))
+            errors[i] = f"not run: {quix}"
             continue
-        for k in range(p.repeats):
-            if k:
-                ctx.reset()  # every run on a fresh broker, as every line's first is
-            try:
-                if line == "raw":
-                    runs.append(run_raw(ctx, n, value))
-                elif line == RAW_TXN:
-                    runs.append(run_raw_txn(ctx, n, value))
-                elif line == QUIX:
-                    assert isinstance(quix, Path)
-                    runs.append(run_quix(ctx, quix, n, value))
-                elif line == "untracked publisher":
-                    runs.append(run_untracked(ctx, n))
-                elif line == UNTRACKED_MANY:
-                    runs.append(run_untracked(ctx, n, many=True))
-                elif line == ACKER_MANY:
-                    runs.append(run_tracked(ctx, "acker", n, g or 1, many=True))
-                else:
-                    runs.append(run_tracked(ctx, line, n, g or 1))
-            except (SubstreamsError, KafkaException, NotRun) as exc:  # kept in the results
-                error = str(exc)
-                ctx.log(f"[red]{line} g={g}: {error}[/]")
-                result.notes.append(f"{line} g={g}: a run did not finish: {error}")
-                break
-        result.rows.append(_row(line, g, n, runs, error))
-    raw = result.rows[0]["records_per_s"]
+        try:
+            if line == "raw":
+                runs[i].append(run_raw(ctx, n, value))
+            elif line == RAW_TXN:
+                runs[i].append(run_raw_txn(ctx, n, value))
+            elif line == QUIX:
+                assert isinstance(quix, Path)
+                runs[i].append(run_quix(ctx, quix, n, value))
+            elif line == "untracked publisher":
+                runs[i].append(run_untracked(ctx, n))
+            elif line == UNTRACKED_MANY:
+                runs[i].append(run_untracked(ctx, n, many=True))
+            elif line == ACKER_MANY:
+                runs[i].append(run_tracked(ctx, "acker", n, g or 1, many=True))
+            else:
+                runs[i].append(run_tracked(ctx, line, n, g or 1))
+        except (SubstreamsError, KafkaException, NotRun) as exc:  # kept in the results
+            errors[i] = str(exc)
+            ctx.log(f"[red]{line} g={g}: {exc}[/]")
+            result.notes.append(f"{line} g={g}: a run did not finish: {exc}")
+    result.rows = [_row(line, g, n, runs[i], errors[i]) for i, (line, g, n) in enumerate(steps)]
+    raw = result.rows[0]
     for row in result.rows:
-        rate = row["records_per_s"]
         # a batch line against the untracked batch line of as many records: the cost of
         # tracking alone
-        base = _untracked_rate(result.rows, row["line"], row["records"])
-        txn = _same_records(result.rows, RAW_TXN, row["records"])
-        row["vs_raw"] = round(rate / raw, 4) if rate and raw else None
-        row["vs_raw_txn"] = round(rate / txn, 4) if rate and txn else None
-        row["vs_untracked"] = round(rate / base, 4) if rate and base else None
+        base = _untracked_row(result.rows, row["line"], row["records"])
+        row["vs_raw"] = compare(row, raw)
+        row["vs_raw_txn"] = compare(row, _same_records(result.rows, RAW_TXN, row["records"]))
+        row["vs_untracked"] = compare(row, base, capped=row["line"] in TRACKED)
     result.rows[0]["value_bytes"] = len(value)
     result.targets = targets(result.rows)
+    result.notes += stability_notes(result.rows, p)
     result.notes.append(
         f"value size {len(value)} bytes (our Avro envelope; raw writes the same bytes); "
         f"{PARTITIONS} partitions, one producer; the acker is its own process, readers are "
         "threads of the producer's process; data readers count messages on every line "
         f"(none decodes); publishers commit every {BATCH} records."
     )
-    old_basis = [
-        f"{r['line']} g={r['granularity']} {r['records_per_s'] / base:.1%}"
-        for r in result.rows
-        if r["granularity"] is not None and r["records"] != p.max_records and r["records_per_s"]
-        and (base := _rate(result.rows, _untracked_of(r["line"]), None))
-    ]
-    if old_basis:
-        result.notes.append(
-            "'% of untracked' compares equal record counts (the untracked lines also run at "
-            "each smaller count); against the untracked line of "
-            f"{p.max_records} records instead (the basis before session 10): "
-            + ", ".join(old_basis)
-        )
+    result.notes.append(
+        "CPU per 1k records, the median of the runs: 'broker' is the embedded broker JVM's "
+        "utime+stime (/proc/<pid>/stat) from the go to the end of the run (not measured with "
+        "--bootstrap); 'client' is everything else in that span: this process (the producer "
+        "and the reader threads, the same readers on every line), the acker process of the "
+        "acker lines, the Quix producer's process (its own CPU report)."
+    )
     result.notes.append(
         f"'% of raw txn': against the raw transactional line of as many records (the same "
         f"producer settings and bytes as raw, a transaction per {BATCH} records). "
@@ -483,34 +618,56 @@ def run(ctx: BenchContext) -> BenchResult:
     return result
 
 
-def _same_records(rows: Sequence[dict[str, Any]], line: str, records: int) -> float | None:
-    """The rate of baseline ``line`` over ``records`` records (or, not run at that count,
-    over its most records)."""
+def stability_notes(rows: Sequence[dict[str, Any]], p: Plan) -> list[str]:
+    """What the run says about its own stability: how the rounds ran, the lines too short
+    to compare, and the fixed part of a run fitted from the baselines' two record counts."""
+    notes = [
+        f"{p.repeats} rounds, each running every line once on a fresh broker (a slow minute "
+        "hits every line alike); a rate is the median of the rounds, 'spread' is (max - min) "
+        f"/ median of the runs. A line is {TOO_SHORT} when its median run is under "
+        f"{MIN_RUN_S:.0f} s or its spread over {MAX_SPREAD:.0%}: its ratios read "
+        f"'{TOO_SHORT}' and the targets it feeds are not measured (n/a)."
+    ]
+    short = [f"{r['line']} n={r['records']}: {r['too_short']}" for r in rows if r["too_short"]]
+    if short:
+        notes.append(f"{TOO_SHORT}: " + "; ".join(short))
+    fits = []
+    for line in ("raw", RAW_TXN, QUIX, "untracked publisher", UNTRACKED_MANY):
+        timed = sorted(
+            (r["records"], r["seconds"]) for r in rows
+            if r["line"] == line and r["granularity"] is None and r["seconds"]
+        )
+        if len(timed) >= 2 and timed[0][0] != timed[-1][0]:
+            (n1, t1), (n2, t2) = timed[0], timed[-1]
+            fits.append(f"{line} {fixed_part(n1, t1, n2, t2):.2f} s")
+    if fits:
+        notes.append(
+            "the fixed part of a run (time = fixed + records / rate, fitted from a line's two "
+            "record counts): " + ", ".join(fits)
+        )
+    return notes
+
+
+def _same_records(
+    rows: Sequence[dict[str, Any]], line: str, records: int
+) -> dict[str, Any] | None:
+    """Baseline ``line`` over ``records`` records (or, not run at that count, over its most
+    records)."""
     row = next((r for r in rows if r["line"] == line and r["records"] == records), None)
-    row = row or _row_of(rows, line, None)
-    return None if row is None else row["records_per_s"]
+    return row or _row_of(rows, line, None)
 
 
 def _untracked_of(line: str) -> str:
     return UNTRACKED_MANY if line in (UNTRACKED_MANY, ACKER_MANY) else "untracked publisher"
 
 
-def _untracked_rate(rows: Sequence[dict[str, Any]], line: str, records: int) -> float | None:
-    """The rate of the untracked line ``line`` is measured against (``publish_many`` lines
-    against ``publish_many``), over the same number of records (module doc: why)."""
+def _untracked_row(
+    rows: Sequence[dict[str, Any]], line: str, records: int
+) -> dict[str, Any] | None:
+    """The untracked line ``line`` is measured against (``publish_many`` lines against
+    ``publish_many``), over the same number of records (module doc: why)."""
     wanted = _untracked_of(line)
-    row = next((r for r in rows if r["line"] == wanted and r["records"] == records), None)
-    return None if row is None else row["records_per_s"]
-
-
-def _pct(x: float | None) -> str:
-    return "did not finish" if x is None else f"{x:.1%}"
-
-
-def _rate(rows: Sequence[dict[str, Any]], line: str, g: int | None) -> float | None:
-    """The rate of ``line`` at ``g`` (an untracked line: over the most records)."""
-    row = _row_of(rows, line, g)
-    return None if row is None else row["records_per_s"]
+    return next((r for r in rows if r["line"] == wanted and r["records"] == records), None)
 
 
 def _row_of(rows: Sequence[dict[str, Any]], line: str, g: int | None) -> dict[str, Any] | None:
@@ -519,48 +676,60 @@ def _row_of(rows: Sequence[dict[str, Any]], line: str, g: int | None) -> dict[st
 
 
 def _ratio_target(
-    name: str, limit: float, num: float | None, den: float | None
+    name: str,
+    limit: float,
+    row: dict[str, Any] | None,
+    base: dict[str, Any] | None,
+    capped: bool = False,
 ) -> Target:
-    if num is None or not den:
+    """A ``>= limit`` target on ``row`` over ``base``; not measured (met None) when either
+    line is too short to compare or a capped ratio is over 100 %."""
+    ratio = compare(row, base, capped)
+    if ratio is None:
         return Target(name, f">= {limit:.0%}", "did not finish", None)
-    ratio = num / den
+    if isinstance(ratio, str):
+        return Target(name, f">= {limit:.0%}", f"not measured: {ratio}", None)
     return Target(name, f">= {limit:.0%}", f"{ratio:.1%}", ratio >= limit)
 
 
 def targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
-    """Issue #16's targets, for the batch API and for the per-record one, then the older
-    targets against raw."""
+    """Issue #16's targets, for the batch API and for the per-record one, then the fair
+    baselines', the broker's CPU against the peer, and the older targets against raw."""
     out = []
-    raw = _rate(rows, "raw", None)
+    raw = _row_of(rows, "raw", None)
     for api, untracked_line, acker_line in (
         ("publish_many", UNTRACKED_MANY, ACKER_MANY),
         ("publish", "untracked publisher", "acker"),
     ):
-        untracked = _rate(rows, untracked_line, None)
+        untracked = _row_of(rows, untracked_line, None)
         out.append(_ratio_target(f"#16 untracked {api} vs raw", 0.5, untracked, raw))
         for g, limit in ((1, 0.8), (100, 0.95)):
             row = _row_of(rows, acker_line, g)
-            same = None if row is None else _untracked_rate(rows, acker_line, row["records"])
-            out.append(
-                _ratio_target(
-                    f"#16 acker {api} g={g} vs untracked {api} (same records)",
-                    limit,
-                    None if row is None else row["records_per_s"],
-                    same,
-                )
-            )
+            same = None if row is None else _untracked_row(rows, acker_line, row["records"])
+            out.append(_ratio_target(
+                f"#16 acker {api} g={g} vs untracked {api} (same records)", limit, row, same,
+                capped=True,
+            ))
     out += baseline_targets(rows)
+    out += cpu_targets(rows)
     for g, limit in ((100, 0.8), (1, 0.5)):
         row = _row_of(rows, "acker", g)
-        out.append(
-            Target(
-                f"acker throughput at granularity {g} vs raw",
-                f">= {limit:.0%}",
-                "-" if row is None else _pct(row["vs_raw"]),
-                None if row is None else (row["vs_raw"] or 0.0) >= limit,
-            )
-        )
+        if row is None:
+            out.append(Target(f"acker throughput at granularity {g} vs raw", f">= {limit:.0%}",
+                              "-", None))
+        else:
+            out.append(_ratio_target(f"acker throughput at granularity {g} vs raw", limit, row,
+                                     raw))
     return out
+
+
+def _quix_of(rows: Sequence[dict[str, Any]], records: int) -> dict[str, Any] | None:
+    return next((r for r in rows if r["line"] == QUIX and r["records"] == records), None)
+
+
+def _not_run(row: dict[str, Any] | None) -> str | None:
+    error = None if row is None else row.get("error")
+    return error if error and error.startswith("not run") else None
 
 
 def baseline_targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
@@ -568,23 +737,61 @@ def baseline_targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
     transactional (``publish`` reported beside it), the tracked publisher against Quix
     Streams' exactly-once producer at every granularity, equal record counts."""
     out = []
-    txn = _rate(rows, RAW_TXN, None)
+    txn = _row_of(rows, RAW_TXN, None)
     for api, line in (("publish_many", UNTRACKED_MANY), ("publish", "untracked publisher")):
-        t = _ratio_target(f"untracked {api} vs raw transactional", 0.8, _rate(rows, line, None),
+        t = _ratio_target(f"untracked {api} vs raw transactional", 0.8, _row_of(rows, line, None),
                           txn)
         out.append(t if api == "publish_many" else Target(t.name, "reported", t.value, None))
     for line in (ACKER_MANY, "acker"):
         for row in (r for r in rows if r["line"] == line):
-            quix = next(
-                (r for r in rows if r["line"] == QUIX and r["records"] == row["records"]), None
-            )
+            quix = _quix_of(rows, row["records"])
             name = f"{line} g={row['granularity']} vs {QUIX} ({row['records']:,} records)"
-            if quix is not None and quix["error"] and quix["error"].startswith("not run"):
-                out.append(Target(name, ">= 100%", quix["error"], None))
+            reason = _not_run(quix)
+            if reason:
+                out.append(Target(name, ">= 100%", reason, None))
                 continue
-            out.append(_ratio_target(
-                name, 1.0, row["records_per_s"], None if quix is None else quix["records_per_s"]
-            ))
+            out.append(_ratio_target(name, 1.0, row, quix))
+    return out
+
+
+CPU_LIMIT = 1.5
+"""The tracked publisher may cost the broker at most this many times the CPU per record of
+Quix Streams' exactly-once producer on the same records."""
+
+
+def cpu_target(name: str, row: dict[str, Any] | None, quix: dict[str, Any] | None) -> Target:
+    """The broker's CPU per record of ``row`` against the Quix line of as many records."""
+    limit = f"<= {CPU_LIMIT}x"
+    reason = _not_run(quix)
+    if reason:
+        return Target(name, limit, reason, None)
+    ours = None if row is None else row.get("broker_cpu_ms_per_1k")
+    peer = None if quix is None else quix.get("broker_cpu_ms_per_1k")
+    if row is None or quix is None or not row.get("records_per_s") or not quix.get(
+        "records_per_s"
+    ):
+        return Target(name, limit, "did not finish", None)
+    if ours is None or not peer:
+        return Target(name, limit, "not measured: the broker is not the embedded one", None)
+    if row.get("too_short") or quix.get("too_short"):
+        return Target(name, limit, f"not measured: {TOO_SHORT}", None)
+    ratio = float(ours) / float(peer)
+    return Target(
+        name, limit, f"{ratio:.2f}x ({ours:.1f} vs {peer:.1f} ms/1k)", ratio <= CPU_LIMIT
+    )
+
+
+def cpu_targets(rows: Sequence[dict[str, Any]]) -> list[Target]:
+    """The peer line of the broker's CPU: the tracked publisher (both APIs, g=1 and g=100)
+    against Quix Streams' exactly-once producer on as many records."""
+    out = []
+    for line in (ACKER_MANY, "acker"):
+        for g in MANY_GRANULARITIES:
+            row = _row_of(rows, line, g)
+            if row is None:
+                continue
+            name = f"broker CPU/record: {line} g={g} vs {QUIX} ({row['records']:,} records)"
+            out.append(cpu_target(name, row, _quix_of(rows, row["records"])))
     return out
 
 
