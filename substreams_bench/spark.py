@@ -157,8 +157,8 @@ def run(ctx: BenchContext) -> BenchResult:
     result.targets = targets(result.rows)
     if ctx.part in (None, "a"):
         result.notes.append(
-            ("part (a): --smoke: every query in one child process and local[2] JVM (the "
-             "peaks and CPU seconds are not per query), " if ctx.smoke else
+            ("part (a): --smoke: every query in one child process and one local[2] "
+             "session (the peaks and CPU seconds are not per query), " if ctx.smoke else
              "part (a): each query in its own process and local[2] JVM, ")
             + "trigger availableNow "
             "over the same backlog; the firm queries with maxEpochsPerTrigger="
@@ -800,14 +800,10 @@ def _watermark_counts(
     )
 
 
-def _child(spec: dict[str, Any]) -> dict[str, Any]:
-    """One part-(a) query in this process (a fresh JVM); returns its measurements."""
-    from substreams.config import load_config
+def _session(spec: dict[str, Any]) -> Any:
+    """The local[2] session of a part-(a) query, its Python workers started."""
     from substreams.spark.session import session, warm_up
 
-    config = load_config(spec["config"])
-    sampler = _TreeSampler()
-    sampler.start()
     spark = session(
         f"bench-{spec['label']}",
         master="local[2]",
@@ -820,6 +816,19 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         },
     )
     warm_up(spark)
+    return spark
+
+
+def _child(spec: dict[str, Any], shared: Any = None) -> dict[str, Any]:
+    """One part-(a) query in this process (a fresh JVM), in the ``shared`` session if one
+    is given (left running), else in its own (stopped at the end); returns its
+    measurements."""
+    from substreams.config import load_config
+
+    config = load_config(spec["config"])
+    sampler = _TreeSampler()
+    sampler.start()
+    spark = shared if shared is not None else _session(spec)
     out: dict[str, Any] = {}
     kind = spec["kind"]
     if kind in ("jvm-arrow", "python"):
@@ -914,7 +923,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     sampler.stop.set()
     sampler.join(1)
     out["tree_peak_kb"] = sampler.peak_kb
-    spark.stop()
+    if shared is None:
+        spark.stop()
     return out
 
 
@@ -922,15 +932,21 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _children(spec: dict[str, Any]) -> dict[str, Any]:
     """One part-(a) query, or (``--smoke``) each of ``spec["specs"]`` in turn in this one
-    process: a SparkSession each, the JVM started once (its peaks are then shared)."""
+    process and one SparkSession (its peaks and Python workers are then shared): a smoke
+    run checks the outputs, and a session's stop and start with its workers' imports took
+    half a minute per query on the loaded 2-core machine."""
     if "specs" not in spec:
         return _child(spec)
     outs: list[dict[str, Any]] = []
-    for one in spec["specs"]:
-        try:
-            outs.append(_child(one))
-        except Exception as exc:  # reported in its row, the next query still runs
-            outs.append({"error": f"{one['label']}: {exc!r}"[:1500]})
+    spark = _session({**spec["specs"][0], "label": spec["label"]})
+    try:
+        for one in spec["specs"]:
+            try:
+                outs.append(_child(one, spark))
+            except Exception as exc:  # reported in its row, the next query still runs
+                outs.append({"error": f"{one['label']}: {exc!r}"[:1500]})
+    finally:
+        spark.stop()
     return {"outs": outs}
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
 
 from substreams.config import Config
 from substreams.spark.options import CONFIG_PICKLE, ship_config
@@ -78,6 +79,18 @@ def main(argv: list[str]) -> None:
     path, substream, output, ck, name, *rest = argv
     config = load_config(path)
     spark = session("sink-job", master="local[2]", shuffle_partitions=2)
+    query = start(spark, config, substream, output, ck, name, once="--once" in rest)
+    print("query started", flush=True)
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+
+
+def start(spark: SparkSession, config: Config, substream: str, output: str, ck: str,
+          name: str, *, once: bool) -> StreamingQuery:
+    """The job's query, started: one epoch per micro-batch into the ``substreams`` sink
+    (``once``: what is complete now, then stop).  The test that kills the job's driver
+    restarts it with this in its own session."""
     writer = (
         per_url(spark, config, substream, maxEpochsPerTrigger="1")
         .writeStream.format("substreams")
@@ -85,13 +98,8 @@ def main(argv: list[str]) -> None:
         .option("stream", output).option("queryName", name).option("keyField", "url")
         .option("checkpointLocation", ck)
     )
-    once = "--once" in rest
-    query = (writer.trigger(availableNow=True) if once
-             else writer.trigger(processingTime="200 milliseconds")).start()
-    print("query started", flush=True)
-    query.awaitTermination()
-    if query.exception() is not None:
-        raise SystemExit(f"query failed: {query.exception()}")
+    return (writer.trigger(availableNow=True) if once
+            else writer.trigger(processingTime="200 milliseconds")).start()
 
 
 if __name__ == "__main__":

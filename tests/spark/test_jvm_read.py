@@ -237,9 +237,10 @@ def test_read_limits_bound_the_jvm_batches_of_a_backlog(
 
     from substreams_bench.workload import open_publishers
 
-    # 200,000 records in epochs of 10,000: batches of 3 whole epochs within the limit (the
-    # rule's edges are unit-tested in test_read_limits.py; a larger backlog only takes longer)
-    total, windows, limit = 200_000, 20, 30_000
+    # 20,000 records in epochs of 1,000: batches of 3 whole epochs within the limit, 7
+    # batches (the rule's edges are unit-tested in test_read_limits.py; a larger backlog --
+    # this test published 200,000 -- only takes longer, the same batches 10x larger)
+    total, windows, limit = 20_000, 20, 3_000
     per = total // windows
     config = make_config([{"name": "clicks", "partitions": 2}],
                          [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}])
@@ -248,10 +249,8 @@ def test_read_limits_bound_the_jvm_batches_of_a_backlog(
                              mechanisms=DIRECT, batch_size=5000)
     try:
         for window in range(windows):
-            for lo in range(0, per, 10_000):
-                pub.publish_many([{"user": f"u{i % 7}", "url": "/",
-                                   "ts": window * 1000 + i * 1000 // per}
-                                  for i in range(lo, lo + 10_000)])
+            pub.publish_many([{"user": f"u{i % 7}", "url": "/",
+                               "ts": window * 1000 + i * 1000 // per} for i in range(per)])
             pub.seal(w, window)
         pub.flush()
     finally:

@@ -1,6 +1,7 @@
 """The streaming sink survives SIGKILLs of its driver: ``tests/spark/sink_job.py`` (read ->
 count per url -> ``writeStream.format("substreams")``) is killed at a random moment once it
-wrote, while windows keep completing, and restarted from the same checkpoint; then every
+wrote, while windows keep completing, and restarted from the same checkpoint (in the test's
+own SparkSession: a driver other than the killed one, of the same query); then every
 (window, url) count is in the output exactly once and exact, and the output substream
 announces every window once, in order, with exactly its results."""
 
@@ -17,14 +18,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from substreams.app import Application
 from substreams.config import Config
-from substreams.control.io import read_control
-from substreams.control.messages import SourceEvicted
-from tests.conftest import ConfigFactory
+from substreams.control.io import ControlTail, Corrupt, read_control
+from substreams.control.messages import SourceEvicted, completions
+from tests.conftest import ConfigFactory, follow_notifications
 from tests.spark.conftest import running_acker, window_clicks
 from tests.spark.jobs import ROOT, out_stream
+from tests.spark.sink_job import start
 from tests.spark.test_driver_kill import output_epochs, output_rows
 
 pytestmark = pytest.mark.spark
@@ -38,8 +41,24 @@ def job(config: Config, ck: Path, *extra: str) -> list[str]:
             config.substreams[0].name, config.streams[1].name, str(ck), "killed-sink", *extra]
 
 
+def wait_written(config: Config, substream: str, count: int, proc: subprocess.Popen[bytes],
+                 log: Path, timeout: float) -> None:
+    """Until ``substream``'s control topic holds ``count`` EpochCompletes: one tail read as
+    they come, failing at once when the job exits."""
+    deadline = time.monotonic() + timeout
+    seen = 0
+    with ControlTail(config.kafka.bootstrap, config.acker.control_topic(substream), 0,
+                     config) as tail:
+        while seen < count:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            for offset, r in tail.poll_batch(0.2):
+                assert not isinstance(r, Corrupt), f"control offset {offset}: {r.reason}"
+                seen += len(completions(r.body))
+
+
 def test_sigkilled_sink_driver_restarts_and_every_result_is_written_once(
-    make_config: ConfigFactory, tmp_path: Path
+    spark: SparkSession, make_config: ConfigFactory, tmp_path: Path
 ) -> None:
     config = make_config(
         [{"name": "clicks", "partitions": 2},
@@ -81,11 +100,7 @@ def test_sigkilled_sink_driver_restarts_and_every_result_is_written_once(
                 proc = subprocess.Popen(job(config, ck), stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True, env=env)
                 try:
-                    deadline = time.monotonic() + 300
-                    while len(output_epochs(config, uw)) <= before:  # it writes: kill it soon
-                        assert proc.poll() is None, log.read_text()[-3000:]
-                        assert time.monotonic() < deadline, log.read_text()[-3000:]
-                        time.sleep(0.2)
+                    wait_written(config, uw, before + 1, proc, log, timeout=300)  # kill it soon
                     delay = rng.uniform(0.0, 3.0)
                     time.sleep(delay)
                     kills.append((len(output_epochs(config, uw)), delay))
@@ -95,12 +110,12 @@ def test_sigkilled_sink_driver_restarts_and_every_result_is_written_once(
                 out.write(f"\n===== SIGKILL after {kills[-1]}\n".encode())
                 out.flush()
             assert sealed.wait(WINDOWS * 5)
-            proc2 = subprocess.run(job(config, ck, "--once"), stdout=out,
-                                   stderr=subprocess.STDOUT, env=env, timeout=400)
-            assert proc2.returncode == 0, log.read_text()[-3000:]
-            deadline = time.monotonic() + 60
-            while len(output_epochs(config, uw)) < WINDOWS and time.monotonic() < deadline:
-                time.sleep(0.5)
+            # The restart (the same query: same checkpoint, same query name) runs in this
+            # test's session, which is up already: another JVM start shows nothing more.
+            again = start(spark, config, w, url_counts, str(ck), "killed-sink", once=True)
+            assert again.awaitTermination(400), "the restarted query did not finish"
+            assert again.exception() is None, again.exception()
+            follow_notifications(config, uw, WINDOWS, timeout=60)
             rows = output_rows(config, url_counts)
             notes = output_epochs(config, uw)
         finally:
