@@ -22,7 +22,8 @@ from pyspark.sql import SparkSession
 
 from substreams.app import Application
 from substreams.config import Config
-from substreams.control.io import ControlTail, Corrupt, read_control
+from substreams.control.follower import RAISE, ControlFollower
+from substreams.control.io import read_control
 from substreams.control.messages import SourceEvicted, completions
 from tests.conftest import ConfigFactory, follow_notifications
 from tests.spark.conftest import running_acker, window_clicks
@@ -47,14 +48,14 @@ def wait_written(config: Config, substream: str, count: int, proc: subprocess.Po
     they come, failing at once when the job exits."""
     deadline = time.monotonic() + timeout
     seen = 0
-    with ControlTail(config.kafka.bootstrap, config.acker.control_topic(substream), 0,
-                     config) as tail:
+    with ControlFollower(config.kafka.bootstrap, config, name="test: written", on_bad=RAISE,
+                         verify=False) as tail:
+        tail.assign({config.acker.control_topic(substream): 0})
         while seen < count:
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
-            for offset, r in tail.poll_batch(0.2):
-                assert not isinstance(r, Corrupt), f"control offset {offset}: {r.reason}"
-                seen += len(completions(r.body))
+            for followed in tail.poll_batch(0.2):  # a corrupt record raises, with its offset
+                seen += len(completions(followed.record.body))
 
 
 def test_sigkilled_sink_driver_restarts_and_every_result_is_written_once(
