@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from tests.sim.sim import BUGS, KNOWN_ISSUE, minimal, run_schedule, trace
+from tests.sim.sim import BUGS, KNOWN_ISSUE, UNREACHABLE, minimal, run_schedule, trace
 
 TARGET_SCHEDULES = 10_000
 TARGET_SECONDS = 120.0
@@ -107,5 +107,5 @@ def summary_line(run: Run) -> str:
             + (f", first failing seed {run.failing[0].seed}" if run.failing else ""))
 
 
-__all__ = ["BUGS", "KNOWN_ISSUE", "TARGET_SCHEDULES", "TARGET_SECONDS", "Outcome", "Run",
-           "describe_failure", "run_seeds", "summary_line"]
+__all__ = ["BUGS", "KNOWN_ISSUE", "TARGET_SCHEDULES", "TARGET_SECONDS", "UNREACHABLE", "Outcome",
+           "Run", "describe_failure", "run_seeds", "summary_line"]

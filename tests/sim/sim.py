@@ -135,6 +135,13 @@ return, not after what the log holds -- and ``zombie_seal`` -- a fenced zombie's
 its seals takes the transactional id back and returns normally, its new tracker's sequence
 numbers restarting under the same incarnation -- in the sources)."""
 
+UNREACHABLE = {
+    "old_unregister": "an old incarnation's transactional messages all precede its successor's "
+    "Register (the successor's init_transactions fenced it first); rule 4 is defence in depth",
+}
+"""Switches no schedule can reach, with why (``--bug all`` reports them without running them;
+``test_old_unregister_is_unreachable_while_fencing_holds`` checks the claim)."""
+
 KNOWN_ISSUE = (
     "a fenced zombie that stays idle heartbeats for its incarnation forever; if the "
     "incarnation that fenced it dies before its Register is committed (and no other comes), "

@@ -9,7 +9,7 @@ import pytest
 from substreams.acker.core import AckerCore
 from tests.sim.__main__ import main
 from tests.sim.runner import describe_failure, run_seeds
-from tests.sim.sim import BUGS, DRAIN_MS, run_schedule
+from tests.sim.sim import BUGS, DRAIN_MS, UNREACHABLE, run_schedule
 
 CI_SCHEDULES = 300
 """Schedules per test in CI."""
@@ -17,6 +17,19 @@ CI_SCHEDULES = 300
 FOUND = ("old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso",
          "stage_offsets_apart", "evicted_driver", "flush_returned_crash", "zombie_seal")
 """The switches a schedule can reach (``old_unregister`` cannot: see its test)."""
+
+
+def test_bug_all_runs_every_reachable_switch_and_names_the_unreachable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--bug all`` is what a reader runs to see the simulator find every bug: it exits 0
+    when each reachable switch is found, and says why the unreachable one is not run."""
+    assert set(UNREACHABLE) | set(FOUND) == set(BUGS)
+    assert main(["--bug", "all", "--schedules", str(CI_SCHEDULES), "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    for bug in FOUND:
+        assert f"bug {bug}: FOUND" in out
+    assert "bug old_unregister: not run, unreachable by construction" in out
 
 
 def test_a_seed_replays_exactly() -> None:
