@@ -88,6 +88,7 @@ def producer(
         "log_level": 3,
         "logger": RDKAFKA_LOG,
     }
+    counter: TxnRetryCounter | None = None
     if transactional_id:
         settings["transactional.id"] = transactional_id
         settings["transaction.timeout.ms"] = TRANSACTION_TIMEOUT_MS
@@ -97,12 +98,9 @@ def producer(
         elif counts_in:
             counter = TxnRetryCounter(transactional_id, Path(counts_in))
             settings.update(debug="eos", log_level=7, logger=counter)
-            settings.update(_extra(config))
-            settings.update(overrides)
-            return CountedProducer(settings, counter)
     settings.update(_extra(config))
     settings.update(overrides)
-    return Producer(settings)
+    return Producer(settings) if counter is None else CountedProducer(settings, counter)
 
 
 class CountedProducer(Producer):  # type: ignore[misc]  # confluent-kafka is untyped here
