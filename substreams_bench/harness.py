@@ -80,6 +80,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def cpu_ticks(stat: str) -> int:
+    """utime + stime (fields 14 and 15, every thread included) of a ``/proc/<pid>/stat``
+    line, in clock ticks.  The command name (field 2) may hold spaces and parentheses, so
+    fields are counted after its last ``)``."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def process_cpu_ticks(pid: int) -> int:
+    """CPU clock ticks of process ``pid`` so far (``/proc``: Linux only); 0 when gone."""
+    try:
+        return cpu_ticks(Path(f"/proc/{pid}/stat").read_text())
+    except OSError:
+        return 0
+
+
 def ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
 

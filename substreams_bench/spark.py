@@ -63,6 +63,7 @@ from substreams_bench.harness import (
     command_line,
     ms,
     percentile,
+    process_cpu_ticks,
     save_figure,
     titled,
 )
@@ -695,15 +696,6 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _cpu_ticks(pid: int) -> int:
-    """utime + stime of ``pid`` (its threads included), in clock ticks; 0 when gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
-
-
 class _TreeSampler(threading.Thread):
     """The peak of the summed RSS of this process and its descendants, sampled every
     200 ms (the Python workers of the JVM come and go; ``VmHWM`` does not add up), and
@@ -721,7 +713,7 @@ class _TreeSampler(threading.Thread):
         procs = [me, *_descendants(me)]
         self.peak_kb = max(self.peak_kb, sum(_proc_kb(p, "VmRSS") for p in procs))
         for p in procs:
-            self.ticks[p] = max(self.ticks.get(p, 0), _cpu_ticks(p))
+            self.ticks[p] = max(self.ticks.get(p, 0), process_cpu_ticks(p))
 
     def cpu_s(self) -> float:
         """CPU seconds of the tree so far (sampled now)."""

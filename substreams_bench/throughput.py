@@ -83,6 +83,7 @@ from substreams_bench.harness import (
     Target,
     command_line,
     loglog_axes,
+    process_cpu_ticks,
     save_figure,
     titled,
 )
@@ -164,20 +165,9 @@ class Run:
     the helper processes of the line (the acker, the Quix producer)."""
 
 
-def cpu_ticks(stat: str) -> int:
-    """utime + stime (fields 14 and 15, every thread included) of a ``/proc/<pid>/stat``
-    line, in clock ticks.  The command name (field 2) may hold spaces and parentheses, so
-    fields are counted after its last ``)``."""
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def _pid_cpu_s(pid: int) -> float:
     """CPU seconds of process ``pid`` so far (0 when gone)."""
-    try:
-        return cpu_ticks(Path(f"/proc/{pid}/stat").read_text()) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+    return process_cpu_ticks(pid) / os.sysconf("SC_CLK_TCK")
 
 
 class CpuClock:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from substreams_bench.harness import cpu_ticks
 from substreams_bench.throughput import (
     ACKER_MANY,
     MAX_SPREAD,
@@ -23,7 +24,6 @@ from substreams_bench.throughput import (
     _row,
     compare,
     cpu_target,
-    cpu_ticks,
     fixed_part,
     spread,
     targets,
