@@ -11,7 +11,8 @@ tests choose another (:data:`DIRECT`) by building another application, not by pa
 Layering: this module sits above ``acker`` and ``punctuation`` and below ``spark`` and
 ``cli`` (and the benchmarks, package ``substreams_bench``), which build their publishers
 and services through it.  A stage's output and a Spark write unit are STAGE writers put
-together in one place below it (:func:`~substreams.acker.tracker.stage_writer`).
+together in one place below it (:func:`~substreams.acker.tracker.stage_writer`); Spark units get
+theirs from :meth:`Application.stage_writer`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from substreams.acker.tracker import source_tracker
+from substreams.acker.tracker import Tracker, source_tracker, stage_writer
 from substreams.config import Config, SealPolicy
 from substreams.control.direct import DirectProgress
 from substreams.control.notifications import Notifications
@@ -144,6 +145,18 @@ class Application:
             self.config, self.bootstrap, name, standby=standby, shard=shard, shards=shards,
             from_shards=from_shards, max_batch=max_batch,
             commands=handler if commands else None, on_step=on_step, clock=self.clock,
+        )
+
+    def stage_writer(
+        self, stream: str, source_id: str, substreams: list[str], *, batch_size: int
+    ) -> tuple[Publisher, Tracker | None]:
+        """A writer the acker tracks as a STAGE, for a Spark write unit: its publisher
+        (fencing every earlier attempt of ``source_id``) and its tracker over
+        ``substreams`` (:func:`~substreams.acker.tracker.stage_writer`, which a Python
+        stage's output uses too)."""
+        return stage_writer(
+            self.config, stream, source_id, substreams, bootstrap=self.bootstrap,
+            batch_size=batch_size,
         )
 
     def aligner(

@@ -33,7 +33,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from substreams.acker.protocol import acks_partition
-from substreams.acker.tracker import stage_writer
+from substreams.app import Application
 from substreams.config import Config
 from substreams.errors import SubstreamsError
 from substreams.kafka.read import Reader
@@ -110,9 +110,9 @@ class UnitWriter:
         self.group = unit_group(driver_source, unit)
         self.marker_tp = TopicPartition(commit_topic(stream), 0)
         # Fences every earlier attempt of this unit before the marker is trusted.
-        self.publisher, _ = stage_writer(
-            config, stream, self.source_id, [s.name for s in config.substreams_of(stream)],
-            bootstrap=bootstrap, batch_size=UNLIMITED,
+        self.publisher, _ = Application(config, bootstrap).stage_writer(
+            stream, self.source_id, [s.name for s in config.substreams_of(stream)],
+            batch_size=UNLIMITED,
         )
         self.reader: Reader | None = None
         try:
