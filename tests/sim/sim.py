@@ -20,8 +20,8 @@ What runs (all randomness from ``random.Random(seed)``, all time from a :class:`
   :class:`FencedError` and write nothing).  A restart is a new incarnation that resumes
   after the highest epoch its source committed (as ``tests/integration/procs.py`` does)
   and re-seals it.
-* *Keyed times* (half the schedules; their draws from a second generator, so the other
-  half are the schedules they were): the sources and the stage also track a keyed
+* *Keyed times* (a third of the schedules; their draws from a second generator, so the
+  others are the schedules they were): the sources and the stage also track a keyed
   substream, ``k`` (a record's time ``Keyed(key, epoch)``) or the session substream ``w``
   (``Keyed(key, event ms)``, sessions cut by the acker with a gap of 0-25 ms).  Each
   source writes some of the keys; an epoch ends with a keyed seal (every key up to it,
@@ -107,10 +107,10 @@ ACKS = "acks"
 SUBS = ("s", "o")
 """Two epoch substreams: on acks partitions 1 and 0 of a two-partition acks topic."""
 KEYED = "k"
-"""A keyed substream (a quarter of the schedules): a record's time is ``Keyed(key, epoch)``;
+"""A keyed substream (a sixth of the schedules): a record's time is ``Keyed(key, epoch)``;
 each key's times terminate on their own, in order (acks partition 1 of two)."""
 SESSION = "w"
-"""A session substream (a quarter of the schedules): a record's time is ``Keyed(key, event
+"""A session substream (a sixth of the schedules): a record's time is ``Keyed(key, event
 ms)``, cut into sessions by the acker with the schedule's gap (acks partition 0 of two)."""
 KEYS = ("a", "b", "c")
 EVENT_MS = 10
@@ -312,7 +312,7 @@ class Sim:
         """Every draw about keyed times (so a schedule without them is the one it was
         before they joined, draw for draw)."""
         krng = self.krng
-        self.keyed: str | None = krng.choice((None, None, KEYED, SESSION))
+        self.keyed: str | None = krng.choice((None, None, None, None, KEYED, SESSION))
         """The schedule's keyed substream, tracked by the sources and the stage, if any."""
         self.gap = krng.choice(GAPS) if self.keyed == SESSION else 0
         self.tracked: tuple[str, ...] = (*SUBS, self.keyed) if self.keyed else SUBS
