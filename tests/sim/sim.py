@@ -1485,7 +1485,7 @@ def _session_records(sim: Sim, n: Note, inputs: dict[Keyed, list[str]],
     its first and last times not records', a gap wider than the schedule's inside it, or
     not the gap apart from the key's previous session unless every record that would have
     joined that session came from an incarnation that joined after it terminated)."""
-    key, start, end = n.time.key, n.time.time, n.until.time
+    key, start, end = n.time.key, n.time.time, (n.until or n.time).time
     times = sorted(t.time for t in inputs if t.key == key and start <= t.time <= end)
     want = [w for t in times for w in records.get(Keyed(key, t), ())]
     if not times or [times[0], times[-1]] != [start, end] or len(
