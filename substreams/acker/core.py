@@ -113,7 +113,7 @@ from substreams.control.messages import (
 from substreams.control.notes import format_time
 from substreams.control.progress import ProgressTracker
 from substreams.errors import ProtocolError, SubstreamsError
-from substreams.frontier import Time
+from substreams.frontier import Keyed, Time
 from substreams.streams.deadletter import (
     REASON_MALFORMED,
     REASON_STALE,
@@ -211,7 +211,9 @@ class AckerCore:
     sequence number), ``clock_silence`` (liveness rule 2: silence judged on the clock, not
     the read horizon), ``evict_at_lso`` (liveness rule 6, in the shell: an eviction reads
     only up to the last stable offset after the fence), ``evicted_driver`` (liveness rule 3:
-    a source registered as never evicted for silence is evicted for it)."""
+    a source registered as never evicted for silence is evicted for it),
+    ``key_seal_every_key`` (rule 5: a seal of one key's time ``Keyed(k, t)`` also seals
+    every other key up to ``t``, as a keyed seal would)."""
 
     def __init__(
         self,
@@ -479,8 +481,13 @@ class AckerCore:
                     if type(s.time) is not int:
                         raise Violation(f"keyed seal with a non-integer time {s.time!r}")
                     table.seal_keys(source, s.time, s.sealed_at_ms)
-                elif table.seal(source, s.time, s.sealed_at_ms, now):
-                    trackers[s.substream].activate(s.time)
+                else:
+                    if table.seal(source, s.time, s.sealed_at_ms, now):
+                        trackers[s.substream].activate(s.time)
+                    if "key_seal_every_key" in self.reintroduced and isinstance(
+                        s.time, Keyed
+                    ) and type(s.time.time) is int:  # BUG SWITCH (rule 5)
+                        table.seal_keys(source, s.time.time, s.sealed_at_ms)
             except Violation as v:
                 problems.append((REASON_UNREGISTERED, v.reason))
 

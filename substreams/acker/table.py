@@ -34,7 +34,9 @@ Bounded state: what grows with every key ever seen (the terminated antichain, a 
 per-key seals) is pruned once every registered source's keyed seal covers it -- the *keyed
 floor* (:meth:`SegmentTable.keyed_floor`).  A keyed time at or below the floor that is not
 open is treated as terminated (a report for it is late: every source promised none), so
-forgetting it cannot reopen it.
+forgetting it cannot reopen it.  The highest floor anything was forgotten at is kept
+(:attr:`SegmentTable.forgotten`): a source that registers later lowers the floor, but what
+was forgotten stays final.
 
 A time known only from a seal ("a sealed time closes whether or not data arrived") is an
 open time too.  Simultaneous terminations are emitted in :func:`sort_key` order, a linear
@@ -251,6 +253,10 @@ class SegmentTable:
         self.sources: dict[str, SourceState] = {}
         self.had_source = False
         self.terminated = UpperAntichain()
+        self.forgotten: int | None = None
+        """The highest keyed floor at which :meth:`prune` forgot terminated keyed times: a
+        keyed time at or below it that is not open is final even once the floor is lower
+        again (a source registered since), so forgetting never reopens a time or a session."""
         self.dirty = False
         self.int_runs = True
         """Plain int times take the per-run path (False: the generic reference algorithm)."""
@@ -307,8 +313,14 @@ class SegmentTable:
         return floor
 
     def _below_floor(self, t: Time) -> bool:
+        """``t`` is a keyed time at or below the keyed floor, or at or below the highest floor
+        :meth:`prune` forgot terminated times at (a source that registers later lowers the
+        floor, but what was forgotten stays final)."""
         if type(t) is not Keyed or type(t.time) is not int:
             return False  # the floor (a walk over the sources) only for keyed times
+        forgotten = self.forgotten
+        if forgotten is not None and t.time <= forgotten:
+            return True
         floor = self.keyed_floor()
         return floor is not None and t.time <= floor
 
@@ -319,6 +331,8 @@ class SegmentTable:
         floor = self.keyed_floor()
         if floor is not None and len(self.terminated) > 1:
             self.terminated = self.terminated.retain(lambda u: not _at_or_below(u, floor))
+            if self.forgotten is None or floor > self.forgotten:
+                self.forgotten = floor
         for state in self.sources.values():
             if state.keys_upto is not None and len(state.seals) > 1:
                 keep = state.seals.retain(partial(_not_keyed_covered, state))
@@ -862,6 +876,7 @@ class SegmentTable:
             "had_source": self.had_source,
             "gap_ms": self.gap_ms,
             "terminated": [time_to_wire(t) for t in self.terminated.elements()],
+            "forgotten": self.forgotten,
         }
 
     @classmethod
@@ -889,6 +904,8 @@ class SegmentTable:
             table.sources[name] = src
         table.had_source = bool(state["had_source"])
         table.terminated = UpperAntichain(time_from_wire(w) for w in state["terminated"])
+        forgotten = state.get("forgotten")
+        table.forgotten = None if forgotten is None else int(forgotten)
         table._reindex()
         table.dirty = True
         return table

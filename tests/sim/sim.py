@@ -20,6 +20,14 @@ What runs (all randomness from ``random.Random(seed)``, all time from a :class:`
   :class:`FencedError` and write nothing).  A restart is a new incarnation that resumes
   after the highest epoch its source committed (as ``tests/integration/procs.py`` does)
   and re-seals it.
+* *Keyed times* (a third of the schedules; their draws from a second generator, so the
+  others are the schedules they were): the sources and the stage also track a keyed
+  substream, ``k`` (a record's time ``Keyed(key, epoch)``) or the session substream ``w``
+  (``Keyed(key, event ms)``, sessions cut by the acker with a gap of 0-25 ms).  Each
+  source writes some of the keys; an epoch ends with a keyed seal (every key up to it,
+  also the keys it never wrote) or with a seal of each key it wrote, right after the
+  key's last record of the epoch (``Keyed(key, t)``: one key only).  A restart re-seals
+  every key up to the epoch before its first.
 * *The acker* (in half the two-partition schedules two shards, one partition each): what
   :meth:`AckerService.step` does, over the log: read the acks topic ``read_committed``,
   :meth:`AckerCore.apply` per message, probe both ends every ``probe_interval_ms`` and
@@ -50,13 +58,23 @@ records' commit; every time with a committed record terminates; no source record
 twice (a restart resumes after what its source committed); stage outputs exactly once (an
 input below the group's position has exactly its outputs, one past it none); each unit's
 part of a batch committed by one attempt; no live incarnation evicted; a zombie's calls fail.
+The keyed substream (:func:`_check_keyed`): per key in order and once (a key's times
+terminate on their own: ``table.py`` rule 3 with keys incomparable; a key's sessions in
+start order); each time (session) with exactly the committed records of that key and time
+(of its times, a session of them: consecutive ones at most the gap apart, and the gap apart
+from the key's previous session), inside its ranges, none before their commit; every
+committed record's time, and every time sealed for one key, terminated.  Excused by
+design: the records an incarnation wrote at a keyed time that was final (terminated, or at
+or below the keyed floor) when the acker first held its session -- refused as late, and in
+no notification.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Generator, Iterator
+import re
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -76,6 +94,8 @@ from substreams.acker.table import SOURCE
 from substreams.acker.tracker import Tracker
 from substreams.control.messages import completions
 from substreams.errors import BrokerError
+from substreams.frontier import Keyed, Time, less_equal
+from substreams.frontier.sessions import run_members
 from substreams.kafka.clock import SimClock
 from substreams.kafka.log import Committed, FencedError, Record
 from substreams.kafka.memory import MemoryLog, MemoryReader, MemoryTransactionalWriter
@@ -86,6 +106,16 @@ DATA = "clicks"
 ACKS = "acks"
 SUBS = ("s", "o")
 """Two epoch substreams: on acks partitions 1 and 0 of a two-partition acks topic."""
+KEYED = "k"
+"""A keyed substream (a sixth of the schedules): a record's time is ``Keyed(key, epoch)``;
+each key's times terminate on their own, in order (acks partition 1 of two)."""
+SESSION = "w"
+"""A session substream (a sixth of the schedules): a record's time is ``Keyed(key, event
+ms)``, cut into sessions by the acker with the schedule's gap (acks partition 0 of two)."""
+KEYS = ("a", "b", "c")
+EVENT_MS = 10
+"""Epoch ``e``'s event times are ``EVENT_MS * e ..  EVENT_MS * e + EVENT_MS - 1``."""
+GAPS = (0, 5, 10, 25)
 DATA_PARTITIONS = 3
 OUT = "out"
 """A stage's output stream (in the staged schedules: the terminal stream of both segments)."""
@@ -126,7 +156,8 @@ Gen = Generator[int, None, None]
 """An actor: yields how many simulated ms until its next step."""
 
 BUGS = ("old_unregister", "old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso",
-        "stage_offsets_apart", "evicted_driver", "flush_returned_crash", "zombie_seal")
+        "stage_offsets_apart", "evicted_driver", "flush_returned_crash", "zombie_seal",
+        "key_seal_every_key")
 """The bug switches of :attr:`AckerCore.reintroduced` (the core's, and the simulated
 processes': ``evict_at_lso`` in the acker shell, ``stage_offsets_apart`` -- the stage commits
 its input positions in a transaction of their own, after its outputs' -- in the stage,
@@ -198,11 +229,14 @@ class Note:
     """One committed notification."""
 
     sub: str
-    time: int
+    time: Any
+    """An int, or a ``Keyed`` time in the keyed substream."""
     records: int
     ranges: list[tuple[str, int, int, int]]
     """(stream, partition, start, end)."""
     at_ms: int
+    until: Any = None
+    """A session's last time (``time`` is its first)."""
 
 
 @dataclass
@@ -222,6 +256,11 @@ class Source:
     unlive: set[str] = field(default_factory=set)
     """Incarnations that crashed, paused for longer than the timeout, froze as zombies or
     were fenced: the acker may evict these, never the others."""
+    keys: tuple[str, ...] = ()
+    """The keys it writes (with a keyed substream)."""
+    keyed_seals: float = 1.0
+    """How often an epoch ends with a keyed seal (every key up to it) rather than a seal of
+    each key written, each right after the key's last record of the epoch."""
 
 
 @dataclass
@@ -234,6 +273,9 @@ class Result:
 
 
 RECOVERED = "recovered"
+_LATE_KEYED = re.compile(
+    r"substream '(\w+)': report for time Keyed\('(\w+)', (-?\d+)\), which already terminated")
+"""A keyed report the core refused as late (:meth:`SegmentTable._late`'s reason)."""
 
 
 class Crash(Exception):
@@ -266,10 +308,19 @@ class Sim:
         self.log.create_topics({DATA: DATA_PARTITIONS, ACKS: self.acks_partitions,
                                 OUT: OUT_PARTITIONS})
         self.spark = rng.random() < 0.4
+        self.krng = random.Random(f"keyed/{seed}")
+        """Every draw about keyed times (so a schedule without them is the one it was
+        before they joined, draw for draw)."""
+        krng = self.krng
+        self.keyed: str | None = krng.choice((None, None, None, None, KEYED, SESSION))
+        """The schedule's keyed substream, tracked by the sources and the stage, if any."""
+        self.gap = krng.choice(GAPS) if self.keyed == SESSION else 0
+        self.tracked: tuple[str, ...] = (*SUBS, self.keyed) if self.keyed else SUBS
+        """The substreams the sources and the stage track."""
         """A Spark query writes RES (substream Q): units (STAGE) and a driver (SOURCE, never
         evicted for silence) that seals a batch once every unit committed its part."""
-        self.subs: tuple[str, ...] = (*SUBS, Q) if self.spark else SUBS
-        """Every substream of the schedule (the sources and the stage write SUBS)."""
+        self.subs: tuple[str, ...] = (*self.tracked, Q) if self.spark else self.tracked
+        """Every substream of the schedule (the sources and the stage write ``tracked``)."""
         if self.spark:
             self.config.substream = lambda name: SimpleNamespace(stream=RES if name == Q else DATA)
             self.log.create_topics({RES: RES_PARTITIONS, COMMITS: 1})
@@ -302,6 +353,22 @@ class Sim:
         self.pending: dict[str, set[int]] = {s: set() for s in self.subs}
         """Per substream, times with a committed record not yet notified."""
         self.notes: dict[str, list[Note]] = {s: [] for s in self.subs}
+        self.key_last: dict[str, int] = {}
+        """Per key, its last notified time in the keyed substream (a session's end)."""
+        self.key_sealed: set[tuple[str, Keyed]] = set()
+        """(incarnation, time) of the keyed substream's times a source sealed one key at
+        (``seal(KEYED, Keyed(k, e))``) in a commit that returned: each opens its time, which
+        must terminate (unless final when the incarnation joined: it opens nothing)."""
+        self.key_times: dict[tuple[int, int], Keyed] = {}
+        """The keyed substream's time of each committed data record (filled by the check)."""
+        self.key_refused: set[tuple[str, Keyed]] = set()
+        """(incarnation, time) of the keyed substream's reports refused as for a terminated
+        time, in acker steps that committed."""
+        self.key_joined: dict[str, list[tuple[tuple[Time, ...], int | None]]] = {}
+        """Per incarnation, the keyed substream's terminated times and keyed floor (or the
+        floor it forgot terminated times at, if higher) each time an acker first held its
+        session: its records at times covered there are refused by design (a source counts
+        from its Register on), those only."""
         self.terminated_refused: set[str] = set()
         """Incarnations a report of which was refused as for a terminated time."""
         self.joined: dict[tuple[str, int], dict[str, int]] = {}
@@ -313,11 +380,17 @@ class Sim:
                       "pauses": 0, "acker_crashes": 0, "evictions": 0, "fences": 0,
                       "notifications": 0, "excused": 0, "steps": 0, "staged": int(self.staged),
                       "stage_commits": 0, "stage_outputs": 0, "spark": int(self.spark),
-                      "driver_crashes": 0, "spark_rows": 0}
+                      "driver_crashes": 0, "spark_rows": 0,
+                      "keyed": int(self.keyed == KEYED), "sessions": int(self.keyed == SESSION),
+                      "key_notes": 0, "key_seals": 0, "key_excused": 0}
         self.unit_attempts = 0
         self.sources = [
             Source(f"src{i}", f"txn.src{i}", rng.randint(3, 6)) for i in range(rng.randint(2, 4))
         ]
+        if self.keyed:  # each source writes some keys, and seals per key or every key
+            for src in self.sources:
+                src.keys = tuple(sorted(krng.sample(KEYS, krng.randint(1, len(KEYS)))))
+                src.keyed_seals = krng.choice((0.2, 0.6, 1.0))
         self.finished = 0
         self.home = {sub: segment_partition(sub, self.acks_partitions) for sub in self.subs}
         """Each substream's acks partition (``s`` and ``q`` on 1, ``o`` on 0 of two)."""
@@ -407,7 +480,8 @@ class Sim:
         if previous:
             src.unlive.add(previous)
         writer = self.log.transactional_writer(src.txid, timeout_ms=TXN_TIMEOUT_MS)
-        tracker = Tracker(self.config, DATA, src.name, inc, SUBS, SOURCE, writer=src.txid)
+        tracker = Tracker(self.config, DATA, src.name, inc, self.tracked, SOURCE,
+                          writer=src.txid)
         done = self.committed_max.get(src.name, -1)
         if "flush_returned_crash" in AckerCore.reintroduced:  # BUG SWITCH (source restart)
             done = self.seen_max.get(src.name, -1)  # what the caller saw, not the log
@@ -421,16 +495,26 @@ class Sim:
             if start > 0:
                 for sub in SUBS:
                     me.seal(sub, start - 1)
+                if self.keyed:
+                    me.seal_keys(start - 1)
             yield from me.commit()  # the Register (and the re-seal) first
+            krng = self.krng
             for e in range(start, src.epochs):
-                for k in range(rng.randint(1, 3)):
+                n = rng.randint(1, 3)
+                keys = sorted(krng.choice(src.keys) for _ in range(n)) if self.keyed else []
+                per_key = bool(keys) and krng.random() >= src.keyed_seals
+                for k in range(n):
                     yield from me.point("before produce")
-                    me.produce(e, k)
+                    me.produce(e, k, keys[k] if keys else "")
                     yield rng.randrange(40)
+                    if per_key and (k + 1 == n or keys[k + 1] != keys[k]):
+                        me.seal_key(keys[k], e)  # the key is done at this epoch
                     if rng.random() < 0.3:
                         yield from me.commit()
                 for sub in SUBS:
                     me.seal(sub, e)
+                if keys and not per_key:
+                    me.seal_keys(e)
                 if rng.random() < 0.7:
                     yield from me.commit()
                 yield rng.randrange(60)
@@ -450,6 +534,14 @@ class Sim:
             else:
                 self.stats["restarts"] += 1
                 self.spawn(self.incarnation(src), 20 + rng.randrange(400))
+
+    def key_time(self, key: str, e: int, ts: int) -> Keyed | None:
+        """A record's time in the keyed substream (None: the schedule has none)."""
+        if self.keyed == KEYED:
+            return Keyed(key, e)
+        if self.keyed == SESSION:
+            return Keyed(key, ts)
+        return None
 
     # -- a Spark query -------------------------------------------------------------------
 
@@ -562,7 +654,8 @@ class Sim:
         if previous:
             st.unlive.add(previous)
         writer = self.log.transactional_writer(st.txid, timeout_ms=TXN_TIMEOUT_MS)
-        tracker = Tracker(self.config, OUT, st.name, inc, SUBS, STAGE, inherited_times=True)
+        tracker = Tracker(self.config, OUT, st.name, inc, self.tracked, STAGE,
+                          inherited_times=True)
         me = StageRun(self, st, inc, writer, tracker, lambda: self.stage_incarnation(st))
         tps = [(DATA, p) for p in range(DATA_PARTITIONS)]
         try:
@@ -587,11 +680,14 @@ class Sim:
                 positions: dict[tuple[str, int], Committed] = {}
                 for r in batch:
                     positions[(DATA, r.partition)] = Committed(r.offset + 1)
-                    _, e, _, tid = (r.value or b"").decode().split("/")
+                    _, e, _, tid, key, ts = (r.value or b"").decode().split("/")
+                    kt = self.key_time(key, int(e), int(ts))
                     for j in range(int(tid) % 3):
                         yield from me.point("before produce")
-                        me.emit(r, j, int(e))
+                        me.emit(r, j, int(e), kt)
                     tracker.received((s, int(e), int(tid)) for s in SUBS)
+                    if kt is not None:
+                        tracker.received([(self.tracked[-1], kt, int(tid))])
                 if "stage_offsets_apart" in AckerCore.reintroduced:  # BUG SWITCH (stage)
                     yield from me.commit()  # the outputs and reports alone, then the offsets
                 me.begin()
@@ -627,13 +723,29 @@ class Incarnation:
         """Epochs of the records produced in the open transaction."""
         self.tids: list[int] = []
         """Their tracking ids."""
-        self.seals: list[tuple[str, int]] = []
-        """Seals for the next commit."""
+        self.ktimes: list[Keyed] = []
+        """Their times in the keyed substream (with one)."""
+        self.seals: list[tuple[str, Time, bool]] = []
+        """Seals for the next commit: (substream, time, every key)."""
         self.zombie = False
 
-    def seal(self, sub: str, e: int) -> None:
-        self.tracker.seal(sub, e, False)
-        self.seals.append((sub, e))
+    def seal(self, sub: str, e: Time, every_key: bool = False) -> None:
+        self.tracker.seal(sub, e, every_key)
+        self.seals.append((sub, e, every_key))
+
+    def seal_key(self, key: str, e: int) -> None:
+        """Key ``key`` is done at epoch ``e`` (its times in the keyed substream up to it)."""
+        sim = self.sim
+        assert sim.keyed is not None
+        sim.stats["key_seals"] += 1
+        t = e if sim.keyed == KEYED else EVENT_MS * e + EVENT_MS - 1
+        self.seal(sim.keyed, Keyed(key, t))
+
+    def seal_keys(self, e: int) -> None:
+        """Every key is done up to epoch ``e`` (the keyed seal: the source's watermark)."""
+        sim = self.sim
+        assert sim.keyed is not None
+        self.seal(sim.keyed, e if sim.keyed == KEYED else EVENT_MS * e + EVENT_MS - 1, True)
 
     def call(self, what: str, fn: Callable[[], Any]) -> Any:
         """A transactional call: a fence ends this incarnation (a zombie's must fail)."""
@@ -693,16 +805,16 @@ class Incarnation:
         incarnation (sequence numbers from 1 again) -- and returns normally."""
         sim = self.sim
         self.writer = sim.log.transactional_writer(self.src.txid, timeout_ms=TXN_TIMEOUT_MS)
-        self.tracker = Tracker(sim.config, DATA, self.src.name, self.inc, SUBS, SOURCE,
+        self.tracker = Tracker(sim.config, DATA, self.src.name, self.inc, sim.tracked, SOURCE,
                                writer=self.src.txid)
         self.agent = self.tracker.agent
-        for sub, e in self.seals:
-            self.tracker.seal(sub, e, False)
+        for sub, t, every_key in self.seals:
+            self.tracker.seal(sub, t, every_key)
         self.writer.begin()
         for w in self.tracker.before_commit(False):
             self.writer.produce(w.topic, w.partition, w.value, headers=w.headers)
         self.writer.commit()
-        self.epochs, self.tids, self.in_txn = [], [], False
+        self.epochs, self.tids, self.ktimes, self.in_txn = [], [], [], False
         sim.event(f"{self.inc}: its seal recovered from the fence and returned normally")
         return RECOVERED
 
@@ -711,25 +823,47 @@ class Incarnation:
             self.call("begin", self.writer.begin)
             self.in_txn = True
 
-    def produce(self, e: int, k: int) -> None:
+    def produce(self, e: int, k: int, key: str) -> None:
+        """Record ``k`` of epoch ``e`` (of key ``key`` in the keyed substream, at an event
+        time of the epoch).  Value: incarnation/epoch/k/tracking id/key/event time."""
         self.begin()
-        rng = self.sim.rng
+        sim = self.sim
+        rng = sim.rng
         p = rng.randrange(DATA_PARTITIONS)
         tid = rng.getrandbits(63) | 1
-        value = f"{self.inc}/{e}/{k}/{tid}".encode()
+        ts = EVENT_MS * e + sim.krng.randrange(EVENT_MS) if sim.keyed == SESSION else 0
+        value = f"{self.inc}/{e}/{k}/{tid}/{key}/{ts}".encode()
         self.call("produce", lambda: self.writer.produce(DATA, p, value))
         self.epochs.append(e)
         self.tids.append(tid)
-        if self.sim.staged:  # a stage reads DATA: SND now (the publisher's publish)
-            self.tracker.sent([SentRecord(DATA, p, 0, tid, dict.fromkeys(SUBS, e))])
+        kt = sim.key_time(key, e, ts)
+        if kt is not None:
+            self.ktimes.append(kt)
+        if sim.staged:  # a stage reads DATA: SND now (the publisher's publish)
+            self.tracker.sent([SentRecord(DATA, p, 0, tid, self.times(e, kt))])
+
+    def times(self, e: int, kt: Keyed | None) -> dict[str, Time]:
+        """A record's times: epoch ``e`` in SUBS, ``kt`` in the keyed substream."""
+        out: dict[str, Time] = dict.fromkeys(SUBS, e)
+        if kt is not None:
+            out[self.sim.tracked[-1]] = kt
+        return out
+
+    def _times_column(self) -> list[Keyed | None]:
+        return list(self.ktimes) if self.ktimes else [None] * len(self.epochs)
 
     def report(self, delivered: list[Record]) -> None:
         """The delivery reports of the transaction's records (terminal: SND+RCV)."""
         times = self.epochs
-        records = [SentRecord(DATA, r.partition, t, tid, dict.fromkeys(SUBS, t))
-                   for t, tid, r in zip(times, self.tids, delivered, strict=True)]
+        records = [SentRecord(DATA, r.partition, t, tid, self.times(t, kt))
+                   for t, tid, kt, r in zip(times, self.tids, self._times_column(), delivered,
+                                            strict=True)]
         # the publisher's time columns (publish_many), or none (the tracker builds them)
-        columns = dict.fromkeys(SUBS, times) if self.sim.rng.random() < 0.5 else {}
+        columns: dict[str, Sequence[Time]] = {}
+        if self.sim.rng.random() < 0.5:
+            columns = dict.fromkeys(SUBS, times)
+            if self.ktimes:
+                columns[self.sim.tracked[-1]] = self.ktimes
         self.tracker.delivered(
             records, [r.partition for r in delivered], [r.offset for r in delivered], columns,
         )
@@ -745,6 +879,19 @@ class Incarnation:
                     sim.pending[sub].add(t)
             if t > sim.committed_max.get(self.src.name, -1):
                 sim.committed_max[self.src.name] = t
+        if sim.keyed:
+            pending, last = sim.pending[sim.keyed], sim.key_last
+            for kt in self.ktimes[:len(delivered)]:
+                assert type(kt.time) is int
+                if kt.time > last.get(kt.key, -1):  # else: refused, in no notification
+                    pending.add(kt)
+            if sim.keyed == KEYED:  # a seal of one key's time opens it
+                for sub, st, every_key in self.seals:
+                    if sub == KEYED and not every_key and isinstance(st, Keyed):
+                        assert type(st.time) is int
+                        sim.key_sealed.add((self.inc, st))
+                        if st.time > last.get(st.key, -1):
+                            pending.add(st)
 
     def commit(self, last: bool = False) -> Gen:
         """Report what was delivered, write the tracker's messages, commit (``last``: the
@@ -770,6 +917,7 @@ class Incarnation:
         self.truth(delivered, now)
         sim.event(f"{self.inc} committed epochs {sorted(set(self.epochs))}")
         epochs, self.epochs, self.tids, self.seals = self.epochs, [], [], []
+        self.ktimes = []
         if sim.fault(0.01):
             sim.stats["crashes"] += 1
             sim.event(f"{self.inc} crashes right after its commit returned")
@@ -851,8 +999,9 @@ class StageRun(Incarnation):
     """A stage incarnation's process: outputs to OUT with the input's times, delivered
     (OUT is terminal), no seals, no heartbeats (the acker waits for no stage)."""
 
-    def emit(self, r: Record, j: int, e: int) -> None:
-        """Output ``j`` of input ``r`` (value: input partition:offset/j/epoch/tracking id)."""
+    def emit(self, r: Record, j: int, e: int, kt: Keyed | None) -> None:
+        """Output ``j`` of input ``r`` (value: input partition:offset/j/epoch/tracking id),
+        at the input's times."""
         self.begin()
         tid = self.sim.rng.getrandbits(63) | 1
         p = r.partition % OUT_PARTITIONS
@@ -860,10 +1009,13 @@ class StageRun(Incarnation):
         self.call("produce", lambda: self.writer.produce(OUT, p, value))
         self.epochs.append(e)
         self.tids.append(tid)
+        if kt is not None:
+            self.ktimes.append(kt)
 
     def report(self, delivered: list[Record]) -> None:
-        records = [SentRecord(OUT, r.partition, 0, tid, dict.fromkeys(SUBS, t))
-                   for t, tid, r in zip(self.epochs, self.tids, delivered, strict=True)]
+        records = [SentRecord(OUT, r.partition, 0, tid, self.times(t, kt))
+                   for t, tid, kt, r in zip(self.epochs, self.tids, self._times_column(),
+                                            delivered, strict=True)]
         self.tracker.delivered(
             records, [r.partition for r in delivered], [r.offset for r in delivered], {},
         )
@@ -899,7 +1051,7 @@ class AckerShell:
             blob = AckerState.encode(doc)
             state = AckerState.loads(blob, dict(offsets), SNAPSHOT_EVERY)
         for sub in self.subs:
-            state.ensure(sub, SNAPSHOT_EVERY)
+            state.ensure(sub, SNAPSHOT_EVERY, self.sim.gap if sub == SESSION else None)
         return AckerCore(
             self.name, self.parts, self.home, {s: f"_control.{s}" for s in self.subs},
             acks_partitions=self.sim.acks_partitions, source_timeout_ms=TIMEOUT_MS,
@@ -916,6 +1068,10 @@ class AckerShell:
                             for p in self.parts})
         self.evictions: list[tuple[Evict, list[int | None]]] = []
         """Evictions whose fence runs (a restart drops them: the new core starts afresh)."""
+        self.refused: list[tuple[str, Keyed]] = []
+        """Keyed reports refused as late since the last commit (lost with a crash)."""
+        self.held: set[tuple[str, int]] = set()
+        """(incarnation, partition) of the sessions this core held."""
         self.alive = True
 
     def run(self) -> Gen:
@@ -940,7 +1096,7 @@ class AckerShell:
         committed or not)."""
         out: dict[str, int] = {}
         for sub in self.sim.subs:
-            if self.home[sub] == p:
+            if self.home[sub] == p and sub != self.sim.keyed:
                 last = self.core.state.last_notification.get(sub)
                 t = -1 if last is None else last[0]
                 assert isinstance(t, int)  # epoch substreams
@@ -966,17 +1122,30 @@ class AckerShell:
         now = sim.now()
         joined, sessions = sim.joined, core.state.sessions
         polled = self.reader.poll(0, 200)
+        keyed = sim.keyed if sim.keyed in self.subs else None
         for rec in polled:
             refusals = core.apply(rec.partition, rec.offset, rec.value or b"", rec.headers, now)
             for r in refusals:
-                if r.reason == REASON_TERMINATED:
+                if r.reason == REASON_TERMINATED or (keyed and "already terminated" in r.detail):
                     ack = decode_ack(rec.value or b"", rec.headers)
-                    sim.terminated_refused.add(ack.incarnation)
+                    if r.reason == REASON_TERMINATED:
+                        sim.terminated_refused.add(ack.incarnation)
+                    for sub, key, t in _LATE_KEYED.findall(r.detail):
+                        if sub == keyed:
+                            self.refused.append((ack.incarnation, Keyed(key, int(t))))
             # a new session: when it joined (per message: a later Register in the same poll
             # may replace it)
             for (_, p), session in sessions.items():
                 if (session.incarnation, p) not in joined:
                     joined[(session.incarnation, p)] = self._last_terminated(p)
+                if keyed and (session.incarnation, p) not in self.held:
+                    self.held.add((session.incarnation, p))
+                    if p == sim.home[keyed]:
+                        table = core.state.tables[keyed]
+                        floor = max((f for f in (table.keyed_floor(), table.forgotten)
+                                     if f is not None), default=None)
+                        sim.key_joined.setdefault(session.incarnation, []).append(
+                            (tuple(table.terminated.elements()), floor))
         self._collect()
         positions = {p: self._position(p) for p in self.parts}
         if core.probe_due(now):
@@ -1006,9 +1175,12 @@ class AckerShell:
         core.state.checkpoints += 1
         self.checkpoint = (core.state.to_doc(), dict(core.state.acks_offsets))
         core.committed(now)
+        if self.refused:
+            sim.key_refused.update(self.refused)
+            self.refused = []
         for _, body in items:
             for c in completions(body):
-                self._notified(c.substream, c.time, c.records, c.ranges, now)
+                self._notified(c.substream, c.time, c.until, c.records, c.ranges, now)
         for key, inc in evicted:
             self._evicted(key, inc)
         if sim.fault(0.004):
@@ -1049,15 +1221,29 @@ class AckerShell:
         else:
             self.core.named_record(blocker, rec.value or b"", rec.headers)
 
-    def _notified(self, sub: str, time: Any, records: int, ranges: Any, now: int) -> None:
+    def _notified(self, sub: str, time: Any, until: Any, records: int, ranges: Any,
+                  now: int) -> None:
         sim = self.sim
-        assert isinstance(time, int)
         sim.notes[sub].append(
             Note(sub, time, records, [(r.stream, r.partition, r.start, r.end) for r in ranges],
-                 now)
+                 now, until)
         )
-        sim.pending[sub].discard(time)
         sim.stats["notifications"] += 1
+        if sub == sim.keyed:
+            sim.stats["key_notes"] += 1
+            end = until if until is not None else time
+            assert isinstance(time, Keyed) and isinstance(end, Keyed)
+            assert type(time.time) is int and type(end.time) is int
+            if end.time > sim.key_last.get(end.key, -1):
+                sim.key_last[end.key] = end.time
+            pending = sim.pending[sub]  # every time of the key up to it: notified or late
+            for t in [t for t in pending if t.key == end.key and t.time <= end.time]:
+                pending.discard(t)
+            span = f"{time}..{end.time}" if until is not None else f"{time}"
+            sim.event(f"{self.name} notifies {sub}@{span}: {records} records")
+            return
+        assert isinstance(time, int)
+        sim.pending[sub].discard(time)
         sim.event(f"{self.name} notifies {sub}@{time}: {records} records")
 
     def _evicted(self, key: tuple[str, int], inc: str) -> None:
@@ -1093,8 +1279,11 @@ def _committed(sim: Sim) -> dict[tuple[int, int], tuple[str, int, int]]:
     out: dict[tuple[int, int], tuple[str, int, int]] = {}
     once: dict[tuple[str, str, str], str] = {}
     for r in _read_all(sim, DATA, DATA_PARTITIONS):
-        inc, e, k, tid = (r.value or b"").decode().split("/")
+        inc, e, k, tid, key, ts = (r.value or b"").decode().split("/")
         out[(r.partition, r.offset)] = (inc, int(e), int(tid))
+        kt = sim.key_time(key, int(e), int(ts))
+        if kt is not None:
+            sim.key_times[(r.partition, r.offset)] = kt
         key = (inc.rsplit(".", 1)[0], e, k)
         if key in once:  # a restart must resume after what its source committed
             sim.violations.append(f"doubled: {key[0]} epoch {e} record {k} committed by "
@@ -1164,6 +1353,8 @@ def check(sim: Sim) -> None:
             if not (inc in sim.terminated_refused and e <= joined):
                 by_time.setdefault(e, []).append(out)
         _check_notes(sim, sub, by_time, due, stream, commit_at)
+    if sim.keyed:
+        _check_keyed(sim, committed, outs)
     if sim.spark:
         _check_spark(sim)
 
@@ -1199,6 +1390,118 @@ def _check_notes(sim: Sim, sub: str, by_time: dict[int, list[tuple[int, int]]], 
     missing = sorted(due - set(times))
     if missing:
         v.append(f"terminates: {sub}@{missing} committed records but never terminated")
+
+
+def _excused(sim: Sim, inc: str, t: Keyed) -> bool:
+    """A keyed record refused by design: refused as late, at a time final when an acker
+    first held its incarnation's session."""
+    return (inc, t) in sim.key_refused and _final_at_join(sim, inc, t)
+
+
+def _final_at_join(sim: Sim, inc: str, t: Keyed) -> bool:
+    """``t`` had terminated (or was at or below the keyed floor) when an acker first held
+    ``inc``'s session: a report there is late, a seal opens nothing."""
+    assert type(t.time) is int
+    return any(any(less_equal(t, u) for u in done) or (floor is not None and t.time <= floor)
+               for done, floor in sim.key_joined.get(inc, ()))
+
+
+def _check_keyed(sim: Sim, committed: dict[tuple[int, int], tuple[str, int, int]],
+                 outs: dict[tuple[int, int], tuple[int, int]]) -> None:
+    """The keyed substream's notifications (docs/design.md, "Keyed substreams with many
+    sources"; the termination rule, :mod:`substreams.acker.table`): per key in order and
+    once (keys are incomparable: each key's times terminate on their own, in order; a key's
+    sessions in start order); each with exactly the committed records of its time (its
+    session: the key's records from its first time to its last, consecutive ones at most
+    the gap apart), inside its ranges, none before their commit; every committed record's
+    time, and every time a source sealed one key at, terminated (every source ended: it
+    unregistered or was evicted)."""
+    v, sub = sim.violations, sim.keyed
+    assert sub is not None
+    for acker in sim.ackers:  # a running acker's refusals stand (nothing crashes it now)
+        if acker.alive:
+            sim.key_refused.update(acker.refused)
+    stream, commit_at = (OUT, sim.out_commit_at) if sim.staged else (DATA, sim.commit_at)
+    inputs: dict[Keyed, list[str]] = {}
+    """Per keyed time, the incarnations of its data records not excused (staged: a time
+    whose inputs have no output is still a time, notified with no records)."""
+    records: dict[Keyed, list[tuple[int, int]]] = {}
+    """Per keyed time, its records in ``stream`` (staged: the outputs of its inputs)."""
+    excused: set[tuple[int, int]] = set()
+    for where, (inc, _, _) in committed.items():
+        t = sim.key_times[where]
+        if _excused(sim, inc, t):
+            sim.stats["key_excused"] += 1
+            excused.add(where)
+            continue
+        inputs.setdefault(t, []).append(inc)
+        if not sim.staged:
+            records.setdefault(t, []).append(where)
+    for out, where in outs.items():  # staged: the records are the stage's outputs
+        if where in committed and where not in excused:
+            records.setdefault(sim.key_times[where], []).append(out)
+    due = set(inputs)
+    by_key: dict[str, list[Note]] = {}
+    for n in sim.notes[sub]:
+        by_key.setdefault(n.time.key, []).append(n)
+    for notes in by_key.values():
+        for a, b in pairwise(notes):
+            if b.time.time <= (a.until or a.time).time:
+                v.append(f"order: {sub}@{b.time} notified after {sub}@{a.time}"
+                         + (" (a duplicate)" if a.time == b.time else ""))
+    for n in sim.notes[sub]:
+        if sub == SESSION:
+            want = _session_records(sim, n, inputs, records, by_key[n.time.key])
+        else:
+            want = records.get(n.time, [])
+        if n.records != len(want):
+            v.append(f"exact: {sub}@{n.time} notified with {n.records} records; "
+                     f"{len(want)} committed at {'its times' if n.until else 'that time'}")
+        for p, o in want:
+            if not any(rs == stream and rp == p and lo <= o < hi for rs, rp, lo, hi in n.ranges):
+                v.append(f"exact: {sub}@{n.time}: committed record {stream}{(p, o)} outside "
+                         f"its ranges {n.ranges}")
+                break
+        late = [w for w in want if commit_at.get(w, 0) > n.at_ms]
+        if late:
+            v.append(f"early: {sub}@{n.time} notified at {n.at_ms - sim.t0} ms, before "
+                     f"the commit of {stream}{late[0]} at {commit_at[late[0]] - sim.t0} ms")
+    spans = {key: [(n.time.time, (n.until or n.time).time) for n in notes]
+             for key, notes in by_key.items()}
+    missing = sorted((t for t in due if not any(
+        s <= t.time <= e for s, e in spans.get(t.key, ()))), key=repr)
+    if missing:
+        v.append(f"terminates: {sub}@{missing[:5]} committed records but never terminated")
+    unsealed = sorted((t for inc, t in sim.key_sealed if t.time > sim.key_last.get(t.key, -1)
+                       and not _final_at_join(sim, inc, t)), key=repr)
+    if unsealed:
+        v.append(f"terminates: {sub}@{unsealed[:5]} sealed for its key but never terminated")
+
+
+def _session_records(sim: Sim, n: Note, inputs: dict[Keyed, list[str]],
+                     records: dict[Keyed, list[tuple[int, int]]],
+                     notes: list[Note]) -> list[tuple[int, int]]:
+    """The records of session ``n`` (appends a violation if it is not a session of them:
+    its first and last times not records', a gap wider than the schedule's inside it, or
+    not the gap apart from the key's previous session unless every record that would have
+    joined that session came from an incarnation that joined after it terminated)."""
+    key, start, end = n.time.key, n.time.time, (n.until or n.time).time
+    times = sorted(t.time for t in inputs if t.key == key and start <= t.time <= end)
+    want = [w for t in times for w in records.get(Keyed(key, t), ())]
+    if not times or [times[0], times[-1]] != [start, end] or len(
+            run_members(times, sim.gap)) != 1:
+        sim.violations.append(f"session: {sim.keyed}@{n.time}..{end} is not a session of its "
+                              f"committed times {times} (gap {sim.gap})")
+    i = notes.index(n)
+    if i:
+        before = notes[i - 1].until
+        near = [inc for t in times if t - before.time <= sim.gap
+                for inc in inputs[Keyed(key, t)]]
+        if any(not _final_at_join(sim, inc, before) for inc in near):
+            sim.violations.append(
+                f"session: {sim.keyed}@{n.time}..{end} starts within the gap {sim.gap} of the "
+                f"key's previous session, which ended at {before.time}")
+    return want
 
 
 def _check_spark(sim: Sim) -> None:

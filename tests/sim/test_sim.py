@@ -15,7 +15,8 @@ CI_SCHEDULES = 300
 """Schedules per test in CI."""
 
 FOUND = ("old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso",
-         "stage_offsets_apart", "evicted_driver", "flush_returned_crash", "zombie_seal")
+         "stage_offsets_apart", "evicted_driver", "flush_returned_crash", "zombie_seal",
+         "key_seal_every_key")
 """The switches a schedule can reach (``old_unregister`` cannot: see its test)."""
 
 
@@ -47,7 +48,7 @@ def test_the_unmodified_code_fails_no_schedule() -> None:
     # the schedules do exercise what the guarantees are about
     for what in ("crashes", "restarts", "zombies", "pauses", "acker_crashes", "evictions",
                  "staged", "stage_commits", "stage_outputs", "spark", "driver_crashes",
-                 "spark_rows"):
+                 "spark_rows", "keyed", "sessions", "key_notes", "key_seals", "key_excused"):
         assert run.stats[what] > 0, what
 
 
@@ -109,3 +110,16 @@ def test_the_command_prints_its_summary(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert "bug seq_not_reset: FOUND at seed" in out and "minimal trace" in out
     assert set(BUGS) >= set(FOUND)
+
+
+def test_a_late_source_cannot_reopen_keyed_times_the_floor_forgot() -> None:
+    """Seed 577 (sessions): src1.1 pauses before its first commit and registers after the
+    other sources had sealed every key past its times; the acker had forgotten the
+    terminated sessions below their keyed floor, and the newcomer (no keyed seal yet: the
+    floor fell to None) reopened key b below its notified sessions, which were then
+    notified again, out of order.  What the floor forgot stays final now: its records there
+    are refused as late (excused: it joined after)."""
+    r = run_schedule(577)
+    assert r.violations == []
+    assert r.stats["sessions"] == 1 and r.stats["key_excused"] > 0
+    assert (13, "src1.1 pauses 1216 ms before commit") in r.events

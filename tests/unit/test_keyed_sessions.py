@@ -263,3 +263,33 @@ def test_the_upper_frontier_forgets_complete_keyed_times_below_the_floor() -> No
     assert len(tracker.upper) == 100
     tracker.prune_keyed(1000)
     assert tracker.upper.elements() == (Keyed("k99", 99),)  # still active: kept
+
+
+def test_a_source_that_registers_later_cannot_reopen_what_the_floor_forgot() -> None:
+    """Found by the simulator (a source paused before its first commit, registered after
+    the others had sealed every key and left): the terminated keyed times forgotten below
+    the floor stay final when a newcomer lowers the floor again.  Before, its records
+    there opened them anew and the key's times (and sessions) were notified twice, out of
+    order."""
+    for gap in (None, 5):
+        table = SegmentTable("s", gap_ms=gap)
+        table.register("a", SOURCE)
+        for k in ("x", "y"):
+            table.report(Keyed(k, 10), 0, 1, 2, _ranges(0), 0)
+            table.report(Keyed(k, 30), 0, 1, 2, _ranges(1), 0)
+        table.seal_keys("a", 40, 1)
+        assert len(table.terminations()) == 4
+        assert len(table.terminated) <= 1  # forgotten below the floor
+        table.unregister("a")
+        table.register("b", SOURCE)  # no keyed seal yet: the floor is None again
+        assert table.keyed_floor() is None
+        for t in (5, 10, 20, 40):  # at or below what was forgotten: late
+            with pytest.raises(Violation):
+                table.report(Keyed("x", t), 0, 1, 2, (), 2)
+        assert not table.seal("b", Keyed("y", 20), 2, 2)  # opens nothing
+        assert table.terminations() == []
+        assert table.report(Keyed("x", 41), 0, 1, 2, (), 2)  # above it: a new time
+        again = SegmentTable.from_state("s", table.to_state())
+        assert again.forgotten == 40
+        with pytest.raises(Violation):
+            again.report(Keyed("y", 30), 0, 1, 2, (), 2)
