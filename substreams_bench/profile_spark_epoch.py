@@ -43,6 +43,8 @@ class Lines(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+        if record.levelno >= logging.WARNING:  # e.g. a fallback to the Python read
+            print(f"runner {record.levelname}: {record.getMessage()}")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -93,6 +95,9 @@ def main() -> None:
                                                     "  read + decode + units"),
                                                    m.groups(), strict=True):
                                 batches.setdefault(name, []).append(float(value))
+                    first = {n: v[0] for n, v in batches.items() if v}
+                    print(f"{read}: the first batch (warm-up, fresh session): "
+                          + ", ".join(f"{n.strip()} {v:.0f} ms" for n, v in first.items()))
                     for name, values in batches.items():  # the first batch is the warm-up
                         phases[read].setdefault(name, []).extend(values[1:] or values)
     print(f"# {args.rounds} round(s) of {', '.join(reads)}, {args.epochs} epochs of 100 "

@@ -169,7 +169,7 @@ class JvmRead:
         scanner = self._control
         deadline = Deadline(30.0)
         while scanner.scanned_to < end and not deadline.passed:
-            scanner.scan(start, max_wait=0.5)  # from where the last batch left it
+            scanner.scan(start, max_wait=0.5, until=end)  # from where the last batch left it
         notes = scanner.between(start, end)  # re-read from start if the scan fell short
         scanner.forget_before(start)
         names = [*self.layout_struct.fieldNames(), NOTE_COLUMN]
@@ -193,14 +193,13 @@ class JvmRead:
              "until_coords": None if n["until"] is None else list(n["until"]["coords"])}
             for r, n in zip(marks, notes, strict=True)
         ]
-        note_df = local_frame(spark, local, schema)
-        marks_df = note_df.drop("until_coords")
+        marks_df = local_frame(spark, local, struct)
         if not any(r.stream == self.stream and r.end > r.start for r in ranges):
             # epochs without records here: nothing to read
             return marks_df, all(r.stream == self.stream for r in ranges)
         rows = jvm_records(
-            spark, self.config, self.stream, self.substream, self.bootstrap, ranges, note_df,
-            self.decoding(), self.group_id, spans=any(n["until"] is not None for n in notes),
+            spark, self.config, self.stream, self.substream, self.bootstrap, ranges, local,
+            self.decoding(), self.group_id, lambda: local_frame(spark, local, schema),
         ).unionByName(marks_df)
         return rows, all(r.stream == self.stream for r in ranges)
 
