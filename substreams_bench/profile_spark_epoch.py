@@ -95,6 +95,9 @@ def main() -> None:
                                                     "  read + decode + units"),
                                                    m.groups(), strict=True):
                                 batches.setdefault(name, []).append(float(value))
+                    for text in [t for t in lines.lines
+                                 if t.startswith("batch notes") or "not found" in t][:3]:
+                        print(f"{read}: {text}")
                     first = {n: v[0] for n, v in batches.items() if v}
                     print(f"{read}: the first batch (warm-up, fresh session): "
                           + ", ".join(f"{n.strip()} {v:.0f} ms" for n, v in first.items()))

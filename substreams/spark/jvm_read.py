@@ -239,12 +239,18 @@ def decoded(kafka: Any, decoding: Decoding, label: str) -> Any:
     """``kafka`` (a ``format("kafka")`` DataFrame with headers) -> its data records as
     ``env`` (the envelope in the reader's shape), ``partition``, ``offset``; punctuations
     dropped, an unknown fingerprint fails the query naming it."""
+    keep, decode = _decode_columns(decoding, label)
+    return kafka.where(keep).select(*decode)
+
+
+def _decode_columns(decoding: Decoding, label: str) -> tuple[Any, list[Any]]:
+    """:func:`decoded`'s filter and columns."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
     fp = _header(HEADER_FINGERPRINT).cast("string")
     kind = _header(HEADER_TYPE)
-    data = kafka.where(kind.isNull() | (kind != F.lit(TYPE_PUNCTUATION)))
+    keep = kind.isNull() | (kind != F.lit(TYPE_PUNCTUATION))
     env: Any = None
     options = {"avroSchema": decoding.reader, "mode": "FAILFAST"}
     for writer_fp, writer in sorted(decoding.writers.items()):
@@ -256,9 +262,59 @@ def decoded(kafka: Any, decoding: Decoding, label: str) -> Any:
         F.coalesce(fp, F.lit("<none>")),
         F.lit(", which no registered schema of the stream has; refusing to decode it"),
     ))
-    return data.select(
-        env.otherwise(unknown).alias("env"), F.col("partition"), F.col("offset")
-    )
+    return keep, [env.otherwise(unknown).alias("env"), F.col("partition"), F.col("offset")]
+
+
+@dataclass(frozen=True)
+class _RecordColumns:
+    """The expressions of :func:`records` that do not change between batches of a stream
+    (decode, the source's columns), made once per session and writer schemas: a Column is
+    a JVM expression any batch's DataFrame can use, and building one is a py4j round trip
+    per call (hundreds per plan otherwise)."""
+
+    keep: Any
+    decode: list[Any]
+    fields: list[Any]
+    present: Any
+    out: list[Any]
+
+    @staticmethod
+    def of(spark: Any, config: Config, stream: str, substream: str,
+           decoding: Decoding) -> _RecordColumns:
+        from pyspark.sql import functions as F
+
+        key = (id(spark.sparkContext), stream, substream, decoding.reader,
+               tuple(sorted(decoding.writers.items())))
+        cached = _COLUMNS.get(key)
+        if cached is not None:
+            return cached
+        layout = PayloadLayout(config.stream(stream))
+        keep, decode = _decode_columns(decoding, f"stream '{stream}'")
+        made = _RecordColumns(
+            keep=keep, decode=decode,
+            fields=[
+                *(F.col("env.payload")[n].cast(t).alias(n)
+                  for n, t in zip(layout.names, layout.types, strict=True)),
+                F.col("env.order_key").alias("order_key"),
+                F.col("partition").cast("int").alias("partition"),
+                F.col("offset"),
+                F.col("env.times")[substream].alias("_t"),
+            ],
+            present=F.col("_t").isNotNull(),
+            out=[
+                *(F.col(n) for n in layout.names),
+                *(F.col(c) for c in NOTE_META[:4]),
+                F.col("order_key"), F.col("partition"), F.col("offset"),
+                *(F.col(c) for c in NOTE_META[4:]),
+                F.lit(None).cast("long").alias("records"),
+                F.lit(False).alias("is_notification"),
+            ],
+        )
+        _COLUMNS[key] = made
+        return made
+
+
+_COLUMNS: dict[tuple[Any, ...], _RecordColumns] = {}
 
 
 LITERAL_NOTES = 64
@@ -352,31 +408,15 @@ def records(
     with ``until_coords``: a session's or a window's span, else None), with the source's
     columns, read and decoded in the JVM.  ``notes_frame``: a function giving the notes as
     a DataFrame (the join a batch of more than :data:`LITERAL_NOTES` uses)."""
-    from pyspark.sql import functions as F
-
-    layout = PayloadLayout(config.stream(stream))
+    cols = _RecordColumns.of(spark, config, stream, substream, decoding)
     kafka = direct_frame(spark, kafka_options(bootstrap, stream, ranges, group_id))
-    recs = decoded(kafka, decoding, f"stream '{stream}'").select(
-        *(F.col("env.payload")[n].cast(t).alias(n)
-          for n, t in zip(layout.names, layout.types, strict=True)),
-        F.col("env.order_key").alias("order_key"),
-        F.col("partition").cast("int").alias("partition"),
-        F.col("offset"),
-        F.col("env.times")[substream].alias("_t"),
-    ).where(F.col("_t").isNotNull())
+    recs = kafka.where(cols.keep).select(*cols.decode).select(*cols.fields).where(cols.present)
     if len(notes) <= LITERAL_NOTES:
         joined = _literal_epochs(recs, notes)
     else:
         joined = _joined_epochs(recs, notes_frame(),
                                 any(n.get("until_coords") is not None for n in notes))
-    return joined.select(
-        *layout.names,
-        *(F.col(c) for c in NOTE_META[:4]),
-        "order_key", "partition", "offset",
-        *(F.col(c) for c in NOTE_META[4:]),
-        F.lit(None).cast("long").alias("records"),
-        F.lit(False).alias("is_notification"),
-    )
+    return joined.select(*cols.out)
 
 
 def _joined_epochs(recs: Any, notes: Any, spans: bool) -> Any:
