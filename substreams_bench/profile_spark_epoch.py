@@ -6,10 +6,10 @@ broker, the acker in its own process and ``bench spark``'s part-(b) firm query a
 (100-record epochs, paced as there), with the runner's DEBUG phase lines captured and
 summarised per phase (median, p90, max over the epochs after the warm-up).  Phases (wall
 clock, ms): ``seal -> batch`` (acker notification, the source's ``latestOffset`` and
-Spark's planning up to ``foreachBatch``), ``notes`` (the batch's notification rows
-collected from the source), ``schemas + plan`` (the schema topic checked and the batch read
-planned), ``jobs`` (Kafka read, decode, units, their commits), ``driver seal`` and
-``callbacks``.
+Spark's planning up to ``foreachBatch``), ``notes`` (the batch's notification rows: made
+on the driver from the offset log, else collected from the source), ``schemas + plan`` (the
+schema topic checked and the batch read planned), ``jobs`` (Kafka read, decode, units,
+their commits), ``driver seal`` and ``callbacks``.
 """
 
 from __future__ import annotations

@@ -556,9 +556,10 @@ def run(
     ``jvm`` reads and decodes each batch's records with Spark's own Kafka consumers and
     ``from_avro`` (:mod:`substreams.spark.jvm_read`; the session needs
     :func:`substreams.spark.connector.kafka_connector_conf`'s packages).  Not the default
-    yet: at steady state its batch is several small Spark jobs and plans where the Python
-    read's is one, so its seal -> callback is longer (docs/design.md, "Spark's own data
-    path").  ``jvm`` falls back to ``python``, with a warning, where the JVM cannot serve
+    yet: at steady state its batch is a read planned on the driver and then a job that
+    reads, decodes and runs the unit task, where the Python read's is one job, so its seal
+    -> callback is longer (docs/design.md, "Spark's own data path").  ``jvm`` falls back
+    to ``python``, with a warning, where the JVM cannot serve
     (:func:`substreams.spark.jvm_read.jvm_unsupported`).
     """
     from substreams.spark.session import register, session
