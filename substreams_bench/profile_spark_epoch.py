@@ -6,10 +6,10 @@ broker, the acker in its own process and ``bench spark``'s part-(b) firm query a
 (100-record epochs, paced as there), with the runner's DEBUG phase lines captured and
 summarised per phase (median, p90, max over the epochs after the warm-up).  Phases (wall
 clock, ms): ``seal -> batch`` (acker notification, the source's ``latestOffset`` and
-Spark's planning up to ``foreachBatch``), ``notes`` (the batch's notification rows
-collected from the source), ``schemas + plan`` (the schema topic checked and the batch read
-planned), ``jobs`` (Kafka read, decode, units, their commits), ``driver seal`` and
-``callbacks``.
+Spark's planning up to ``foreachBatch``), ``notes`` (the batch's notification rows: made
+on the driver from the offset log, else collected from the source), ``schemas + plan`` (the
+schema topic checked and the batch read planned), ``jobs`` (Kafka read, decode, units,
+their commits), ``driver seal`` and ``callbacks``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ class Lines(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+        if record.levelno >= logging.WARNING:  # e.g. a fallback to the Python read
+            print(f"runner {record.levelname}: {record.getMessage()}")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -93,6 +95,12 @@ def main() -> None:
                                                     "  read + decode + units"),
                                                    m.groups(), strict=True):
                                 batches.setdefault(name, []).append(float(value))
+                    for text in [t for t in lines.lines
+                                 if t.startswith("batch notes") or "not found" in t][:3]:
+                        print(f"{read}: {text}")
+                    first = {n: v[0] for n, v in batches.items() if v}
+                    print(f"{read}: the first batch (warm-up, fresh session): "
+                          + ", ".join(f"{n.strip()} {v:.0f} ms" for n, v in first.items()))
                     for name, values in batches.items():  # the first batch is the warm-up
                         phases[read].setdefault(name, []).extend(values[1:] or values)
     print(f"# {args.rounds} round(s) of {', '.join(reads)}, {args.epochs} epochs of 100 "

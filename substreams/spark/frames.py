@@ -37,7 +37,13 @@ from substreams.spark.epochs import struct_time
 from substreams.spark.executor import check_output
 from substreams.spark.jvm_read import jvm_unsupported
 from substreams.spark.operator import EpochNote
-from substreams.spark.runner import EpochQuery, JvmRead, query_units, start_firm_query
+from substreams.spark.runner import (
+    EpochQuery,
+    JvmRead,
+    query_units,
+    start_firm_query,
+    starts_earliest,
+)
 from substreams.spark.write import NOTE_COLUMNS, EpochWriter, OutputTimes, missing_note_columns
 
 log = logging.getLogger(__name__)
@@ -66,7 +72,7 @@ class FrameBatchHandler:
         self._last_batch = -1
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        found = self.jvm.batch_notes(df)
+        found = self.jvm.batch_notes(df, batch_id)
         marks: list[Any] = sorted(df.collect() if found is None else found,
                        key=lambda r: (r["control_offset"], r["control_index"]))
         writer = self.writer
@@ -164,8 +170,8 @@ def run_frames(
         extra: dict[str, Any] = {} if output_times is None else {"output_times": output_times}
         writer = EpochWriter(config, output_stream, name=name, bootstrap=server,
                              key_field=key_field, units=query_units(location, spark), **extra)
-    handler = FrameBatchHandler(transform, JvmRead(config, substream, server, name), writer,
-                                on_results, on_notification, name)
+    jvm = JvmRead(config, substream, server, name, location, starts_earliest(options))
+    handler = FrameBatchHandler(transform, jvm, writer, on_results, on_notification, name)
     return start_firm_query(
         spark, config, substream, server, name, location, handler, notes_only=True,
         options=options, once=once, trigger=trigger, block=block,

@@ -21,8 +21,9 @@ log, so a replayed batch names the same epochs; only the records' read moves her
   the envelope with nothing before it (the fingerprint travels in a header, not a prefix),
   so no ``substring`` cut is needed;
 * a record belongs to the notification whose time its envelope's ``times[substream]``
-  equals (a session's: between its ``time`` and ``until``): a broadcast join with the
-  batch's notifications, which also gives every record its epoch's columns.
+  equals (a session's or a window's: between its ``time`` and ``until``), found by a
+  literal lookup built on the driver from the batch's few notifications (a broadcast join
+  for a backlog's many), which also gives every record its epoch's columns.
 
 The result has the ``substreams`` source's columns (payload, then
 :data:`~substreams.spark.schema.META_FIELDS`); :func:`epoch_rows` adds the notification rows.
@@ -238,12 +239,18 @@ def decoded(kafka: Any, decoding: Decoding, label: str) -> Any:
     """``kafka`` (a ``format("kafka")`` DataFrame with headers) -> its data records as
     ``env`` (the envelope in the reader's shape), ``partition``, ``offset``; punctuations
     dropped, an unknown fingerprint fails the query naming it."""
+    keep, decode = _decode_columns(decoding, label)
+    return kafka.where(keep).select(*decode)
+
+
+def _decode_columns(decoding: Decoding, label: str) -> tuple[Any, list[Any]]:
+    """:func:`decoded`'s filter and columns."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
     fp = _header(HEADER_FINGERPRINT).cast("string")
     kind = _header(HEADER_TYPE)
-    data = kafka.where(kind.isNull() | (kind != F.lit(TYPE_PUNCTUATION)))
+    keep = kind.isNull() | (kind != F.lit(TYPE_PUNCTUATION))
     env: Any = None
     options = {"avroSchema": decoding.reader, "mode": "FAILFAST"}
     for writer_fp, writer in sorted(decoding.writers.items()):
@@ -255,9 +262,134 @@ def decoded(kafka: Any, decoding: Decoding, label: str) -> Any:
         F.coalesce(fp, F.lit("<none>")),
         F.lit(", which no registered schema of the stream has; refusing to decode it"),
     ))
-    return data.select(
-        env.otherwise(unknown).alias("env"), F.col("partition"), F.col("offset")
-    )
+    return keep, [env.otherwise(unknown).alias("env"), F.col("partition"), F.col("offset")]
+
+
+@dataclass(frozen=True)
+class _RecordColumns:
+    """The expressions of :func:`records` that do not change between batches of a stream
+    (decode, the source's columns), made once per session and writer schemas: a Column is
+    a JVM expression any batch's DataFrame can use, and building one is a py4j round trip
+    per call (hundreds per plan otherwise)."""
+
+    keep: Any
+    decode: list[Any]
+    fields: list[Any]
+    present: Any
+    out: list[Any]
+
+    @staticmethod
+    def of(spark: Any, config: Config, stream: str, substream: str,
+           decoding: Decoding) -> _RecordColumns:
+        from pyspark.sql import functions as F
+
+        key = (id(spark.sparkContext), stream, substream, decoding.reader,
+               tuple(sorted(decoding.writers.items())))
+        cached = _COLUMNS.get(key)
+        if cached is not None:
+            return cached
+        layout = PayloadLayout(config.stream(stream))
+        keep, decode = _decode_columns(decoding, f"stream '{stream}'")
+        made = _RecordColumns(
+            keep=keep, decode=decode,
+            fields=[
+                *(F.col("env.payload")[n].cast(t).alias(n)
+                  for n, t in zip(layout.names, layout.types, strict=True)),
+                F.col("env.order_key").alias("order_key"),
+                F.col("partition").cast("int").alias("partition"),
+                F.col("offset"),
+                F.col("env.times")[substream].alias("_t"),
+            ],
+            present=F.col("_t").isNotNull(),
+            out=[
+                *(F.col(n) for n in layout.names),
+                *(F.col(c) for c in NOTE_META[:4]),
+                F.col("order_key"), F.col("partition"), F.col("offset"),
+                *(F.col(c) for c in NOTE_META[4:]),
+                F.lit(None).cast("long").alias("records"),
+                F.lit(False).alias("is_notification"),
+            ],
+        )
+        _COLUMNS[key] = made
+        return made
+
+
+_COLUMNS: dict[tuple[Any, ...], _RecordColumns] = {}
+
+
+LITERAL_NOTES = 64
+"""Up to this many notifications in a batch (every steady-state batch), a record finds its
+epoch by a literal lookup built on the driver (:func:`_literal_epochs`); above, by a
+broadcast join with the notifications (a backlog's batch, where a lookup evaluated per
+record would cost more than the join)."""
+
+
+def _sql_str(value: Any) -> str:
+    """``value`` as a Spark SQL string literal (default parser: backslash escapes)."""
+    if value is None:
+        return "CAST(NULL AS STRING)"
+    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{text}'"
+
+
+def _sql_num(value: Any, kind: str) -> str:
+    return f"CAST({'NULL' if value is None else int(value)} AS {kind})"
+
+
+def _sql_coords(coords: Sequence[Any]) -> str:
+    return f"CAST(array({', '.join(f'{int(c)}L' for c in coords)}) AS ARRAY<BIGINT>)"
+
+
+def _literal_epochs(recs: Any, notes: Sequence[Mapping[str, Any]]) -> Any:
+    """``recs`` (with ``_t``, the record's time) joined to ``notes`` without a join: each
+    record's notification index found by an expression built here -- a ``CASE`` chain
+    over the exact times, a filter over the span notifications (a record may belong to
+    several, as a hopping window's pane does: one row each) -- and the notification's
+    columns taken from a literal array by that index.  Why: the notes are a handful of
+    driver-side values; as a DataFrame they cost a broadcast (a job of its own) and a
+    join in every batch's plan."""
+    from pyspark.sql import functions as F
+
+    metas = []
+    for n in notes:
+        e = n["epoch"]
+        metas.append(
+            "named_struct('epoch', named_struct('key', " + _sql_str(e.get("key"))
+            + ", 'coords', " + _sql_coords(e["coords"]) + ", 'kind', " + _sql_str(e["kind"])
+            + "), 'epoch_label', " + _sql_str(n.get("epoch_label"))
+            + ", 'epoch_int', " + _sql_num(n.get("epoch_int"), "BIGINT")
+            + ", 'epoch_key', " + _sql_str(n.get("epoch_key"))
+            + ", 'control_offset', " + _sql_num(n.get("control_offset"), "BIGINT")
+            + ", 'control_index', " + _sql_num(n.get("control_index"), "INT")
+            + ", 'sealed_at_ms', " + _sql_num(n.get("sealed_at_ms"), "BIGINT") + ")")
+    exact = [
+        f"WHEN _t.kind = {_sql_str(n['epoch']['kind'])} "
+        f"AND _t.key <=> {_sql_str(n['epoch'].get('key'))} "
+        f"AND _t.coords = {_sql_coords(n['epoch']['coords'])} THEN {i}"
+        for i, n in enumerate(notes) if n.get("until_coords") is None
+    ]
+    spans = [
+        f"named_struct('i', {i}, 'key', {_sql_str(n['epoch'].get('key'))}, "
+        f"'kind', {_sql_str(n['epoch']['kind'])}, 'lo', {_sql_coords(n['epoch']['coords'])}, "
+        f"'hi', {_sql_coords(n['until_coords'])})"
+        for i, n in enumerate(notes) if n.get("until_coords") is not None
+    ]
+    parts = []
+    if exact:
+        parts.append(recs.select("*", F.expr(f"CASE {' '.join(exact)} END").alias("_n"))
+                     .where(F.col("_n").isNotNull()))
+    if spans:
+        matching = (
+            f"transform(filter(array({', '.join(spans)}), n -> _t.key <=> n.key "
+            "AND _t.kind = n.kind "
+            "AND forall(zip_with(_t.coords, n.lo, (a, b) -> a >= b), v -> v) "
+            "AND forall(zip_with(_t.coords, n.hi, (a, b) -> a <= b), v -> v)), n -> n.i)"
+        )
+        parts.append(recs.select("*", F.expr(f"explode({matching})").alias("_n")))
+    joined = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    meta = F.expr(f"array({', '.join(metas)})")
+    return joined.select("*", F.element_at(meta, F.col("_n") + 1).alias("_m")).select(
+        *(c for c in recs.columns), "_m.*")
 
 
 def records(
@@ -267,26 +399,32 @@ def records(
     substream: str,
     bootstrap: str,
     ranges: Sequence[OffsetRange],
-    notes: Any,
+    notes: Sequence[Mapping[str, Any]],
     decoding: Decoding,
     group_id: str,
-    spans: bool = False,
+    notes_frame: Any,
 ) -> Any:
-    """The records of the notifications in ``notes`` (a small DataFrame of the source's
-    notification rows plus ``until_coords``), with the source's columns, read and decoded
-    in the JVM.  ``spans``: some notification has an ``until`` (a session's)."""
+    """The records of ``notes`` (the source's notification rows as JSON values by column,
+    with ``until_coords``: a session's or a window's span, else None), with the source's
+    columns, read and decoded in the JVM.  ``notes_frame``: a function giving the notes as
+    a DataFrame (the join a batch of more than :data:`LITERAL_NOTES` uses)."""
+    cols = _RecordColumns.of(spark, config, stream, substream, decoding)
+    kafka = direct_frame(spark, kafka_options(bootstrap, stream, ranges, group_id))
+    recs = kafka.where(cols.keep).select(*cols.decode).select(*cols.fields).where(cols.present)
+    if len(notes) <= LITERAL_NOTES:
+        joined = _literal_epochs(recs, notes)
+    else:
+        joined = _joined_epochs(recs, notes_frame(),
+                                any(n.get("until_coords") is not None for n in notes))
+    return joined.select(*cols.out)
+
+
+def _joined_epochs(recs: Any, notes: Any, spans: bool) -> Any:
+    """``recs`` joined to ``notes`` (a DataFrame of notification rows plus
+    ``until_coords``) by a broadcast join: a session's or window's notification (with an
+    ``until``) holds the times between its own and its ``until``, coordinate-wise."""
     from pyspark.sql import functions as F
 
-    layout = PayloadLayout(config.stream(stream))
-    kafka = direct_frame(spark, kafka_options(bootstrap, stream, ranges, group_id))
-    recs = decoded(kafka, decoding, f"stream '{stream}'").select(
-        *(F.col("env.payload")[n].cast(t).alias(n)
-          for n, t in zip(layout.names, layout.types, strict=True)),
-        F.col("env.order_key").alias("order_key"),
-        F.col("partition").cast("int").alias("partition"),
-        F.col("offset"),
-        F.col("env.times")[substream].alias("_t"),
-    ).where(F.col("_t").isNotNull())
     meta = notes.select(*NOTE_META, "until_coords")
     t, e = F.col("_t"), F.col("epoch")
     exact = meta.where(F.col("until_coords").isNull())
@@ -303,14 +441,7 @@ def records(
         )
         ranged = meta.where(F.col("until_coords").isNotNull())
         joined = joined.unionByName(recs.join(F.broadcast(ranged), between, "inner"))
-    return joined.select(
-        *layout.names,
-        *(F.col(c) for c in NOTE_META[:4]),
-        "order_key", "partition", "offset",
-        *(F.col(c) for c in NOTE_META[4:]),
-        F.lit(None).cast("long").alias("records"),
-        F.lit(False).alias("is_notification"),
-    )
+    return joined.drop("until_coords")
 
 
 __all__ = ["Decoding", "decoded", "jvm_unsupported", "kafka_options", "records"]

@@ -236,8 +236,10 @@ class ControlScanner:
                 out.append(window_note(w, self.panes, pane, len(out), members))
         return out
 
-    def scan(self, start: int, max_wait: float = 2.0) -> None:
-        """Read what is readable now (bounded by ``max_wait`` seconds) from ``start`` on."""
+    def scan(self, start: int, max_wait: float = 2.0, until: int | None = None) -> None:
+        """Read what is readable now (bounded by ``max_wait`` seconds) from ``start`` on;
+        with ``until``, stop as soon as the records before it are read (a caller that
+        knows its end need not wait to see the topic's)."""
         if self._tail is None or not self.base <= start <= self.scanned_to:
             self._reset(start)
         assert self._tail is not None
@@ -250,6 +252,8 @@ class ControlScanner:
             batch = self._tail.poll_batch(0.05)
             for followed in batch:
                 self._take(followed)
+            if until is not None and self.scanned_to >= until:
+                break
             if self._tail.reader.caught_up and not batch:
                 break
 

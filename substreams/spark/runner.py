@@ -97,7 +97,13 @@ class JvmRead:
     schemas (the schema topic re-read each batch: a publisher registers a new schema
     before its first record, so before any EpochComplete that covers it)."""
 
-    def __init__(self, config: Config, substream: str, bootstrap: str, query: str) -> None:
+    def __init__(
+        self, config: Config, substream: str, bootstrap: str, query: str,
+        checkpoint: Path | None = None, earliest: bool = True,
+    ) -> None:
+        """``checkpoint``: the query's, whose offset log gives each batch's control offsets
+        (:func:`logged_span`); ``earliest``: the query's first batch starts at the control
+        topic's start (the source's ``starting`` option)."""
         from substreams.spark.schema import PayloadLayout
 
         self.config = config
@@ -113,6 +119,8 @@ class JvmRead:
         self._consumer: Any = None
         self._control: ControlScanner | None = None
         """The driver's own follower of the control topic (:meth:`batch_notes`)."""
+        self.checkpoint = checkpoint
+        self.earliest = earliest
 
     def decoding(self) -> Decoding:
         """The writer schemas, the schema topic re-read only when its end moved (one
@@ -150,15 +158,18 @@ class JvmRead:
             self._control.close()
             self._control = None
 
-    def batch_notes(self, df: DataFrame) -> list[dict[str, Any]] | None:
+    def batch_notes(self, df: DataFrame, batch_id: int) -> list[dict[str, Any]] | None:
         """The batch's notification rows (what collecting ``df`` gives), made on the driver
         without a Spark job: the control records between the batch's start and end
-        offsets -- read from ``df``'s plan, i.e. Spark's offset log, so a replay names the
-        same epochs -- scanned by a follower kept here, which stays at the topic's end
-        between batches.  None when the plan does not show the offsets (the caller
-        collects ``df``)."""
+        offsets -- from Spark's offset log (``df``'s plan, else the checkpoint's offset
+        files), so a replay names the same epochs -- scanned by a follower kept here, which
+        stays at the topic's end between batches.  None when neither shows the offsets
+        (the caller collects ``df``)."""
         span = batch_span(df)
+        if span is None and self.checkpoint is not None:
+            span = logged_span(self.checkpoint, batch_id, self.earliest)
         if span is None:
+            log.debug("batch %d: offsets not found: collecting the notes", batch_id)
             return None
         start, end = span
         if self._control is None:
@@ -168,9 +179,14 @@ class JvmRead:
             )
         scanner = self._control
         deadline = Deadline(30.0)
+        t0, scans = time.perf_counter(), 0
         while scanner.scanned_to < end and not deadline.passed:
-            scanner.scan(start, max_wait=0.5)  # from where the last batch left it
+            scanner.scan(start, max_wait=0.5, until=end)  # from where the last batch left it
+            scans += 1
+        t1 = time.perf_counter()
         notes = scanner.between(start, end)  # re-read from start if the scan fell short
+        log.debug("batch notes [%d, %d): %d scans %.0f ms, between %.0f ms", start, end, scans,
+                  (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000)
         scanner.forget_before(start)
         names = [*self.layout_struct.fieldNames(), NOTE_COLUMN]
         return [dict(zip(names, note_row(self.layout, n), strict=True)) for n in notes]
@@ -193,14 +209,13 @@ class JvmRead:
              "until_coords": None if n["until"] is None else list(n["until"]["coords"])}
             for r, n in zip(marks, notes, strict=True)
         ]
-        note_df = local_frame(spark, local, schema)
-        marks_df = note_df.drop("until_coords")
+        marks_df = local_frame(spark, local, struct)
         if not any(r.stream == self.stream and r.end > r.start for r in ranges):
             # epochs without records here: nothing to read
             return marks_df, all(r.stream == self.stream for r in ranges)
         rows = jvm_records(
-            spark, self.config, self.stream, self.substream, self.bootstrap, ranges, note_df,
-            self.decoding(), self.group_id, spans=any(n["until"] is not None for n in notes),
+            spark, self.config, self.stream, self.substream, self.bootstrap, ranges, local,
+            self.decoding(), self.group_id, lambda: local_frame(spark, local, schema),
         ).unionByName(marks_df)
         return rows, all(r.stream == self.stream for r in ranges)
 
@@ -228,6 +243,32 @@ def local_frame(spark: SparkSession, rows: list[dict[str, Any]], schema: Any) ->
         F.from_json("value", schema).alias("r")).select("r.*")
 
 
+def logged_span(location: Path, batch_id: int, earliest: bool) -> tuple[int, int] | None:
+    """The control offsets [start, end) of batch ``batch_id`` of the query checkpointed at
+    ``location``, from Spark's offset log there: Spark writes a batch's end offsets
+    (``offsets/<id>``: a version line, the batch metadata, then the source's offset)
+    before running it, and a batch starts where the one before it ended (the first, at
+    the source's initial offset: the topic's start when ``earliest``).  Why the files:
+    ``foreachBatch`` hands over its batch as a ``LogicalRDD``, whose plan no longer shows
+    the streaming scan's offsets (:func:`batch_span`).  None when a file is missing or
+    is not this source's offset (the caller collects the notes instead)."""
+    end = _logged_control(location, batch_id)
+    if end is None:
+        return None
+    if batch_id == 0:
+        return (0, end) if earliest else None
+    start = _logged_control(location, batch_id - 1)
+    return None if start is None else (start, end)
+
+
+def _logged_control(location: Path, batch_id: int) -> int | None:
+    try:
+        lines = (location / "offsets" / str(batch_id)).read_text().splitlines()
+        return SourceOffset.from_json(json.loads(lines[2])).control
+    except (OSError, IndexError, ValueError, SubstreamsError):
+        return None
+
+
 def batch_span(df: DataFrame) -> tuple[int, int] | None:
     """The control offsets [start, end) of the ``substreams`` source's micro-batch that
     ``df`` (a ``foreachBatch`` argument) reads: its plan's streaming scan carries the
@@ -245,7 +286,7 @@ def batch_span(df: DataFrame) -> tuple[int, int] | None:
             return (SourceOffset.from_json(json.loads(start.get().json())).control,
                     SourceOffset.from_json(json.loads(end.get().json())).control)
     except Exception as exc:  # a py4j error (no such method or class), or not our offset
-        log.debug("batch offsets not found in the plan (%s): collecting the notes", exc)
+        log.debug("batch offsets not in the plan (%s)", exc)
     return None
 
 
@@ -350,7 +391,7 @@ class EpochBatchHandler:
         sorted, and handed to the same unit tasks as the Python read's."""
         op = self.operator
         t0 = time.perf_counter()
-        found = jvm.batch_notes(df)
+        found = jvm.batch_notes(df, batch_id)
         marks: list[Any] = sorted(df.collect() if found is None else found,
                        key=lambda r: (r["control_offset"], r["control_index"]))
         t_notes = time.perf_counter()
@@ -515,9 +556,10 @@ def run(
     ``jvm`` reads and decodes each batch's records with Spark's own Kafka consumers and
     ``from_avro`` (:mod:`substreams.spark.jvm_read`; the session needs
     :func:`substreams.spark.connector.kafka_connector_conf`'s packages).  Not the default
-    yet: at steady state its batch is several small Spark jobs and plans where the Python
-    read's is one, so its seal -> callback is longer (docs/design.md, "Spark's own data
-    path").  ``jvm`` falls back to ``python``, with a warning, where the JVM cannot serve
+    yet: at steady state its batch is a read planned on the driver and then a job that
+    reads, decodes and runs the unit task, where the Python read's is one job, so its seal
+    -> callback is longer (docs/design.md, "Spark's own data path").  ``jvm`` falls back
+    to ``python``, with a warning, where the JVM cannot serve
     (:func:`substreams.spark.jvm_read.jvm_unsupported`).
     """
     from substreams.spark.session import register, session
@@ -529,7 +571,7 @@ def run(
     location = Path(checkpoint) if checkpoint else config.path.parent / ".checkpoints" / name
     spark = register(spark) if spark is not None else session(f"substreams:{name}")
     handler = _handler(op, config, substream, output_stream, server, name, location, spark,
-                       read)
+                       read, earliest=starts_earliest(options))
     if metrics_port is not None:
         metrics.serve(metrics_port)
     _log_start(name, substream, location)
@@ -555,22 +597,23 @@ def _checked_config(
 
 def _handler(
     op: EpochOperator, config: Config, substream: str, output_stream: str | None, server: str,
-    name: str, location: Path, spark: SparkSession, read: str,
+    name: str, location: Path, spark: SparkSession, read: str, earliest: bool = True,
 ) -> EpochBatchHandler:
     """The query's ``foreachBatch`` handler, its units fixed and its output registered."""
     handler = EpochBatchHandler(op, config, output_stream, f"spark.{name}", server)
     handler.substream, handler.query_name = substream, name
     handler.units = query_units(location, spark)
-    handler.jvm = _jvm_read(spark, config, substream, server, name, read)
+    handler.jvm = _jvm_read(spark, config, substream, server, name, read, location, earliest)
     handler._sink()  # the driver's SOURCE registers before any task writes
     return handler
 
 
 def _jvm_read(
-    spark: SparkSession, config: Config, substream: str, server: str, name: str, read: str
+    spark: SparkSession, config: Config, substream: str, server: str, name: str, read: str,
+    location: Path, earliest: bool,
 ) -> JvmRead | None:
     """The JVM read of a query asked to ``read`` in ``jvm`` (None: the Python read), or
-    None with a warning where the JVM cannot serve."""
+    None with a warning where the JVM cannot serve (see :class:`JvmRead` for the rest)."""
     from substreams.spark.session import jvm_read_available, quiet_group_id_warning
 
     if read not in ("jvm", "python"):
@@ -585,7 +628,12 @@ def _jvm_read(
         log.warning("spark runner: query '%s' reads in Python: %s", name, why_not)
         return None
     quiet_group_id_warning(spark)
-    return JvmRead(config, substream, server, name)
+    return JvmRead(config, substream, server, name, location, earliest)
+
+
+def starts_earliest(options: Mapping[str, str] | None) -> bool:
+    """Whether a query with source ``options`` starts at the control topic's start."""
+    return (options or {}).get("starting", "earliest") != "latest"
 
 
 def _log_start(name: str, substream: str, location: Path) -> None:

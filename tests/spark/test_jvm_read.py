@@ -267,3 +267,62 @@ def test_read_limits_bound_the_jvm_batches_of_a_backlog(
     assert sum(r for _, r in started) == total
     assert all(r <= limit for _, r in started), started  # whole epochs, within the limit
     assert len(started) == -(-windows // (limit // per))
+
+
+def test_batch_offsets_come_from_the_checkpoints_offset_log(tmp_path: Path) -> None:
+    """A batch spans from the control offset its predecessor ended at to its own end, as
+    Spark logged them before running it; the first batch starts at the topic's start only
+    when the query starts there; a missing or foreign offset file gives None (collect)."""
+    from substreams.spark.runner import logged_span
+
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    for batch, control in ((0, 3), (1, 5), (2, 9)):
+        (offsets / str(batch)).write_text(
+            f'v1\n{{"batchWatermarkMs":0,"batchTimestampMs":1}}\n{{"control":{control},"tasks":1}}\n')
+    (offsets / "4").write_text('v1\n{}\n{"logOffset":7}\n')
+    assert logged_span(tmp_path, 0, earliest=True) == (0, 3)
+    assert logged_span(tmp_path, 0, earliest=False) is None
+    assert logged_span(tmp_path, 1, earliest=True) == (3, 5)
+    assert logged_span(tmp_path, 2, earliest=False) == (5, 9)
+    assert logged_span(tmp_path, 3, earliest=True) is None  # not logged
+    assert logged_span(tmp_path, 4, earliest=True) is None  # not this source's offset
+
+
+def test_the_literal_epoch_lookup_gives_what_the_join_gives(spark: SparkSession) -> None:
+    """Records find their notification by the driver-built lookup (few notes) exactly as by
+    the broadcast join (many notes): exact times, keyed times, quotes and backslashes in
+    labels and keys, and span notifications a record belongs to several of."""
+    from pyspark.sql.types import ArrayType, LongType, StructField, StructType
+
+    from substreams.spark.jvm_read import NOTE_META, _joined_epochs, _literal_epochs
+    from substreams.spark.runner import local_frame
+    from substreams.spark.schema import EPOCH_TYPE, META_FIELDS
+
+    def note(i: int, key: str | None, coords: list[int], kind: str,
+             until: list[int] | None = None) -> dict[str, Any]:
+        return {"epoch": {"key": key, "coords": coords, "kind": kind},
+                "epoch_label": f"it's {i} \\ ok", "epoch_int": coords[0], "epoch_key": key,
+                "control_offset": 10 + i, "control_index": i % 2, "sealed_at_ms": 1000 + i,
+                "until_coords": until}
+
+    exact = [note(0, None, [1], "w"), note(1, None, [2], "w"), note(2, "a'b\\c", [2], "s")]
+    spans = [note(3, None, [4], "h", [6]), note(4, None, [5], "h", [7])]
+    times = [(None, [1], "w"), (None, [2], "w"), (None, [3], "w"), ("a'b\\c", [2], "s"),
+             ("x", [2], "s"), (None, [5], "h"), (None, [7], "h"), (None, [9], "h")]
+    recs = local_frame(
+        spark, [{"offset": n, "_t": {"key": k, "coords": c, "kind": kd}}
+                for n, (k, c, kd) in enumerate(times)],
+        StructType([StructField("offset", LongType()), StructField("_t", EPOCH_TYPE)]))
+    meta = dict(META_FIELDS)
+    schema = StructType([StructField(c, meta[c]) for c in NOTE_META]
+                        + [StructField("until_coords", ArrayType(LongType()))])
+    notes = exact + spans
+    cols = ["offset", *NOTE_META]
+    by_lookup = sorted(map(tuple, _literal_epochs(recs, notes).select(*cols).collect()))
+    by_join = sorted(map(tuple, _joined_epochs(
+        recs, local_frame(spark, notes, schema), True).select(*cols).collect()))
+    assert by_lookup == by_join
+    # time 1 and 2 exactly; the key with quote and backslash; time 5 in both windows, 7 in
+    # the second only; 3, key x and 9 in none
+    assert [r[0] for r in by_lookup] == [0, 1, 3, 5, 5, 6]
