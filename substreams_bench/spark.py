@@ -299,7 +299,7 @@ def _measure(
     read: str = "jvm",
 ) -> tuple[list[float], dict[str, list[float]]]:
     from substreams.spark import EpochOperator, run
-    from substreams.spark.connector import kafka_connector_conf
+    from substreams.spark.connector import KAFKA_CONNECTOR, kafka_connector_conf
     from substreams.spark.runner import stop
     from substreams.spark.session import session
 
@@ -331,13 +331,13 @@ def _measure(
 
         return mark
 
-    # Before the session: Spark's Kafka connector must be in spark.jars.packages when the
-    # JVM starts (fetched into ~/.m2 by Maven once; Ivy resolves it from there).
+    # Before the session: Spark's Kafka connector must be on the classpath when the JVM
+    # starts (its jars resolved once per machine, then named in spark.jars).
     connector: dict[str, str] = kafka_connector_conf(progress=ctx.log) if windowed else {}
     if connector and notes is not None:
         notes.append(
             "the watermark query reads the data topic with Spark's Kafka connector "
-            f"({connector['spark.jars.packages']}, read_committed)"
+            f"({KAFKA_CONNECTOR}, read_committed)"
         )
     acker = contextlib.ExitStack()
     acker.enter_context(acker_process(config, ctx.bootstrap))
