@@ -182,7 +182,8 @@ def run(ctx: BenchContext) -> BenchResult:
 
 
 def _latency(ctx: BenchContext, result: BenchResult) -> list[dict[str, Any]]:
-    epochs = 3 if ctx.smoke else 9 if ctx.quick else 41  # the first is a warm-up
+    # The first is a warm-up; --smoke measures one epoch (a sample per query, not a rate).
+    epochs = 2 if ctx.smoke else 9 if ctx.quick else 41
     granularity = 100
     error: str | None = None
     marks: dict[str, list[float]] = {}
