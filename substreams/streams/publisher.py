@@ -1082,9 +1082,11 @@ class Publisher:
             # Refused because the transaction already failed (a record's delivery timed
             # out during an outage: "Erroneous state").  The commit names the real error
             # -- abortable or fatal; it cannot succeed in that state.
-            self._guard(client.commit_transaction, self._producer, what, patience, call)
+            self._guard(
+                client.commit_transaction, self._producer, what, patience, call_timeout=call
+            )
             raise
-        self._guard(client.commit_transaction, self._producer, what, patience, call)
+        self._guard(client.commit_transaction, self._producer, what, patience, call_timeout=call)
 
     def _deliver_batches(self) -> None:
         """Hand every ``publish_many`` batch of the transaction to the delivery hooks, once
