@@ -4,14 +4,14 @@ Each sub-command lives in its own module of this package and exports ``command``
 command or group); they are named in ``COMMANDS`` so that adding one touches no other file.
 Commands of optional parts (``substreams bench``, package ``substreams_bench``) come from the
 ``substreams.commands`` entry points, so this package never imports them; one whose extra is
-not installed answers with a one-line error saying how to get it.
+not installed answers with a one-line error saying how to get it.  User mistakes (bad
+config, no broker, fenced publisher...) are `SubstreamsError`s and print one ``error:`` line
+with exit code 2, never a traceback.
 
 Why lazily (click's lazy group): a launch imports only the module of the command it runs --
 the services and tests start hundreds of ``substreams`` processes, and importing every
 command's dependencies cost each about 0.1 CPU-s.  ``--help`` still loads them all to list
-each with its short help.  User mistakes
-(bad config, no broker, fenced publisher...) are `SubstreamsError`s and print one
-``error:`` line with exit code 2, never a traceback.
+each with its short help.
 """
 
 from __future__ import annotations
