@@ -241,9 +241,9 @@ def test_bench_framing_quick_checks_hand_framing_against_the_converter(tmp_path:
     assert (out / "framing.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-SMOKE_RECORDS = 400
-"""20 records per window of the 20-window query: every query's cost here is its start and
-its batches, not the records."""
+SMOKE_RECORDS = 500
+"""``--records``' minimum: 25 records per window of the 20-window query.  Every query's cost
+here is its start and its batches, not the records."""
 
 
 @pytest.mark.spark
