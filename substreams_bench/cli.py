@@ -109,7 +109,7 @@ BENCHES = (
     is_flag=True,
     help="spark only, implies --quick: check that every query runs and every output is "
     "written, not the rates: part (a)'s queries one after another in one child JVM, part (b) "
-    "with 3 epochs (the test suite's run).",
+    "with 2 epochs, one measured (the test suite's run).",
 )
 @bootstrap_option
 def command(

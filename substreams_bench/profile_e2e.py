@@ -150,11 +150,16 @@ def instrumented(tl: Timeline) -> Iterator[None]:
     the rest (EndTxn: the coordinator writes the markers)."""
     commit, flush = client.commit_transaction, client.flush_producer
 
-    def timed_commit(producer: Any, what: str, patience: float = client.COMMIT_PATIENCE_S) -> None:
+    def timed_commit(
+        producer: Any,
+        what: str,
+        patience: float = client.COMMIT_PATIENCE_S,
+        call_timeout: float = client.commit_timeout(None),
+    ) -> None:
         start = time.time()
         producer.flush(30)
         flushed = time.time()
-        commit(producer, what, patience)
+        commit(producer, what, patience, call_timeout)
         tl.commits.append(
             {"start": start, "flushed": flushed, "end": time.time(), "records": tl.produced}
         )

@@ -182,7 +182,8 @@ def run(ctx: BenchContext) -> BenchResult:
 
 
 def _latency(ctx: BenchContext, result: BenchResult) -> list[dict[str, Any]]:
-    epochs = 3 if ctx.smoke else 9 if ctx.quick else 41  # the first is a warm-up
+    # The first is a warm-up; --smoke measures one epoch (a sample per query, not a rate).
+    epochs = 2 if ctx.smoke else 9 if ctx.quick else 41
     granularity = 100
     error: str | None = None
     marks: dict[str, list[float]] = {}
@@ -299,7 +300,7 @@ def _measure(
     read: str = "jvm",
 ) -> tuple[list[float], dict[str, list[float]]]:
     from substreams.spark import EpochOperator, run
-    from substreams.spark.connector import kafka_connector_conf
+    from substreams.spark.connector import KAFKA_CONNECTOR, kafka_connector_conf
     from substreams.spark.runner import stop
     from substreams.spark.session import session
 
@@ -331,13 +332,13 @@ def _measure(
 
         return mark
 
-    # Before the session: Spark's Kafka connector must be in spark.jars.packages when the
-    # JVM starts (fetched into ~/.m2 by Maven once; Ivy resolves it from there).
+    # Before the session: Spark's Kafka connector must be on the classpath when the JVM
+    # starts (its jars resolved once per machine, then named in spark.jars).
     connector: dict[str, str] = kafka_connector_conf(progress=ctx.log) if windowed else {}
     if connector and notes is not None:
         notes.append(
             "the watermark query reads the data topic with Spark's Kafka connector "
-            f"({connector['spark.jars.packages']}, read_committed)"
+            f"({KAFKA_CONNECTOR}, read_committed)"
         )
     acker = contextlib.ExitStack()
     acker.enter_context(acker_process(config, ctx.bootstrap))

@@ -163,13 +163,14 @@ def make_config(tmp_path: Path, bootstrap: str) -> ConfigFactory:
         stages: list[dict[str, Any]] | None = None,
         acker: dict[str, Any] | None = None,
         create: bool = True,
+        kafka: dict[str, Any] | None = None,
     ) -> Config:
         suffix = uuid.uuid4().hex[:8]
         ren = {s["name"]: f"{s['name']}-{suffix}" for s in streams}
         schema_path = tmp_path / "click.avsc"
         schema_path.write_text(json.dumps(CLICK_SCHEMA))
         doc: dict[str, Any] = {
-            "kafka": {"bootstrap": bootstrap},
+            "kafka": {"bootstrap": bootstrap, **(kafka or {})},
             "streams": [
                 {"schema": "click.avsc", "order_key": "ts", **s, "name": ren[s["name"]]}
                 for s in streams

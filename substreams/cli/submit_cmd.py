@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
@@ -60,11 +60,14 @@ def build_command(
     conf: Sequence[str],
     job_args: Sequence[str],
     py_files: Path | None,
-    packages: Sequence[str] = (),
+    jvm_read: bool = False,
+    progress: Callable[[str], None] = lambda line: click.echo(line, err=True),
 ) -> list[str]:
-    """The spark-submit command line.  ``packages`` (``group:artifact:version``) go to
-    ``--packages``, merged with a ``--conf spark.jars.packages=...`` of the user's (which
-    spark-submit would otherwise ignore in favour of ``--packages``)."""
+    """The spark-submit command line.  ``jvm_read`` adds the connector and ``spark-avro``:
+    their cached jars to ``--jars`` (merged with a ``--conf spark.jars=...`` of the user's),
+    or, when the user names packages, to ``--packages`` merged with their
+    ``--conf spark.jars.packages=...`` (spark-submit would otherwise ignore either setting
+    in favour of the option)."""
     cmd = [str(spark_submit_path()), "--master", master, "--name", job.stem]
     settings = dict(DEFAULT_CONF)
     for item in conf:
@@ -72,10 +75,15 @@ def build_command(
             raise SubstreamsError(f"--conf expects KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
         settings[key] = value
-    if packages:
-        from substreams.spark.connector import PACKAGES, merge_packages
+    if jvm_read:
+        from substreams.spark.connector import JARS, PACKAGES, kafka_connector_conf
 
-        cmd += ["--packages", merge_packages(settings.pop(PACKAGES, None), *packages)]
+        added = kafka_connector_conf(
+            settings.pop(PACKAGES, None), progress, settings.pop(JARS, None)
+        )
+        options = {JARS: "--jars", PACKAGES: "--packages"}
+        for key, value in added.items():
+            cmd += [options[key], value]
     for key, value in settings.items():
         cmd += ["--conf", f"{key}={value}"]
     if py_files is not None:
@@ -91,9 +99,9 @@ def build_command(
     "--kafka-connector/--no-kafka-connector",
     default=True,
     show_default=True,
-    help='Add Spark\'s own Kafka connector (format("kafka")) and spark-avro to --packages, '
-    "fetched into ~/.m2 with Maven first (needs `mvn`): the JVM read path of "
-    "substreams.spark.run needs them.",
+    help='Add Spark\'s own Kafka connector (format("kafka")) and spark-avro to --jars, '
+    "resolved once per machine (fetched with Maven, needs `mvn`; cached): the JVM read path "
+    "of substreams.spark.run needs them.",
 )
 @click.option("--dry-run", is_flag=True, help="Print the spark-submit command, do not run it.")
 @click.argument("job", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -113,15 +121,9 @@ def command(
     env[ENV_CONFIG] = str(config.path)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    packages: list[str] = []
-    if kafka_connector:
-        from substreams.spark.connector import ensure_jvm_packages
-
-        # In ~/.m2 before spark-submit starts: its Ivy resolution looks there first.
-        packages.extend(ensure_jvm_packages(lambda line: click.echo(line, err=True)))
     with tempfile.TemporaryDirectory(prefix="substreams-submit-") as tmp:
         zipped = None if master.startswith("local") else package_zip(Path(tmp))
-        cmd = build_command(job.resolve(), master, conf, job_args, zipped, packages)
+        cmd = build_command(job.resolve(), master, conf, job_args, zipped, kafka_connector)
         if dry_run:
             click.echo(" ".join(cmd))
             return

@@ -78,6 +78,7 @@ _PROBLEMS: Final = {
     "dataclass_type": "expected a mapping, got {got}",
     "dataclass_args_type": "expected a mapping, got {got}",
     "greater_than_equal": "{input} is out of range; must be >= {ge}",
+    "less_than_equal": "{input} is out of range; must be <= {le}",
     "literal_error": "{got} is not allowed; allowed: {allowed}",
 }
 

@@ -136,6 +136,10 @@ def _timeout_or_null(value: object) -> int | None:
 # What a key of the file accepts.  Strict: ``'2'`` is not an integer nor ``1`` a string.
 Text = Annotated[str, Strict()]
 Flag = Annotated[bool, Strict()]
+COMMIT_TIMEOUT_MAX_MS = 60_000
+"""``kafka.commit_timeout_ms`` at most: below how long a writer waits out an outage in all
+(``client.COMMIT_PATIENCE_S``, 75 s), so that a timed-out commit is called again at least
+once."""
 Count = Annotated[int, Strict(), Field(ge=1)]
 Name = Annotated[str, Strict(), AfterValidator(_name)]
 Topic = Annotated[str, Strict(), AfterValidator(_topic)]
@@ -170,6 +174,11 @@ class KafkaConfig:
     """None: 2 when the replication factor is >= 3, else 1 (:func:`default_min_insync`)."""
     data_retention_ms: RetentionMs = 7 * DAY_MS
     """Retention of data topics (-1: keep forever); ``streams[].retention_ms`` overrides it."""
+    commit_timeout_ms: Annotated[int, Strict(), Field(ge=1000, le=COMMIT_TIMEOUT_MAX_MS)] = 30_000
+    """How long one ``commit_transaction`` call of a transactional writer waits before it is
+    called again (a timed-out commit is still in progress; see
+    :func:`substreams.kafka.client.commit_transaction`).  Not how long a writer waits out an
+    outage in all: that is ``client.COMMIT_PATIENCE_S``."""
 
     def __post_init__(self) -> None:
         # A read-only view of a private copy, whatever mapping the caller passed.

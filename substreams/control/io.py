@@ -239,7 +239,11 @@ class ControlWriter:
                 produce(self._producer, topic, value, partition=0, headers=headers)
             t2 = time.perf_counter()
             with self._fencing():
-                client.commit_transaction(self._producer, f"control writer '{self.writer}'")
+                client.commit_transaction(
+                    self._producer,
+                    f"control writer '{self.writer}'",
+                    call_timeout=client.commit_timeout(self.config),
+                )
         except BaseException:
             with contextlib.suppress(KafkaException):
                 self._producer.abort_transaction(10)

@@ -151,7 +151,9 @@ class KafkaTransactionalWriter(KafkaWriter):
     def commit(self) -> None:
         self.flush()
         with _translated(self.name):
-            client.commit_transaction(self._producer, self.name)
+            client.commit_transaction(
+                self._producer, self.name, call_timeout=client.commit_timeout(self._config)
+            )
 
     def abort(self) -> None:
         self._slots = []

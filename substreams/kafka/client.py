@@ -34,7 +34,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from substreams.config import Config
+from substreams.config import Config, KafkaConfig
 from substreams.errors import BrokerError
 from substreams.kafka.clock import Deadline, retry
 from substreams.kafka.embedded import read_state
@@ -310,8 +310,17 @@ its coordinator does not abort the transaction under it (a retried commit would 
 as abortable)."""
 
 
+def commit_timeout(config: Config | None) -> float:
+    """One commit call's timeout in seconds: ``kafka.commit_timeout_ms`` (30 s without a
+    config)."""
+    return (config.kafka.commit_timeout_ms if config else KafkaConfig.commit_timeout_ms) / 1000
+
+
 def commit_transaction(
-    producer: Producer, what: str, patience: float = COMMIT_PATIENCE_S
+    producer: Producer,
+    what: str,
+    patience: float = COMMIT_PATIENCE_S,
+    call_timeout: float = KafkaConfig.commit_timeout_ms / 1000,
 ) -> None:
     """Deliver everything and commit the open transaction, waiting out a broker outage.
 
@@ -319,9 +328,10 @@ def commit_transaction(
     (librdkafka marks the error retriable) -- it may yet commit, so it must be called again,
     never aborted (an abort is refused with ``_CONFLICT`` and the outcome stays unknown).
     Every other error is raised: abortable ones for the caller to abort, fatal ones (a
-    fenced producer) for it to stop."""
+    fenced producer) for it to stop.  ``call_timeout`` (``kafka.commit_timeout_ms``, see
+    :func:`commit_timeout`) bounds one call."""
     retry(
-        lambda deadline: producer.commit_transaction(deadline.left(1.0, 30.0)),
+        lambda deadline: producer.commit_transaction(deadline.left(1.0, call_timeout)),
         transient,
         patience,
         on_retry=lambda exc: log.warning(

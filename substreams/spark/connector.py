@@ -7,6 +7,15 @@ JVM package that PySpark does not ship: ``spark.jars.packages`` names it and Spa
 it with Ivy when the JVM starts, looking in ``~/.m2`` first.  :func:`ensure_kafka_connector`
 fetches it there with Maven once, so Ivy finds it offline afterwards.
 
+Why a jar cache on top: Ivy resolves ``spark.jars.packages`` again at every JVM start
+(seconds each, every ``substreams run``/``submit`` job pays it) and two JVMs resolving at
+once race on Ivy's cache.  :func:`resolved_jars` lets Spark's own Ivy resolve the packages
+once per machine, copies the jars it chose into ``cache_home()/spark-jars/`` (keyed by the
+coordinates) and later starts name them in ``spark.jars`` (``--jars``) instead: the jars
+Spark would have resolved, so no second version of anything lands on the classpath.  A
+user's own ``spark.jars.packages`` keeps the old way (everything resolved together by Ivy),
+so one resolution picks the versions of the dependencies both share.
+
 Why one version: the connector and ``spark-avro`` are JVM code compiled against one Spark
 release, so they are asked for at exactly ``pyspark.__version__``.  ``pyproject.toml`` pins
 PySpark to the newest release whose ``spark-sql-kafka-0-10_2.13`` and ``spark-avro_2.13``
@@ -21,13 +30,23 @@ payload columns.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import pyspark
 
 from substreams import jvm
 from substreams.config import StreamConfig
+from substreams.errors import SubstreamsError
 from substreams.spark.schema import PayloadLayout
 
 _ARTIFACT = "org.apache.spark:spark-sql-kafka-0-10_2.13"
@@ -37,6 +56,13 @@ KAFKA_CONNECTOR = f"{_ARTIFACT}:{pyspark.__version__}"
 AVRO_PACKAGE = f"{_AVRO_ARTIFACT}:{pyspark.__version__}"
 """``spark-avro`` (``from_avro``), at the installed PySpark's version."""
 PACKAGES = "spark.jars.packages"
+JARS = "spark.jars"
+JVM_PACKAGES = (KAFKA_CONNECTOR, AVRO_PACKAGE)
+"""What the JVM read path needs on the classpath."""
+MANIFEST = "jars.txt"
+"""In a cached jar folder: the jar file names, in Ivy's order, written last."""
+
+log = logging.getLogger(__name__)
 
 ENVELOPE_COLUMNS = ("order_key", "partition", "offset")
 """Columns :func:`decode_envelopes` adds after the payload's (the envelope's order key and
@@ -71,25 +97,146 @@ def merge_packages(existing: str | None, *coords: str) -> str:
     return ",".join(items)
 
 
+def merge_jars(existing: str | None, jars: Sequence[str]) -> str:
+    """A ``spark.jars`` value: ``existing`` (comma-separated) plus ``jars``, each once."""
+    items = [j.strip() for j in (existing or "").split(",") if j.strip()]
+    return ",".join([*items, *(j for j in jars if j not in items)])
+
+
 def kafka_connector_conf(
-    existing: str | None = None, progress: jvm.Progress = jvm.stderr_progress
+    existing: str | None = None,
+    progress: jvm.Progress = jvm.stderr_progress,
+    jars: str | None = None,
 ) -> dict[str, str]:
-    """``{"spark.jars.packages": ...}`` with the connector and ``spark-avro`` merged into
-    ``existing``: the keyword settings for :func:`substreams.spark.session.session`
-    (``**conf``); what the JVM read path needs."""
+    """The settings that put the connector and ``spark-avro`` on a new JVM's classpath: the
+    keyword settings for :func:`substreams.spark.session.session` (``**conf``); what the JVM
+    read path needs.
+
+    ``existing`` is the caller's ``spark.jars.packages`` and ``jars`` its ``spark.jars``.
+    Without packages of the caller's: ``{"spark.jars": ...}``, the cached jars of
+    :func:`resolved_jars` added to ``jars`` (no Ivy at start).  With them, or when the cache
+    cannot be built: ``{"spark.jars.packages": ...}`` with ours merged into ``existing``."""
+    if not (existing or "").strip():
+        try:
+            return {JARS: merge_jars(jars, resolved_jars(progress))}
+        except SubstreamsError as exc:
+            progress(f"no cached Spark jars ({exc}); Spark resolves the packages at start")
     return {PACKAGES: merge_packages(existing, *ensure_jvm_packages(progress))}
 
 
 def add_kafka_connector(builder: Any, progress: jvm.Progress = jvm.stderr_progress) -> Any:
     """``builder`` (a ``SparkSession.Builder``) with the connector (and ``spark-avro``) added to its
-    ``spark.jars.packages``, keeping the packages it already names.
+    ``spark.jars`` (or to its ``spark.jars.packages`` when it names packages), keeping what it
+    already names.
 
     Effective only before the first JVM of the process starts (the first ``getOrCreate()``):
-    Ivy resolves packages when the JVM is launched, a running JVM ignores the setting."""
+    a running JVM ignores both settings."""
     options: Mapping[str, Any] = getattr(builder, "_options", {})
-    existing = options.get(PACKAGES)
-    conf = kafka_connector_conf(None if existing is None else str(existing), progress)
-    return builder.config(PACKAGES, conf[PACKAGES])
+    existing, jars = options.get(PACKAGES), options.get(JARS)
+    conf = kafka_connector_conf(
+        None if existing is None else str(existing), progress, None if jars is None else str(jars)
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder
+
+
+def resolved_jars(progress: jvm.Progress = jvm.stderr_progress) -> list[str]:
+    """Local paths of the jars of :data:`JVM_PACKAGES` for ``spark.jars``: resolved by Spark's
+    own Ivy once per machine and copied into ``cache_home()/spark-jars/<version>-<digest>``
+    (the digest of the coordinates).
+
+    Invariants: the folder is complete or absent (built in a temporary sibling, renamed into
+    place after its manifest is written); one process resolves at a time (a lock file), so
+    Ivy's cache never sees two resolutions of ours at once; a folder missing a listed jar is
+    resolved again.  Jars PySpark already ships at the same version (Hadoop's client, lz4,
+    ...) are left out: the same classes are on the classpath already.
+
+    Raises :class:`SubstreamsError` when Spark cannot resolve the packages."""
+    digest = hashlib.sha256(",".join(sorted(JVM_PACKAGES)).encode()).hexdigest()[:12]
+    name = f"{pyspark.__version__}-{digest}"  # keyed by the coordinates
+    dest = jvm.cache_home() / "spark-jars" / name
+    cached = _cached_jars(dest)
+    if cached is not None:
+        return cached
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = _cached_jars(dest)  # another process may have built it while we waited
+        if cached is not None:
+            return cached
+        ensure_jvm_packages(progress)  # in ~/.m2 first: Ivy resolves offline from there
+        progress(f"resolving {', '.join(JVM_PACKAGES)} with Spark's Ivy (once; cached in {dest})")
+        shipped = {p.name for p in _spark_jars_dir().glob("*.jar")}
+        # Ivy names a jar <organisation>_<artifact>-<version>.jar; PySpark <artifact>-<version>.jar.
+        keep = [j for j in _ivy_resolve(JVM_PACKAGES) if j.name.split("_", 1)[-1] not in shipped]
+        with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{name}-") as tmp:
+            work = Path(tmp) / "jars"
+            work.mkdir()
+            for jar in keep:
+                shutil.copyfile(jar, work / jar.name)
+            (work / MANIFEST).write_text("".join(f"{j.name}\n" for j in keep))
+            if dest.exists():
+                shutil.rmtree(dest)
+            work.rename(dest)
+    progress(f"cached {len(keep)} Spark jars in {dest}")
+    return [str(dest / j.name) for j in keep]
+
+
+def _cached_jars(folder: Path) -> list[str] | None:
+    """The jar paths a complete cache folder lists, or None (absent, or a jar is missing)."""
+    try:
+        names = (folder / MANIFEST).read_text().split()
+    except OSError:
+        return None
+    paths = [folder / n for n in names]
+    if not names or not all(p.is_file() for p in paths):
+        log.warning("cached Spark jars in %s are incomplete; resolving them again", folder)
+        return None
+    return [str(p) for p in paths]
+
+
+def _spark_jars_dir() -> Path:
+    from pyspark.find_spark_home import _find_spark_home
+
+    return Path(_find_spark_home()) / "jars"
+
+
+def _ivy_resolve(packages: Sequence[str]) -> list[Path]:
+    """The jars Spark's Ivy resolves for ``packages``: what ``spark-submit --packages`` puts
+    in ``spark.jars``, read from a Py4J gateway JVM (no SparkContext is started)."""
+    from pyspark import SparkConf
+    from pyspark.java_gateway import launch_gateway
+
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # launch_gateway would join that JVM instead
+        raise SubstreamsError("a Spark JVM is already running in this process")
+    conf = SparkConf(loadDefaults=False).set(PACKAGES, ",".join(packages))
+    with tempfile.TemporaryFile() as out:
+        try:
+            gateway = launch_gateway(  # type: ignore[no-untyped-call]
+                conf, popen_kwargs={"stdout": out, "stderr": subprocess.STDOUT}
+            )
+        except Exception as exc:
+            out.seek(0)
+            tail = out.read().decode(errors="replace").strip().splitlines()[-15:]
+            raise SubstreamsError(
+                "Spark could not resolve " + ", ".join(packages) + ":\n" + "\n".join(tail)
+            ) from exc
+        try:
+            value = str(gateway.jvm.System.getProperty(JARS) or "")
+        finally:
+            gateway.shutdown()
+            proc = gateway.proc
+            proc.stdin.close()  # the gateway JVM exits when its stdin closes
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    jars = [Path(unquote(urlparse(u).path)) for u in value.split(",") if u.strip()]
+    if not jars or not all(j.is_file() for j in jars):
+        raise SubstreamsError(f"Spark resolved {', '.join(packages)} to {value!r}")
+    return jars
 
 
 def _header(name: str) -> Any:

@@ -37,10 +37,10 @@ def session(
     """The active session (or a new one) with the source registered.
 
     ``master`` defaults to what ``spark-submit`` set, else ``local[*]``.  ``jvm_read`` adds
-    Spark's Kafka connector and ``spark-avro`` to ``spark.jars.packages`` (the JVM read
-    path of :func:`substreams.spark.run`; fetched into ``~/.m2`` once) unless the JVM is
-    already up (under ``spark-submit``, ``substreams submit`` passes them as
-    ``--packages``)."""
+    Spark's Kafka connector and ``spark-avro`` (the JVM read path of
+    :func:`substreams.spark.run`) to ``spark.jars`` -- the jars resolved once per machine,
+    see :func:`substreams.spark.connector.kafka_connector_conf` -- unless the JVM is already
+    up (under ``spark-submit``, ``substreams submit`` passes them as ``--jars``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # Local runs bind to loopback (and Spark stops warning that the hostname does).
     if master is None or master.startswith("local"):
@@ -55,9 +55,9 @@ def session(
         # SparkConf set local[*] over `submit --master spark://...`.
         builder = builder.master("local[*]")
     if jvm_read and "PYSPARK_GATEWAY_PORT" not in os.environ:
-        from substreams.spark.connector import PACKAGES, kafka_connector_conf
+        from substreams.spark.connector import JARS, PACKAGES, kafka_connector_conf
 
-        conf = {**conf, **kafka_connector_conf(conf.get(PACKAGES))}
+        conf = {**conf, **kafka_connector_conf(conf.get(PACKAGES), jars=conf.get(JARS))}
     settings = {
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),

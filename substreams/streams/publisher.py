@@ -1070,6 +1070,7 @@ class Publisher:
     def _commit(self, patience: float) -> None:
         """The open transaction's delivery flush, the hooks' last writes, the commit."""
         what = f"stream '{self.stream}', source '{self.source_id}'"
+        call = client.commit_timeout(self.config)
         if self._delivery_hooks:
             # Every delivery callback (offsets) before the hooks' last word.
             self._guard(client.flush_producer, self._producer, what, patience)
@@ -1081,9 +1082,11 @@ class Publisher:
             # Refused because the transaction already failed (a record's delivery timed
             # out during an outage: "Erroneous state").  The commit names the real error
             # -- abortable or fatal; it cannot succeed in that state.
-            self._guard(client.commit_transaction, self._producer, what, patience)
+            self._guard(
+                client.commit_transaction, self._producer, what, patience, call_timeout=call
+            )
             raise
-        self._guard(client.commit_transaction, self._producer, what, patience)
+        self._guard(client.commit_transaction, self._producer, what, patience, call_timeout=call)
 
     def _deliver_batches(self) -> None:
         """Hand every ``publish_many`` batch of the transaction to the delivery hooks, once

@@ -128,7 +128,9 @@ def die_in_commit() -> None:
     reports and seals) and then SIGKILLs this process: it dies inside an open transaction,
     which holds the last stable offset of every partition it wrote until it is aborted."""
 
-    def commit(producer: Any, what: str, patience: float = 0.0) -> None:
+    def commit(
+        producer: Any, what: str, patience: float = 0.0, call_timeout: float = 0.0
+    ) -> None:
         producer.flush(30)
         os.kill(os.getpid(), signal.SIGKILL)
 

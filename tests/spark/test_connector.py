@@ -3,9 +3,9 @@ topic written by a substreams Publisher, and ``decode_envelopes`` turns its rows
 stream's payload columns -- punctuations dropped, aborted transactions invisible under
 ``read_committed`` -- in a batch read and in a streaming query.
 
-The session-scoped SparkSession (tests/spark/conftest.py) is built with the connector in
-``spark.jars.packages``; without it ``format("kafka")`` fails with "Failed to find data
-source: kafka"."""
+The session-scoped SparkSession (tests/spark/conftest.py) is built with the connector's
+cached jars in ``spark.jars``; without them ``format("kafka")`` fails with "Failed to find
+data source: kafka"."""
 
 from __future__ import annotations
 
@@ -18,13 +18,17 @@ from pyspark.sql import SparkSession
 
 from substreams.app import Application
 from substreams.config import Config
+from substreams.spark import connector
 from substreams.spark.connector import (
     AVRO_PACKAGE,
+    JARS,
     KAFKA_CONNECTOR,
     PACKAGES,
     add_kafka_connector,
     decode_envelopes,
+    merge_jars,
     merge_packages,
+    resolved_jars,
 )
 from tests.conftest import ConfigFactory
 from tests.spark.conftest import window_clicks
@@ -51,6 +55,47 @@ def test_add_kafka_connector_merges_into_the_builder() -> None:
     out = add_kafka_connector(builder, notes.append)
     assert out._options[PACKAGES].split(",") == ["a:b:1", KAFKA_CONNECTOR, AVRO_PACKAGE]
     assert notes == []  # no version-mismatch warning: connector and PySpark are one version
+
+
+def test_without_packages_of_the_callers_the_cached_jars_go_to_spark_jars() -> None:
+    builder = SparkSession.Builder().config(JARS, "/mine.jar")  # no JVM is started
+    out = add_kafka_connector(builder, [].append)
+    assert PACKAGES not in out._options
+    jars = out._options[JARS].split(",")
+    assert jars[0] == "/mine.jar" and jars[1:] == resolved_jars()
+    names = [Path(j).name for j in jars[1:]]
+    assert "org.apache.spark_spark-sql-kafka-0-10_2.13-" + pyspark.__version__ + ".jar" in names
+    assert not any("hadoop-client" in n for n in names)  # PySpark ships it at that version
+    assert merge_jars(",".join(jars), jars[1:]) == ",".join(jars)
+
+
+def test_the_jar_cache_is_built_once_and_rebuilt_when_a_jar_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ivy = tmp_path / "ivy"
+    ivy.mkdir()
+    spark_jars = tmp_path / "spark"
+    spark_jars.mkdir()
+    for name in ("org.a_a-1.jar", "org.b_b-2.jar", "org.c_c-3.jar"):
+        (ivy / name).write_bytes(name.encode())
+    (spark_jars / "c-3.jar").write_bytes(b"shipped")
+    resolutions: list[int] = []
+
+    def ivy_resolve(packages: Any) -> list[Path]:
+        resolutions.append(1)
+        return sorted(ivy.iterdir())
+
+    monkeypatch.setenv("SUBSTREAMS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(connector, "_ivy_resolve", ivy_resolve)
+    monkeypatch.setattr(connector, "_spark_jars_dir", lambda: spark_jars)
+    monkeypatch.setattr(connector, "ensure_jvm_packages", lambda progress: [])
+    first = resolved_jars([].append)
+    assert [Path(j).name for j in first] == ["org.a_a-1.jar", "org.b_b-2.jar"]
+    assert all(Path(j).parent.parent == tmp_path / "cache" / "spark-jars" for j in first)
+    assert resolved_jars([].append) == first and len(resolutions) == 1
+    Path(first[1]).unlink()
+    assert resolved_jars([].append) == first and len(resolutions) == 2
+    assert Path(first[1]).read_bytes() == b"org.b_b-2.jar"
 
 
 def test_connectors_are_at_the_installed_pyspark_version() -> None:

@@ -950,6 +950,23 @@ def test_topic_setting_keys_checked(project: Path, snippet: str, key: str, probl
     assert problem in str(err)
 
 
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("999", "999 is out of range; must be >= 1000"),
+        ("60001", "60001 is out of range; must be <= 60000"),
+        ("5s", "expected an integer"),
+    ],
+)
+def test_commit_timeout_ms_range(project: Path, value: str, problem: str) -> None:
+    assert load(project, STREAM).kafka.commit_timeout_ms == 30_000
+    short = load(project, STREAM + "kafka: {commit_timeout_ms: 1000}\n")
+    assert short.kafka.commit_timeout_ms == 1000
+    err = fail(project, STREAM + f"kafka: {{commit_timeout_ms: {value}}}\n")
+    assert (err.line, err.key) == (5, "kafka.commit_timeout_ms")
+    assert problem in str(err)
+
+
 def test_stream_retention_checked_at_its_line(project: Path) -> None:
     err = fail(project, STREAM + "    retention_ms: 10\n")
     assert (err.line, err.key, err.value) == (5, "streams[0].retention_ms", 10)
