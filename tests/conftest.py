@@ -102,6 +102,8 @@ def fetch_jars_once() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, what in TIERS:
         config.addinivalue_line("markers", f"{name}: {what}")
+    if not config.pluginmanager.hasplugin("xdist"):  # pytest-xdist registers it itself
+        config.addinivalue_line("markers", "xdist_group(name): run together on one worker")
     if parallel_controller(config):
         fetch_jars_once()
 
