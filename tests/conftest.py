@@ -64,9 +64,48 @@ def tier_of(path: Path) -> str:
     return {"unit": "pure", "sim": "sim", "spark": "spark"}.get(folder, "integration")
 
 
+def worker_id(config: pytest.Config) -> str | None:
+    """The pytest-xdist worker's id (``gw0``, ``gw1``, ...) inside a worker; None in the
+    controller of a parallel run and in a plain (``-n 0``) run."""
+    workerinput = getattr(config, "workerinput", None)
+    return None if workerinput is None else str(workerinput["workerid"])
+
+
+def parallel_controller(config: pytest.Config) -> bool:
+    """True in the process that starts pytest-xdist workers (``-n N``, N > 0)."""
+    if worker_id(config) is not None or not config.pluginmanager.hasplugin("xdist"):
+        return False
+    return bool(config.getoption("numprocesses", None)) and config.getoption("dist") != "no"
+
+
+def fetch_jars_once() -> None:
+    """Fetch the embedded Kafka's jars and Spark's Kafka connector with Maven, once, before
+    any worker starts.
+
+    Why in the controller: each worker is its own session with its own broker and
+    SparkSession, and would otherwise run ``mvn`` into ``~/.m2`` at the same moment as the
+    others on a fresh machine (the Kafka classpath has a lock file; the connector fetch has
+    not).  Both are folder checks when the jars are there.  Missing Java or Maven is not
+    this hook's failure: the tests that need them fail with the fix in their message."""
+    from substreams.errors import BrokerError
+    from substreams.kafka.embedded import kafka_classpath
+
+    try:
+        kafka_classpath()
+        from substreams.spark.connector import ensure_jvm_packages
+
+        ensure_jvm_packages()
+    except (BrokerError, ImportError) as e:
+        print(f"conftest: jars not fetched before the workers start: {e}", file=sys.stderr)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, what in TIERS:
         config.addinivalue_line("markers", f"{name}: {what}")
+    if not config.pluginmanager.hasplugin("xdist"):  # pytest-xdist registers it itself
+        config.addinivalue_line("markers", "xdist_group(name): run together on one worker")
+    if parallel_controller(config):
+        fetch_jars_once()
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,19 +119,31 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     processes, Spark drivers and their Python workers), each importing substreams; with the
     variable set none of them writes bytecode, so every one compiled the whole package from
     source again (~0.4 CPU-s a launch).  They still read bytecode that exists, so one
-    compilation here (~1 CPU-s, into the ignored ``__pycache__`` folders) serves them all."""
+    compilation here (~1 CPU-s, into the ignored ``__pycache__`` folders) serves them all.
+    Under pytest-xdist the controller does it, before its workers start."""
+    if worker_id(session.config) is not None:
+        return
     if sys.flags.dont_write_bytecode or os.environ.get("PYTHONDONTWRITEBYTECODE"):
         for package in PROJECT_PACKAGES:
             if (ROOT / package).is_dir():
                 compileall.compile_dir(ROOT / package, quiet=1)
 
 
+MODULE_FIXTURE_MODULES = frozenset({"test_broker_failures", "test_install"})
+"""Modules whose module-scoped fixture is costly (a 3-node cluster, a wheel in a fresh venv):
+under ``--dist loadgroup`` each runs on one worker, so the fixture starts once."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order = {name: i for i, (name, _) in enumerate(TIERS)}
     tiers: dict[str, str] = {}
     for item in items:
-        tiers[item.nodeid] = tier = tier_of(Path(str(item.path)))
+        path = Path(str(item.path))
+        tiers[item.nodeid] = tier = tier_of(path)
         item.add_marker(tier)
+        if path.stem in MODULE_FIXTURE_MODULES:
+            item.add_marker(pytest.mark.xdist_group(path.stem))
     # A stable sort keeps each module's tests together (module fixtures start once).
     items.sort(key=lambda item: order[tiers[item.nodeid]])
 

@@ -5,6 +5,7 @@ not run the acker."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sys
 import threading
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from substreams import jvm
 from substreams.app import DIRECT, Application
 from substreams.config import Config
 from substreams.control.messages import EpochComplete
@@ -28,10 +30,34 @@ from substreams.spark.connector import kafka_connector_conf  # noqa: E402
 from substreams.spark.session import session  # noqa: E402
 
 
+@contextlib.contextmanager
+def jvm_start_lock() -> Iterator[None]:
+    """Held while a SparkSession's JVM starts, across processes (pytest-xdist workers).
+
+    Why: the JVM resolves ``spark.jars.packages`` with Ivy as it starts, and Ivy's cache
+    (``~/.ivy2*``) is not safe for two resolutions at once; two workers starting their
+    sessions together take turns here instead."""
+    cache = jvm.cache_home()
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".spark-session.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    s = session(
+    with jvm_start_lock():
+        s = _start_session()
+    yield s
+    s.stop()
+
+
+def _start_session() -> SparkSession:
+    return session(
         "substreams-tests",
         master="local[2]",
         shuffle_partitions=2,
@@ -47,8 +73,6 @@ def spark() -> Iterator[SparkSession]:
             **kafka_connector_conf(),
         },
     )
-    yield s
-    s.stop()
 
 
 @pytest.fixture(autouse=True)
