@@ -134,6 +134,13 @@ MODULE_FIXTURE_MODULES = frozenset({"test_broker_failures", "test_install"})
 under ``--dist loadgroup`` each runs on one worker, so the fixture starts once."""
 
 
+SPARK_GROUP = "spark"
+"""Every test under ``tests/spark`` runs on one worker under ``--dist loadgroup``: two Spark
+JVMs with their job processes on two cores made each heavy Spark test slower than the waits
+they overlapped (docs/design.md, "The suite in parallel workers"); one worker also means one
+test SparkSession, while the other workers run the broker-only tiers beside it."""
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order = {name: i for i, (name, _) in enumerate(TIERS)}
@@ -142,7 +149,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = Path(str(item.path))
         tiers[item.nodeid] = tier = tier_of(path)
         item.add_marker(tier)
-        if path.stem in MODULE_FIXTURE_MODULES:
+        if path.parent.name == "spark":
+            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+        elif path.stem in MODULE_FIXTURE_MODULES:
             item.add_marker(pytest.mark.xdist_group(path.stem))
     # A stable sort keeps each module's tests together (module fixtures start once).
     items.sort(key=lambda item: order[tiers[item.nodeid]])
