@@ -142,8 +142,11 @@ test SparkSession, while the other workers run the broker-only tiers beside it."
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     order = {name: i for i, (name, _) in enumerate(TIERS)}
+    # In a parallel run the Spark group goes first: one worker takes it at once and runs it
+    # beside the others' tiers, instead of starting it after them and running alone.
+    in_worker = worker_id(config) is not None
     tiers: dict[str, str] = {}
     for item in items:
         path = Path(str(item.path))
@@ -154,7 +157,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         elif path.stem in MODULE_FIXTURE_MODULES:
             item.add_marker(pytest.mark.xdist_group(path.stem))
     # A stable sort keeps each module's tests together (module fixtures start once).
-    items.sort(key=lambda item: order[tiers[item.nodeid]])
+    items.sort(key=lambda item: (
+        in_worker and Path(str(item.path)).parent.name != "spark", order[tiers[item.nodeid]]
+    ))
 
 CLICK_SCHEMA = {
     "type": "record",
