@@ -652,6 +652,15 @@ def _throughput(
     return rows
 
 
+def _read_anything(progress: dict[str, Any]) -> bool:
+    """Did this micro-batch read anything?  Its input rows, or -- for a firm query on the
+    JVM read, whose source rows (the notifications) are taken from the offset log and never
+    read as rows, so ``numInputRows`` stays 0 -- a source whose offsets moved."""
+    return bool(progress["numInputRows"]) or any(
+        s.get("startOffset") != s.get("endOffset") for s in progress.get("sources", [])
+    )
+
+
 def _read_counts(config: Any, stream: str) -> tuple[int, int]:
     """(distinct windows, sum of counts) of the firm query's output stream."""
     from substreams.streams.records import Entry
@@ -907,7 +916,7 @@ def _child(spec: dict[str, Any], shared: Any = None) -> dict[str, Any]:
         in_span = [(w, c) for w, c in results if w * 1000 < spec["span_ms"]]
         out["windows_out"] = len({w for w, _ in in_span})
         out["counted"] = sum(c for _, c in in_span)
-    done = [p for p in query.recentProgress if p["numInputRows"]]
+    done = [p for p in query.recentProgress if _read_anything(p)]
     out["batches"] = len(done)
     out["batch_rows"] = [int(p["numInputRows"]) for p in done]
     out["batch_ms"] = [int(p["durationMs"].get("triggerExecution", 0)) for p in done]
