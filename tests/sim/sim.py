@@ -1359,6 +1359,25 @@ def check(sim: Sim) -> None:
         _check_spark(sim)
 
 
+def _check_records(sim: Sim, sub: str, n: Note, want: list[tuple[int, int]], at: str,
+                   stream: str, commit_at: dict[tuple[int, int], int]) -> None:
+    """Notification ``n`` holds exactly the committed records ``want`` (count, and each
+    inside its offset ranges), and none of them committed after it."""
+    v = sim.violations
+    if n.records != len(want):
+        v.append(f"exact: {sub}@{n.time} notified with {n.records} records; "
+                 f"{len(want)} committed at {at}")
+    for p, o in want:
+        if not any(rs == stream and rp == p and lo <= o < hi for rs, rp, lo, hi in n.ranges):
+            v.append(f"exact: {sub}@{n.time}: committed record {stream}{(p, o)} outside "
+                     f"its ranges {n.ranges}")
+            break
+    late = [w for w in want if commit_at.get(w, 0) > n.at_ms]
+    if late:
+        v.append(f"early: {sub}@{n.time} notified at {n.at_ms - sim.t0} ms, before "
+                 f"the commit of {stream}{late[0]} at {commit_at[late[0]] - sim.t0} ms")
+
+
 def _check_notes(sim: Sim, sub: str, by_time: dict[int, list[tuple[int, int]]], due: set[int],
                  stream: str, commit_at: dict[tuple[int, int], int]) -> None:
     """``sub``'s notifications: in order and once; each with exactly the committed records
@@ -1372,21 +1391,7 @@ def _check_notes(sim: Sim, sub: str, by_time: dict[int, list[tuple[int, int]]], 
             v.append(f"order: {sub}@{b} notified after {sub}@{a}"
                      + (" (a duplicate)" if a == b else ""))
     for n in notes:
-        want = by_time.get(n.time, [])
-        if n.records != len(want):
-            v.append(f"exact: {sub}@{n.time} notified with {n.records} records; "
-                     f"{len(want)} committed at that time")
-        for where in want:
-            p, o = where
-            if not any(rs == stream and rp == p and lo <= o < hi
-                       for rs, rp, lo, hi in n.ranges):
-                v.append(f"exact: {sub}@{n.time}: committed record {stream}{where} outside "
-                         f"its ranges {n.ranges}")
-                break
-        late = [w for w in want if commit_at.get(w, 0) > n.at_ms]
-        if late:
-            v.append(f"early: {sub}@{n.time} notified at {n.at_ms - sim.t0} ms, before "
-                     f"the commit of {stream}{late[0]} at {commit_at[late[0]] - sim.t0} ms")
+        _check_records(sim, sub, n, by_time.get(n.time, []), "that time", stream, commit_at)
     missing = sorted(due - set(times))
     if missing:
         v.append(f"terminates: {sub}@{missing} committed records but never terminated")
@@ -1454,18 +1459,8 @@ def _check_keyed(sim: Sim, committed: dict[tuple[int, int], tuple[str, int, int]
             want = _session_records(sim, n, inputs, records, by_key[n.time.key])
         else:
             want = records.get(n.time, [])
-        if n.records != len(want):
-            v.append(f"exact: {sub}@{n.time} notified with {n.records} records; "
-                     f"{len(want)} committed at {'its times' if n.until else 'that time'}")
-        for p, o in want:
-            if not any(rs == stream and rp == p and lo <= o < hi for rs, rp, lo, hi in n.ranges):
-                v.append(f"exact: {sub}@{n.time}: committed record {stream}{(p, o)} outside "
-                         f"its ranges {n.ranges}")
-                break
-        late = [w for w in want if commit_at.get(w, 0) > n.at_ms]
-        if late:
-            v.append(f"early: {sub}@{n.time} notified at {n.at_ms - sim.t0} ms, before "
-                     f"the commit of {stream}{late[0]} at {commit_at[late[0]] - sim.t0} ms")
+        _check_records(sim, sub, n, want, "its times" if n.until else "that time", stream,
+                       commit_at)
     spans = {key: [(n.time.time, (n.until or n.time).time) for n in notes]
              for key, notes in by_key.items()}
     missing = sorted((t for t in due if not any(
