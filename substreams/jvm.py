@@ -23,7 +23,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from substreams.errors import BrokerError
@@ -115,6 +116,16 @@ def _run_mvn(args: list[str], cwd: Path, what: str, progress: Progress) -> None:
         raise BrokerError(f"Maven could not resolve {what}:\n{detail}")
 
 
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Held by one process at a time (an exclusive ``flock`` on ``path``, created): what
+    builds a folder of the shared cache waits here instead of racing on its rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
 def resolve_classpath(
     name: str, dependencies: Sequence[str], progress: Progress = stderr_progress
 ) -> Path:
@@ -123,9 +134,7 @@ def resolve_classpath(
     dest = cache_home() / name
     if dest.is_dir():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(dest.parent / f".{name}.lock"):
         if dest.is_dir():  # another process finished while we waited
             return dest
         with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{name}-") as tmp:

@@ -30,7 +30,6 @@ payload columns.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -159,9 +158,7 @@ def resolved_jars(progress: jvm.Progress = jvm.stderr_progress) -> list[str]:
     cached = _cached_jars(dest)
     if cached is not None:
         return cached
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with jvm.file_lock(dest.parent / f".{name}.lock"):
         cached = _cached_jars(dest)  # another process may have built it while we waited
         if cached is not None:
             return cached

@@ -5,7 +5,6 @@ not run the acker."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import sys
 import threading
@@ -34,17 +33,11 @@ from substreams.spark.session import session  # noqa: E402
 def jvm_start_lock() -> Iterator[None]:
     """Held while a SparkSession's JVM starts, across processes (pytest-xdist workers).
 
-    Why: the JVM resolves ``spark.jars.packages`` with Ivy as it starts, and Ivy's cache
-    (``~/.ivy2*``) is not safe for two resolutions at once; two workers starting their
-    sessions together take turns here instead."""
-    cache = jvm.cache_home()
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".spark-session.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    Why: when the jar cache cannot be built, the JVM resolves ``spark.jars.packages`` with
+    Ivy as it starts, and Ivy's cache (``~/.ivy2*``) is not safe for two resolutions at once;
+    two workers starting their sessions together take turns here instead."""
+    with jvm.file_lock(jvm.cache_home() / ".spark-session.lock"):
+        yield
 
 
 @pytest.fixture(scope="session")
