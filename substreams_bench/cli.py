@@ -33,6 +33,7 @@ from substreams.cli.options import bootstrap_option
 from substreams_bench.harness import (
     BenchError,
     bench_context,
+    parse_settings,
     render_table,
     render_targets,
     write_outputs,
@@ -67,9 +68,10 @@ BENCHES = (
     "--grid",
     "grid",
     multiple=True,
-    metavar="PxQxSxK",
-    help="traffic only: run these configurations (producers x partitions x stages x "
-    "substreams) instead of the built-in grid; repeatable.",
+    metavar="PxQxSxK|PxQ",
+    help="traffic: run these configurations (producers x partitions x stages x substreams) "
+    "instead of the built-in grid; latency: these producers x partitions (each granularity; "
+    "no seal-policy lines); repeatable.",
 )
 @click.option(
     "--mechanism",
@@ -111,6 +113,14 @@ BENCHES = (
     "written, not the rates: part (a)'s queries one after another in one child JVM, part (b) "
     "with 2 epochs, one measured (the test suite's run).",
 )
+@click.option(
+    "--broker-setting",
+    "broker_setting",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A property over the embedded broker's defaults (server.properties form, e.g. "
+    "num.io.threads=8), for every broker the run starts; repeatable.",
+)
 @bootstrap_option
 def command(
     name: str,
@@ -124,6 +134,7 @@ def command(
     part: str | None,
     smoke: bool,
     page: Path | None,
+    broker_setting: tuple[str, ...],
     bootstrap: str | None,
 ) -> None:
     """Run one benchmark and write its JSON result and PNG plot; or, with NAME ``report``,
@@ -135,9 +146,10 @@ def command(
         raise BenchError("--page applies to 'bench report' only")
     # A wide table also when piped (CI logs, README), where rich would assume 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 150)
-    dims = [_parse_grid(g) for g in grid]
-    if dims and name != "traffic":
-        raise BenchError(f"--grid applies to 'bench traffic' only, not to 'bench {name}'")
+    if grid and name not in ("traffic", "latency"):
+        raise BenchError(f"--grid applies to 'bench traffic|latency' only, not to 'bench {name}'")
+    dims = [_parse_grid(g, 4 if name == "traffic" else 2) for g in grid]
+    settings = parse_settings(broker_setting)
     if mechanism and name != "latency":
         raise BenchError(f"--mechanism applies to 'bench latency' only, not to 'bench {name}'")
     if (minutes is not None or sample_s is not None) and name != "soak":
@@ -154,7 +166,9 @@ def command(
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     t0 = time.perf_counter()
     needs_broker = getattr(module, "NEEDS_BROKER", True)
-    with bench_context(quick, bootstrap, console, needs_broker=needs_broker) as ctx:
+    with bench_context(
+        quick, bootstrap, console, needs_broker=needs_broker, broker_settings=settings
+    ) as ctx:
         ctx.grid = dims or None
         ctx.mechanism = mechanism
         ctx.minutes, ctx.sample_s = minutes, sample_s
@@ -186,14 +200,15 @@ def _report(out_dir: Path, page: Path | None) -> None:
         click.echo(f"updated {page} and {len(plots)} plot(s) in {out_dir}")
 
 
-def _parse_grid(text: str) -> tuple[int, ...]:
+def _parse_grid(text: str, size: int) -> tuple[int, ...]:
     parts = text.lower().replace("\u00d7", "x").split("x")
     try:
         dims = tuple(int(p) for p in parts)
     except ValueError:
         dims = ()
-    if len(dims) != 4 or min(dims) < 1:
+    if len(dims) != size or min(dims) < 1:
+        shape, example = ("PxQxSxK", "2x2x1x3") if size == 4 else ("PxQ", "4x4")
         raise BenchError(
-            f"--grid {text!r}: expected PxQxSxK with four positive integers, e.g. 2x2x1x3"
+            f"--grid {text!r}: expected {shape} with {size} positive integers, e.g. {example}"
         )
     return dims

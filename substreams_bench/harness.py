@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -276,8 +276,12 @@ class BenchContext:
         console: Console,
         progress: Progress,
         broker: KafkaCluster | None = None,
+        broker_settings: Mapping[str, str] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.broker_settings = dict(broker_settings or {})
+        """Properties over the embedded broker's defaults (``--broker-setting``), for every
+        broker this run starts."""
         self.broker = broker
         """The embedded broker this run started (restarted by :meth:`reset`), else None."""
         self.workdir = workdir
@@ -389,7 +393,11 @@ class BenchContext:
         release_clients()
         self.broker.stop()
         shutil.rmtree(self.broker.home, ignore_errors=True)
-        self.broker = KafkaCluster(self.workdir / f"kafka-{uuid.uuid4().hex[:8]}").start()
+        self.broker = KafkaCluster(
+            self.workdir / f"kafka-{uuid.uuid4().hex[:8]}",
+            self.broker.size,
+            settings=self.broker_settings,
+        ).start()
         self.bootstrap = self.broker.bootstrap
         self._topics = set()
 
@@ -424,6 +432,19 @@ class BenchContext:
         self.progress.console.print(text)
 
 
+def parse_settings(items: tuple[str, ...]) -> dict[str, str]:
+    """``--broker-setting`` values as a property map; a malformed one is a usage error."""
+    settings: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise BenchError(
+                f"--broker-setting {item!r}: expected KEY=VALUE, e.g. num.io.threads=8"
+            )
+        settings[key.strip()] = value.strip()
+    return settings
+
+
 @contextlib.contextmanager
 def bench_context(
     quick: bool,
@@ -431,19 +452,26 @@ def bench_context(
     console: Console | None = None,
     *,
     needs_broker: bool = True,
+    broker_settings: Mapping[str, str] | None = None,
+    nodes: int = 1,
 ) -> Iterator[BenchContext]:
     """Start the embedded broker (unless ``bootstrap`` or ``$SUBSTREAMS_BOOTSTRAP`` names
     one, or the benchmark needs none) and a scratch folder; everything is cleaned up on
-    exit."""
+    exit.  ``broker_settings`` and ``nodes`` shape the embedded broker; a named one cannot
+    take them (a ``UsageError``)."""
     console = console or Console()
     wanted = bootstrap or os.environ.get(client.ENV_BOOTSTRAP) or (None if needs_broker else "-")
     with contextlib.ExitStack() as stack:
         broker: KafkaCluster | None = None
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ss-bench-")))
+        if wanted and wanted != "-" and (broker_settings or nodes != 1):
+            raise BenchError(
+                f"--broker-setting shapes the embedded broker; {wanted} is not one"
+            )
         if wanted:
             server = wanted
         else:
-            broker = KafkaCluster(workdir / "kafka").start()
+            broker = KafkaCluster(workdir / "kafka", nodes, settings=broker_settings).start()
             server = broker.bootstrap
         holder: list[BenchContext] = []
 
@@ -467,7 +495,7 @@ def bench_context(
                 disable=not console.is_terminal and "PYTEST_CURRENT_TEST" in os.environ,
             )
         )
-        ctx = BenchContext(server, workdir, quick, console, progress, broker)
+        ctx = BenchContext(server, workdir, quick, console, progress, broker, broker_settings)
         holder.append(ctx)
         yield ctx
 

@@ -83,11 +83,14 @@ class Case:
     epochs: int
 
 
-def cases(quick: bool) -> list[Case]:
+def cases(quick: bool, only: Sequence[tuple[int, ...]] | None = None) -> list[Case]:
+    """The grid of P x Q x granularity; ``only`` (``--grid``) replaces its P x Q."""
     if quick:
         grid, grans, epochs = [(1, 1), (8, 8)], [1, 100], 30
     else:
         grid, grans, epochs = [(1, 1), (4, 4), (16, 16), (32, 32)], [1, 10, 100, 1000], 60
+    if only:
+        grid = [(d[0], d[1]) for d in only]
     return [Case(m, p, q, g, epochs) for m in MECHANISMS for g in grans for p, q in grid]
 
 
@@ -346,7 +349,7 @@ def run(ctx: BenchContext) -> BenchResult:
         TXN_RETRIES,
     ]
     ctx.label = NAME
-    all_cases = [c for c in cases(ctx.quick) if ctx.mechanism in (None, c.mechanism)]
+    all_cases = [c for c in cases(ctx.quick, ctx.grid) if ctx.mechanism in (None, c.mechanism)]
     raw = raw_baseline(ctx, 50 if ctx.quick else 500)
     result.rows.append(_row("raw produce->consume", None, raw))
     for case in ctx.track(
@@ -363,7 +366,7 @@ def run(ctx: BenchContext) -> BenchResult:
         result.rows.append(
             _row(case.mechanism, case, got.from_last, got.error, got.from_first) | retries
         )
-    if ctx.mechanism in (None, "acker"):
+    if ctx.mechanism in (None, "acker") and not ctx.grid:  # a --grid names its lines
         seconds = 4.0 if ctx.quick else 15.0
         for pcase in ctx.track(policy_cases(), lambda c: c.label):
             with client.counting_txn_retries() as counted:

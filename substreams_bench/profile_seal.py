@@ -1,7 +1,7 @@
 """Where seal -> EpochComplete time goes, phase by phase (issue #16, session 9).
 
     python -m substreams_bench.profile_seal [--samples 100] [--records 10] [--eos-debug] \
-        [--seal-in-txn]
+        [--seal-in-txn] [--broker-setting KEY=VALUE ...] [--nodes 1|3]
 
 Starts an embedded Apache Kafka and ``substreams acker run`` as its own process with
 ``SUBSTREAMS_ACKER_PHASES=1`` (the acker logs each notifying step's phases), then, like
@@ -45,7 +45,7 @@ from substreams.app import Application
 from substreams.config import load_config
 from substreams.control.messages import completions
 from substreams_bench.acker import control_tail
-from substreams_bench.harness import bench_context, percentile
+from substreams_bench.harness import bench_context, parse_settings, percentile
 from substreams_bench.workload import acker_process
 
 PHASE = re.compile(
@@ -100,7 +100,16 @@ def main() -> None:
         help="no commit between the epoch's records and its seal: seal() commits both in one "
         "transaction (no back-to-back transactions of the publisher)",
     )
+    ap.add_argument(
+        "--broker-setting", action="append", default=[], metavar="KEY=VALUE",
+        help="a property over the embedded broker's defaults; repeatable",
+    )
+    ap.add_argument(
+        "--nodes", type=int, choices=(1, 3), default=1,
+        help="embedded brokers: 3 replicate every topic (factor 3, 2 in sync), as production",
+    )
     args = ap.parse_args()
+    settings = parse_settings(tuple(args.broker_setting))
     refusals = Refusals()
     overrides: dict[str, Any] = {}
     if args.eos_debug:
@@ -110,7 +119,7 @@ def main() -> None:
         rdlog.propagate = False
         overrides = {"debug": "eos", "log_level": 7, "logger": rdlog}
     os.environ["SUBSTREAMS_ACKER_PHASES"] = "1"
-    with bench_context(quick=True) as ctx:
+    with bench_context(quick=True, broker_settings=settings, nodes=args.nodes) as ctx:
         config = ctx.config(
             [("bench", 1)],
             [{"name": "e", "stream": "bench", "kind": "epoch", "field": "batch"}],

@@ -35,7 +35,7 @@ import subprocess
 import time
 import uuid
 from base64 import urlsafe_b64encode
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -192,13 +192,17 @@ class KafkaCluster:
         nodes: int = 1,
         port: int | None = None,
         progress: jvm.Progress | None = None,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
+        """``settings``: broker properties over ``cluster.env``'s (the benchmarks measure
+        what a setting moves; nothing else passes any)."""
         if nodes not in (1, 3):
             raise BrokerError(f"--nodes must be 1 or 3, not {nodes}")
         self.home = home
         self.size = nodes
         self._first_port = port
         self._progress = progress or jvm.stderr_progress
+        self._settings = dict(settings or {})
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self.nodes: list[Node] = []
         self.cluster_id = ""
@@ -271,6 +275,7 @@ class KafkaCluster:
             f"CONTROLLER://127.0.0.1:{node.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
             "log.dirs": str(self.node_dir(node.node_id) / "data"),
+            **self._settings,
         }
 
     def prepare(self) -> None:

@@ -132,6 +132,36 @@ def test_bench_rejects_a_malformed_grid(tmp_path: Path) -> None:
     assert "--grid '2x2'" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_bench_rejects_malformed_or_misdirected_broker_settings(tmp_path: Path) -> None:
+    done = bench("latency", "--broker-setting", "num.io.threads", "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert "--broker-setting 'num.io.threads'" in done.stderr and "Traceback" not in done.stderr
+    done = bench(
+        "latency", "--broker-setting", "num.io.threads=8", "--bootstrap", "127.0.0.1:1",
+        "--out", str(tmp_path),
+    )
+    assert done.returncode == 2
+    assert "127.0.0.1:1 is not one" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_latency_grid_replaces_the_configurations() -> None:
+    from substreams_bench.latency import cases
+
+    got = {(c.producers, c.partitions) for c in cases(True, [(4, 4)])}
+    assert got == {(4, 4)}
+    assert {(c.producers, c.partitions) for c in cases(True)} == {(1, 1), (8, 8)}
+
+
+def test_embedded_broker_takes_settings_over_its_defaults(tmp_path: Path) -> None:
+    from substreams.kafka.embedded import KafkaCluster
+
+    cluster = KafkaCluster(tmp_path, settings={"num.io.threads": "8"})
+    cluster._load_or_plan()
+    props = cluster._properties(cluster.nodes[0])
+    assert props["num.io.threads"] == "8"
+    assert props["num.network.threads"] == "2"  # cluster.env's, untouched
+
+
 def test_percentile_is_nearest_rank() -> None:
     from substreams_bench.harness import percentile
 
