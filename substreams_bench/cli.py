@@ -77,7 +77,8 @@ BENCHES = (
     "--mechanism",
     type=click.Choice(["acker", "punctuations"]),
     default=None,
-    help="latency only: run this mechanism's configurations only (default: both).",
+    help="latency, throughput: run this mechanism's lines only (default: both; throughput's "
+    "baselines always run).",
 )
 @click.option(
     "--minutes",
@@ -150,8 +151,10 @@ def command(
         raise BenchError(f"--grid applies to 'bench traffic|latency' only, not to 'bench {name}'")
     dims = [_parse_grid(g, 4 if name == "traffic" else 2) for g in grid]
     settings = parse_settings(broker_setting)
-    if mechanism and name != "latency":
-        raise BenchError(f"--mechanism applies to 'bench latency' only, not to 'bench {name}'")
+    if mechanism and name not in ("latency", "throughput"):
+        raise BenchError(
+            f"--mechanism applies to 'bench latency|throughput' only, not to 'bench {name}'"
+        )
     if (minutes is not None or sample_s is not None) and name != "soak":
         raise BenchError(f"--minutes/--sample-s apply to 'bench soak' only, not to 'bench {name}'")
     if records is not None and name != "spark":

@@ -522,8 +522,10 @@ def run(ctx: BenchContext) -> BenchResult:
         steps += [(RAW_TXN, None, n), (QUIX, None, n), ("untracked publisher", None, n),
                   (UNTRACKED_MANY, None, n)]
     quix: Path | NotRun | None = None
-    steps += [(m, g, p.records(g)) for g in p.granularities for m in ("acker", "punctuations")]
-    steps += [(ACKER_MANY, g, p.records(g)) for g in MANY_GRANULARITIES]
+    mechanisms = [m for m in ("acker", "punctuations") if ctx.mechanism in (None, m)]
+    steps += [(m, g, p.records(g)) for g in p.granularities for m in mechanisms]
+    if ctx.mechanism in (None, "acker"):
+        steps += [(ACKER_MANY, g, p.records(g)) for g in MANY_GRANULARITIES]
     # Rounds: every line once, then every line again, so that a slow minute of the shared
     # machine hits every line alike rather than all the runs of one.
     rounds = [(k, i) for k in range(p.repeats) for i in range(len(steps))]
