@@ -432,14 +432,14 @@ class BenchContext:
         self.progress.console.print(text)
 
 
-def parse_settings(items: tuple[str, ...]) -> dict[str, str]:
-    """``--broker-setting`` values as a property map; a malformed one is a usage error."""
+def parse_settings(items: tuple[str, ...], option: str = "--broker-setting") -> dict[str, str]:
+    """``KEY=VALUE`` option values as a property map; a malformed one is a usage error."""
     settings: dict[str, str] = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key.strip() or not value.strip():
             raise BenchError(
-                f"--broker-setting {item!r}: expected KEY=VALUE, e.g. num.io.threads=8"
+                f"{option} {item!r}: expected KEY=VALUE, e.g. num.io.threads=8"
             )
         settings[key.strip()] = value.strip()
     return settings

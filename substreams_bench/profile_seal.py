@@ -1,7 +1,8 @@
 """Where seal -> EpochComplete time goes, phase by phase (issue #16, session 9).
 
     python -m substreams_bench.profile_seal [--samples 100] [--records 10] [--eos-debug] \
-        [--seal-in-txn] [--broker-setting KEY=VALUE ...] [--nodes 1|3]
+        [--seal-in-txn] [--broker-setting KEY=VALUE ...] [--nodes 1|3] \
+        [--client-setting KEY=VALUE ...]
 
 Starts an embedded Apache Kafka and ``substreams acker run`` as its own process with
 ``SUBSTREAMS_ACKER_PHASES=1`` (the acker logs each notifying step's phases), then, like
@@ -108,8 +109,17 @@ def main() -> None:
         "--nodes", type=int, choices=(1, 3), default=1,
         help="embedded brokers: 3 replicate every topic (factor 3, 2 in sync), as production",
     )
+    ap.add_argument(
+        "--client-setting", action="append", default=[], metavar="KEY=VALUE",
+        help="a librdkafka property for every client of the run (kafka.client), e.g. "
+        "fetch.wait.max.ms=500; repeatable",
+    )
     args = ap.parse_args()
     settings = parse_settings(tuple(args.broker_setting))
+    clients: dict[str, Any] = {
+        k: int(v) if v.isdigit() else v
+        for k, v in parse_settings(tuple(args.client_setting), "--client-setting").items()
+    }
     refusals = Refusals()
     overrides: dict[str, Any] = {}
     if args.eos_debug:
@@ -125,13 +135,18 @@ def main() -> None:
             [{"name": "e", "stream": "bench", "kind": "epoch", "field": "batch"}],
             acker={"heartbeat_ms": 500},
         )
+        if clients:  # every client of the run: the publisher, the acker, the tail
+            doc = yaml.safe_load(config.path.read_text())
+            doc.setdefault("kafka", {})["client"] = clients
+            config.path.write_text(yaml.safe_dump(doc, sort_keys=False))
+            config = load_config(config.path)
         stream, sub = config.streams[0].name, config.substreams[0].name
         seen: dict[object, tuple[float, int]] = {}
         pub_phases: dict[int, tuple[float, float, float, float]] = {}
         acker_config = config
         if args.eos_debug:  # the same topics, librdkafka's eos debug in the acker process
             doc = yaml.safe_load(config.path.read_text())
-            doc.setdefault("kafka", {})["client"] = {"debug": "eos", "log_level": 7}
+            doc.setdefault("kafka", {})["client"] = {**clients, "debug": "eos", "log_level": 7}
             path = Path(str(config.path).replace(".yaml", ".eos.yaml"))
             path.write_text(yaml.safe_dump(doc, sort_keys=False))
             acker_config = load_config(path)
