@@ -131,23 +131,28 @@ def direct_frame(spark: Any, options: Mapping[str, str]) -> Any:
     round trip."""
     from pyspark.sql import DataFrame
 
+    return DataFrame(direct_jdf(spark, options), spark)
+
+
+def direct_jdf(spark: Any, options: Mapping[str, str]) -> Any:
+    """:func:`direct_frame`'s JVM Dataset.  Every JVM class it names is looked up once per
+    session (a class reached through the gateway's package path is a round trip per use)."""
     consts = _DirectConsts.of(spark, options)
-    jvm = consts.jvm
     assign = json.loads(options["assign"])
     starts = json.loads(options["startingOffsets"])
     ends = json.loads(options["endingOffsets"])
-    ranges = jvm.java.util.ArrayList()
-    for topic, parts in assign.items():
-        for p in parts:
-            ranges.add(consts.kafka.KafkaOffsetRange(
-                jvm.org.apache.kafka.common.TopicPartition(topic, int(p)),
-                int(starts[topic][str(p)]), int(ends[topic][str(p)]), consts.none))
-    seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(ranges).toSeq()
-    rdd = consts.kafka.KafkaSourceRDD(consts.sc, consts.params, seq, POLL_TIMEOUT_MS,
-                                      consts.fail_on_data_loss)
-    rows = rdd.map(consts.to_row, consts.tag)
-    jdf = spark._jsparkSession.internalCreateDataFrame(rows, consts.schema, False)
-    return DataFrame(jdf, spark)
+    ranges = [
+        consts.offset_range(consts.partition(topic, int(p)), int(starts[topic][str(p)]),
+                            int(ends[topic][str(p)]), consts.none)
+        for topic, parts in assign.items() for p in parts
+    ]
+    # a Python list of Java objects reaches Java as a java.util.List (the gateway's
+    # auto-conversion), and PythonUtils.toSeq makes it a Scala Seq
+    seq = consts.to_seq(ranges)
+    rdd = consts.source_rdd(consts.sc, consts.params, seq, POLL_TIMEOUT_MS,
+                            consts.fail_on_data_loss)
+    return consts.session.internalCreateDataFrame(
+        rdd.map(consts.to_row, consts.tag), consts.schema, False)
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,11 @@ class _DirectConsts:
     jvm: Any
     kafka: Any
     sc: Any
+    session: Any
+    partition: Any
+    offset_range: Any
+    source_rdd: Any
+    to_seq: Any
     params: Any
     none: Any
     to_row: Any
@@ -191,6 +201,10 @@ class _DirectConsts:
         conv = k.KafkaRecordToRowConverter()
         made = _DirectConsts(
             jvm=jvm, kafka=k, sc=spark.sparkContext._jsc.sc(),
+            session=spark._jsparkSession,
+            partition=jvm.org.apache.kafka.common.TopicPartition,
+            offset_range=k.KafkaOffsetRange, source_rdd=k.KafkaSourceRDD,
+            to_seq=jvm.PythonUtils.toSeq,
             params=params, none=jvm.scala.Option.apply(None),
             to_row=(conv.toInternalRowWithHeaders() if headers
                     else conv.toInternalRowWithoutHeaders()),
@@ -293,6 +307,9 @@ class _RecordColumns:
     fields: list[Any]
     present: Any
     out: list[Any]
+    jvm_steps: tuple[Any, Any, Any]
+    """``keep``, ``decode`` and ``fields`` as JVM objects (a Column, two Seqs of them):
+    each Python-side ``select`` of a column list is a round trip per column."""
 
     @staticmethod
     def of(spark: Any, config: Config, stream: str, substream: str,
@@ -306,16 +323,20 @@ class _RecordColumns:
             return cached
         layout = PayloadLayout(config.stream(stream))
         keep, decode = _decode_columns(decoding, f"stream '{stream}'")
+        decode = [*decode, _barrier()]
+        fields = [
+            *(F.col("env.payload")[n].cast(t).alias(n)
+              for n, t in zip(layout.names, layout.types, strict=True)),
+            F.col("env.order_key").alias("order_key"),
+            F.col("partition").cast("int").alias("partition"),
+            F.col("offset"),
+            F.col("env.times")[substream].alias("_t"),
+        ]
+        to_seq = spark.sparkContext._jvm.PythonUtils.toSeq
         made = _RecordColumns(
-            keep=keep, decode=[*decode, _barrier()],
-            fields=[
-                *(F.col("env.payload")[n].cast(t).alias(n)
-                  for n, t in zip(layout.names, layout.types, strict=True)),
-                F.col("env.order_key").alias("order_key"),
-                F.col("partition").cast("int").alias("partition"),
-                F.col("offset"),
-                F.col("env.times")[substream].alias("_t"),
-            ],
+            keep=keep, decode=decode, fields=fields,
+            jvm_steps=(keep._jc, to_seq([c._jc for c in decode]),
+                       to_seq([c._jc for c in fields])),
             present=F.col("_t").isNotNull(),
             out=[
                 *(F.col(n) for n in layout.names),
@@ -451,9 +472,12 @@ def unplaced_records(
     task.  Why: matching in the plan puts the batch's notifications into it as literals,
     so every batch is a new plan to analyse and optimise (and a union with the notification
     rows and a sort); this plan has the same shape every batch."""
-    cols = _RecordColumns.of(spark, config, stream, substream, decoding)
-    kafka = direct_frame(spark, kafka_options(bootstrap, stream, ranges, group_id))
-    return kafka.where(cols.keep).select(*cols.decode).select(*cols.fields)
+    from pyspark.sql import DataFrame
+
+    keep, decode, fields = _RecordColumns.of(
+        spark, config, stream, substream, decoding).jvm_steps
+    kafka = direct_jdf(spark, kafka_options(bootstrap, stream, ranges, group_id))
+    return DataFrame(kafka.filter(keep).select(decode).select(fields), spark)
 
 
 def _covers(t: Mapping[str, Any], n: Mapping[str, Any]) -> bool:
