@@ -21,9 +21,11 @@ log, so a replayed batch names the same epochs; only the records' read moves her
   the envelope with nothing before it (the fingerprint travels in a header, not a prefix),
   so no ``substring`` cut is needed;
 * a record belongs to the notification whose time its envelope's ``times[substream]``
-  equals (a session's or a window's: between its ``time`` and ``until``), found by a
-  literal lookup built on the driver from the batch's few notifications (a broadcast join
-  for a backlog's many), which also gives every record its epoch's columns.
+  equals (a session's or a window's: between its ``time`` and ``until``).  A one-unit
+  batch of ``run`` finds it in its unit task (:func:`placed_table`: the plan has no notes
+  in it); otherwise (``run_frames``, a shuffled batch) a literal lookup built on the
+  driver from the batch's few notifications finds it (a broadcast join for a backlog's
+  many), which also gives every record its epoch's columns.
 
 The result has the ``substreams`` source's columns (payload, then
 :data:`~substreams.spark.schema.META_FIELDS`); :func:`epoch_rows` adds the notification rows.

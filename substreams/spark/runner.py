@@ -449,9 +449,11 @@ class EpochBatchHandler:
 
     def _jvm_batch(self, df: DataFrame, batch_id: int, sealed: bool, jvm: JvmRead) -> None:
         """One batch on the JVM path: ``df`` holds the batch's notification rows (with
-        their ranges); the records are read and decoded by Spark
-        (:func:`substreams.spark.jvm_read.records`), shuffled by notification (and key),
-        sorted, and handed to the same unit tasks as the Python read's."""
+        their ranges); the records are read and decoded by Spark and handed to the same
+        unit tasks as the Python read's -- in one task that matches them to their epochs
+        and sorts them (a small batch), or joined to their epochs in the plan
+        (:func:`substreams.spark.jvm_read.records`), shuffled by notification (and key)
+        and sorted."""
         op = self.operator
         t0 = time.perf_counter()
         found = jvm.batch_notes(df, batch_id)
@@ -629,9 +631,9 @@ def run(
     ``jvm`` reads and decodes each batch's records with Spark's own Kafka consumers and
     ``from_avro`` (:mod:`substreams.spark.jvm_read`; the session needs
     :func:`substreams.spark.connector.kafka_connector_conf`'s packages).  Not the default
-    yet: at steady state its batch is a read planned on the driver and then a job that
-    reads, decodes and runs the unit task, where the Python read's is one job, so its seal
-    -> callback is longer (docs/design.md, "Spark's own data path").  ``jvm`` falls back
+    yet: its job costs what the Python read's does, but its read is built and optimised on
+    the driver every batch, which a loaded machine stretches (docs/design.md, "Spark's
+    own data path").  ``jvm`` falls back
     to ``python``, with a warning, where the JVM cannot serve
     (:func:`substreams.spark.jvm_read.jvm_unsupported`).
     """
