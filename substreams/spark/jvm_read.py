@@ -21,9 +21,11 @@ log, so a replayed batch names the same epochs; only the records' read moves her
   the envelope with nothing before it (the fingerprint travels in a header, not a prefix),
   so no ``substring`` cut is needed;
 * a record belongs to the notification whose time its envelope's ``times[substream]``
-  equals (a session's or a window's: between its ``time`` and ``until``), found by a
-  literal lookup built on the driver from the batch's few notifications (a broadcast join
-  for a backlog's many), which also gives every record its epoch's columns.
+  equals (a session's or a window's: between its ``time`` and ``until``).  A one-unit
+  batch of ``run`` finds it in its unit task (:func:`placed_table`: the plan has no notes
+  in it); otherwise (``run_frames``, a shuffled batch) a literal lookup built on the
+  driver from the batch's few notifications finds it (a broadcast join for a backlog's
+  many), which also gives every record its epoch's columns.
 
 The result has the ``substreams`` source's columns (payload, then
 :data:`~substreams.spark.schema.META_FIELDS`); :func:`epoch_rows` adds the notification rows.
@@ -131,23 +133,28 @@ def direct_frame(spark: Any, options: Mapping[str, str]) -> Any:
     round trip."""
     from pyspark.sql import DataFrame
 
+    return DataFrame(direct_jdf(spark, options), spark)
+
+
+def direct_jdf(spark: Any, options: Mapping[str, str]) -> Any:
+    """:func:`direct_frame`'s JVM Dataset.  Every JVM class it names is looked up once per
+    session (a class reached through the gateway's package path is a round trip per use)."""
     consts = _DirectConsts.of(spark, options)
-    jvm = consts.jvm
     assign = json.loads(options["assign"])
     starts = json.loads(options["startingOffsets"])
     ends = json.loads(options["endingOffsets"])
-    ranges = jvm.java.util.ArrayList()
-    for topic, parts in assign.items():
-        for p in parts:
-            ranges.add(consts.kafka.KafkaOffsetRange(
-                jvm.org.apache.kafka.common.TopicPartition(topic, int(p)),
-                int(starts[topic][str(p)]), int(ends[topic][str(p)]), consts.none))
-    seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(ranges).toSeq()
-    rdd = consts.kafka.KafkaSourceRDD(consts.sc, consts.params, seq, POLL_TIMEOUT_MS,
-                                      consts.fail_on_data_loss)
-    rows = rdd.map(consts.to_row, consts.tag)
-    jdf = spark._jsparkSession.internalCreateDataFrame(rows, consts.schema, False)
-    return DataFrame(jdf, spark)
+    ranges = [
+        consts.offset_range(consts.partition(topic, int(p)), int(starts[topic][str(p)]),
+                            int(ends[topic][str(p)]), consts.none)
+        for topic, parts in assign.items() for p in parts
+    ]
+    # a Python list of Java objects reaches Java as a java.util.List (the gateway's
+    # auto-conversion), and PythonUtils.toSeq makes it a Scala Seq
+    seq = consts.to_seq(ranges)
+    rdd = consts.source_rdd(consts.sc, consts.params, seq, POLL_TIMEOUT_MS,
+                            consts.fail_on_data_loss)
+    return consts.session.internalCreateDataFrame(
+        rdd.map(consts.to_row, consts.tag), consts.schema, False)
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,11 @@ class _DirectConsts:
     jvm: Any
     kafka: Any
     sc: Any
+    session: Any
+    partition: Any
+    offset_range: Any
+    source_rdd: Any
+    to_seq: Any
     params: Any
     none: Any
     to_row: Any
@@ -191,6 +203,10 @@ class _DirectConsts:
         conv = k.KafkaRecordToRowConverter()
         made = _DirectConsts(
             jvm=jvm, kafka=k, sc=spark.sparkContext._jsc.sc(),
+            session=spark._jsparkSession,
+            partition=jvm.org.apache.kafka.common.TopicPartition,
+            offset_range=k.KafkaOffsetRange, source_rdd=k.KafkaSourceRDD,
+            to_seq=jvm.PythonUtils.toSeq,
             params=params, none=jvm.scala.Option.apply(None),
             to_row=(conv.toInternalRowWithHeaders() if headers
                     else conv.toInternalRowWithoutHeaders()),
@@ -265,6 +281,22 @@ def _decode_columns(decoding: Decoding, label: str) -> tuple[Any, list[Any]]:
     return keep, [env.otherwise(unknown).alias("env"), F.col("partition"), F.col("offset")]
 
 
+def _barrier() -> Any:
+    """A column that keeps the optimizer from pushing a filter below the decode.
+
+    Spark pushes a filter through a projection of deterministic expressions by inlining
+    them into its condition: a filter on the decoded envelope (``_t`` present, the
+    record's epoch found) became a filter calling ``from_avro`` once per reference -- five
+    decodes of every record, and five ``from_avro`` instances per task, each parsing its
+    schemas and building a Hadoop configuration -- before the projection decoded it once
+    more.  A non-deterministic expression in the decode's projection stops the pushdown
+    (``PushPredicateThroughNonJoin`` moves a filter only through deterministic ones); the
+    partition id is the cheapest one, and is dropped by the next projection."""
+    from pyspark.sql import functions as F
+
+    return F.spark_partition_id().alias("_barrier")
+
+
 @dataclass(frozen=True)
 class _RecordColumns:
     """The expressions of :func:`records` that do not change between batches of a stream
@@ -277,6 +309,9 @@ class _RecordColumns:
     fields: list[Any]
     present: Any
     out: list[Any]
+    jvm_steps: tuple[Any, Any, Any]
+    """``keep``, ``decode`` and ``fields`` as JVM objects (a Column, two Seqs of them):
+    each Python-side ``select`` of a column list is a round trip per column."""
 
     @staticmethod
     def of(spark: Any, config: Config, stream: str, substream: str,
@@ -290,16 +325,20 @@ class _RecordColumns:
             return cached
         layout = PayloadLayout(config.stream(stream))
         keep, decode = _decode_columns(decoding, f"stream '{stream}'")
+        decode = [*decode, _barrier()]
+        fields = [
+            *(F.col("env.payload")[n].cast(t).alias(n)
+              for n, t in zip(layout.names, layout.types, strict=True)),
+            F.col("env.order_key").alias("order_key"),
+            F.col("partition").cast("int").alias("partition"),
+            F.col("offset"),
+            F.col("env.times")[substream].alias("_t"),
+        ]
+        to_seq = spark.sparkContext._jvm.PythonUtils.toSeq
         made = _RecordColumns(
-            keep=keep, decode=decode,
-            fields=[
-                *(F.col("env.payload")[n].cast(t).alias(n)
-                  for n, t in zip(layout.names, layout.types, strict=True)),
-                F.col("env.order_key").alias("order_key"),
-                F.col("partition").cast("int").alias("partition"),
-                F.col("offset"),
-                F.col("env.times")[substream].alias("_t"),
-            ],
+            keep=keep, decode=decode, fields=fields,
+            jvm_steps=(keep._jc, to_seq([c._jc for c in decode]),
+                       to_seq([c._jc for c in fields])),
             present=F.col("_t").isNotNull(),
             out=[
                 *(F.col(n) for n in layout.names),
@@ -419,6 +458,121 @@ def records(
     return joined.select(*cols.out)
 
 
+def unplaced_records(
+    spark: Any,
+    config: Config,
+    stream: str,
+    substream: str,
+    bootstrap: str,
+    ranges: Sequence[OffsetRange],
+    decoding: Decoding,
+    group_id: str,
+) -> Any:
+    """The batch's data records read and decoded in the JVM -- payload, ``order_key``,
+    ``partition``, ``offset`` and ``_t`` (the record's time in ``substream``, null when it
+    has none) -- not yet matched to their epochs: :func:`placed_table` does that in the
+    task.  Why: matching in the plan puts the batch's notifications into it as literals,
+    so every batch is a new plan to analyse and optimise (and a union with the notification
+    rows and a sort); this plan has the same shape every batch."""
+    from pyspark.sql import DataFrame
+
+    keep, decode, fields = _RecordColumns.of(
+        spark, config, stream, substream, decoding).jvm_steps
+    kafka = direct_jdf(spark, kafka_options(bootstrap, stream, ranges, group_id))
+    return DataFrame(kafka.filter(keep).select(decode).select(fields), spark)
+
+
+def _covers(t: Mapping[str, Any], n: Mapping[str, Any]) -> bool:
+    """Whether time ``t`` (a record's ``_t``) lies in span notification ``n``'s times:
+    same key and kind, every coordinate between the notification's and its ``until``'s."""
+    e, lo, hi = n["epoch"], n["epoch"]["coords"], n["until_coords"]
+    coords = t["coords"]
+    return (t["key"] == e.get("key") and t["kind"] == e["kind"]
+            and len(coords) == len(lo) == len(hi)
+            and all(a >= b for a, b in zip(coords, lo, strict=True))
+            and all(a <= b for a, b in zip(coords, hi, strict=True)))
+
+
+def placed_table(
+    batches: Sequence[Any], notes: Sequence[Mapping[str, Any]], schema: Any,
+    sort: Sequence[str],
+) -> Any:
+    """:func:`unplaced_records`' Arrow batches and the batch's ``notes`` (notification rows
+    as JSON values by column, with ``until_coords``) -> what :func:`records` and the notes'
+    rows give, as one ``pyarrow.Table`` of the source's Arrow ``schema`` sorted by ``sort``
+    (Spark's ascending order: nulls first).  A record joins the notification whose time
+    equals its ``_t`` and every span notification (a session's, a window's) whose times
+    hold it -- one row each; a record of no notification (another epoch's, inside the
+    read's hull) is dropped."""
+    import pyarrow as pa
+
+    exact: dict[tuple[Any, Any, tuple[int, ...]], int] = {}
+    spans: list[int] = []
+    for i, n in enumerate(notes):
+        e = n["epoch"]
+        if n.get("until_coords") is None:
+            exact.setdefault((e["kind"], e.get("key"), tuple(e["coords"])), i)
+        else:
+            spans.append(i)
+    which: list[int] = []
+    note_of: list[int] = []
+    row = 0
+    kept: list[Any] = []
+    for batch in batches:
+        for t in batch.column("_t").to_pylist():
+            if t is not None:
+                hit = exact.get((t["kind"], t["key"], tuple(t["coords"])))
+                if hit is not None:
+                    which.append(row)
+                    note_of.append(hit)
+                for j in spans:
+                    if _covers(t, notes[j]):
+                        which.append(row)
+                        note_of.append(j)
+            row += 1
+        kept.append(batch)
+    meta_names = [f.name for f in schema if f.name in NOTE_META or f.name in (
+        "records", "is_notification")]
+    marks = pa.Table.from_pylist(
+        [{c: n.get(c) for c in meta_names} for n in notes],
+        schema=pa.schema([schema.field(c) for c in meta_names]),
+    )
+    if kept:
+        recs = pa.Table.from_batches(kept).take(pa.array(which, pa.int64()))
+        of = marks.take(pa.array(note_of, pa.int64()))
+        n_rows = recs.num_rows
+        columns = []
+        for f in schema:
+            if f.name == "records":
+                columns.append(pa.nulls(n_rows, f.type))
+            elif f.name == "is_notification":
+                columns.append(pa.array([False] * n_rows, f.type))
+            elif f.name in NOTE_META:
+                columns.append(of.column(f.name))
+            else:
+                columns.append(recs.column(f.name).cast(f.type))
+        records_part = pa.Table.from_arrays(columns, schema=schema)
+    else:
+        records_part = schema.empty_table()
+    notes_part = pa.Table.from_arrays(
+        [marks.column(f.name) if f.name in meta_names else pa.nulls(len(notes), f.type)
+         for f in schema], schema=schema)
+    table = pa.concat_tables([records_part, notes_part])
+    return table.take(_ascending_nulls_first(table, sort))
+
+
+def _ascending_nulls_first(table: Any, sort: Sequence[str]) -> Any:
+    """The indices that sort ``table`` by ``sort`` as Spark's ascending sort does."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:  # pyarrow >= 25: null placement per key (the table-wide option is deprecated)
+        return pc.sort_indices(table, sort_keys=[(c, "ascending", "at_start") for c in sort])
+    except (TypeError, ValueError, pa.ArrowInvalid):
+        return pc.sort_indices(table, sort_keys=[(c, "ascending") for c in sort],
+                               null_placement="at_start")
+
+
 def _joined_epochs(recs: Any, notes: Any, spans: bool) -> Any:
     """``recs`` joined to ``notes`` (a DataFrame of notification rows plus
     ``until_coords``) by a broadcast join: a session's or window's notification (with an
@@ -444,4 +598,5 @@ def _joined_epochs(recs: Any, notes: Any, spans: bool) -> Any:
     return joined.drop("until_coords")
 
 
-__all__ = ["Decoding", "decoded", "jvm_unsupported", "kafka_options", "records"]
+__all__ = ["Decoding", "decoded", "jvm_unsupported", "kafka_options", "placed_table", "records",
+           "unplaced_records"]

@@ -39,7 +39,7 @@ from substreams.spark.executor import (
     run_unit,
     run_unit_batches,
 )
-from substreams.spark.jvm_read import Decoding, jvm_unsupported
+from substreams.spark.jvm_read import Decoding, jvm_unsupported, unplaced_records
 from substreams.spark.jvm_read import records as jvm_records
 from substreams.spark.log import worker_logging
 from substreams.spark.offsets import ControlScanner, SourceOffset
@@ -72,7 +72,6 @@ def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function of a batch: Arrow batches in, summaries out."""
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
         from pyspark import TaskContext
 
         # The units' lines ("committed", "already committed") in the executor's stderr.
@@ -83,13 +82,47 @@ def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
             sums = run_unit_batches(plan, unit, batches)
         else:
             sums = run_unit(plan, unit, (row for b in batches for row in b.to_pylist()))
-        arrow = {"long": pa.int64(), "int": pa.int32(), "string": pa.string(),
-                 "boolean": pa.bool_()}
-        schema = pa.schema([(name, arrow[kind]) for name, kind in SUMMARY_FIELDS])
-        if sums:
-            yield pa.RecordBatch.from_pylist([asdict(s) for s in sums], schema=schema)
+        yield from _summary_batches(sums)
 
     return task
+
+
+def _placed_unit_task(
+    plan: UnitPlan, notes: list[dict[str, Any]], schema: Any
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The ``mapInArrow`` function of a one-unit JVM-read batch: the batch's decoded
+    records in (:func:`~substreams.spark.jvm_read.unplaced_records`), matched to ``notes``
+    and sorted here (:func:`~substreams.spark.jvm_read.placed_table`), then the same unit
+    as :func:`_unit_task`'s; summaries out."""
+
+    def task(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        from substreams.spark.jvm_read import placed_table
+
+        worker_logging()
+        ctx = TaskContext.get()
+        unit = ctx.partitionId() if ctx is not None else 0
+        table = placed_table(list(batches), notes, schema,
+                             sort_columns(plan.operator.group_by))
+        if columnar(plan.operator):
+            sums = run_unit_batches(plan, unit, table.to_batches())
+        else:
+            sums = run_unit(plan, unit, table.to_pylist())
+        yield from _summary_batches(sums)
+
+    return task
+
+
+def _summary_batches(sums: list[Summary]) -> Iterator[Any]:
+    """A task's summaries as the Arrow batch ``mapInArrow`` returns (none: no batch)."""
+    import pyarrow as pa
+
+    arrow = {"long": pa.int64(), "int": pa.int32(), "string": pa.string(),
+             "boolean": pa.bool_()}
+    schema = pa.schema([(name, arrow[kind]) for name, kind in SUMMARY_FIELDS])
+    if sums:
+        yield pa.RecordBatch.from_pylist([asdict(s) for s in sums], schema=schema)
 
 
 class JvmRead:
@@ -121,6 +154,8 @@ class JvmRead:
         """The driver's own follower of the control topic (:meth:`batch_notes`)."""
         self.checkpoint = checkpoint
         self.earliest = earliest
+        self._arrow: Any = None
+        """The source's Arrow schema (made once: :meth:`batch_unplaced`)."""
 
     def decoding(self) -> Decoding:
         """The writer schemas, the schema topic re-read only when its end moved (one
@@ -191,26 +226,54 @@ class JvmRead:
         names = [*self.layout_struct.fieldNames(), NOTE_COLUMN]
         return [dict(zip(names, note_row(self.layout, n), strict=True)) for n in notes]
 
-    def batch_rows(self, spark: SparkSession, marks: list[Any]) -> tuple[DataFrame, bool]:
-        """The batch's rows as the Python read would give them -- records read and decoded
-        in the JVM, then the notification rows ``marks`` (collected from the batch) -- and
-        whether every range is of the substream's own stream (counts checkable)."""
-        from pyspark.sql.types import ArrayType, LongType, StructField, StructType
-
+    def _local(self, marks: list[Any]) -> tuple[list[OffsetRange], list[dict[str, Any]]]:
+        """The ranges of the batch's notification rows ``marks``, and the rows as JSON
+        values by column (an absent one null) with ``until_coords`` (a span's end)."""
         notes = [json.loads(r[NOTE_COLUMN]) for r in marks]
         ranges = [OffsetRange(str(a), int(b), int(c), int(d))
                   for n in notes for a, b, c, d in n["ranges"]]
         struct = self.layout_struct
-        schema = StructType([*struct.fields,
-                             StructField("until_coords", ArrayType(LongType()), True)])
         local = [
             {**{f.name: r[f.name] for f in struct.fields if r[f.name] is not None},
              "epoch": _epoch_dict(r["epoch"]),
              "until_coords": None if n["until"] is None else list(n["until"]["coords"])}
             for r, n in zip(marks, notes, strict=True)
         ]
+        return ranges, local
+
+    def _reads(self, ranges: list[OffsetRange]) -> bool:
+        return any(r.stream == self.stream and r.end > r.start for r in ranges)
+
+    def batch_unplaced(
+        self, spark: SparkSession, marks: list[Any]
+    ) -> tuple[DataFrame, list[dict[str, Any]], Any, bool] | None:
+        """The batch's records read and decoded in the JVM, not matched to their epochs
+        (:func:`~substreams.spark.jvm_read.unplaced_records`), the notification rows
+        (:meth:`_local`'s), the source's Arrow schema, and whether every range is of the
+        substream's own stream; None when there is nothing to read."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        ranges, local = self._local(marks)
+        if not self._reads(ranges):
+            return None
+        recs = unplaced_records(spark, self.config, self.stream, self.substream,
+                                self.bootstrap, ranges, self.decoding(), self.group_id)
+        if self._arrow is None:
+            self._arrow = to_arrow_schema(self.layout_struct)
+        return recs, local, self._arrow, all(r.stream == self.stream for r in ranges)
+
+    def batch_rows(self, spark: SparkSession, marks: list[Any]) -> tuple[DataFrame, bool]:
+        """The batch's rows as the Python read would give them -- records read and decoded
+        in the JVM, then the notification rows ``marks`` (collected from the batch) -- and
+        whether every range is of the substream's own stream (counts checkable)."""
+        from pyspark.sql.types import ArrayType, LongType, StructField, StructType
+
+        ranges, local = self._local(marks)
+        struct = self.layout_struct
+        schema = StructType([*struct.fields,
+                             StructField("until_coords", ArrayType(LongType()), True)])
         marks_df = local_frame(spark, local, struct)
-        if not any(r.stream == self.stream and r.end > r.start for r in ranges):
+        if not self._reads(ranges):
             # epochs without records here: nothing to read
             return marks_df, all(r.stream == self.stream for r in ranges)
         rows = jvm_records(
@@ -386,9 +449,11 @@ class EpochBatchHandler:
 
     def _jvm_batch(self, df: DataFrame, batch_id: int, sealed: bool, jvm: JvmRead) -> None:
         """One batch on the JVM path: ``df`` holds the batch's notification rows (with
-        their ranges); the records are read and decoded by Spark
-        (:func:`substreams.spark.jvm_read.records`), shuffled by notification (and key),
-        sorted, and handed to the same unit tasks as the Python read's."""
+        their ranges); the records are read and decoded by Spark and handed to the same
+        unit tasks as the Python read's -- in one task that matches them to their epochs
+        and sorts them (a small batch), or joined to their epochs in the plan
+        (:func:`substreams.spark.jvm_read.records`), shuffled by notification (and key)
+        and sorted."""
         op = self.operator
         t0 = time.perf_counter()
         found = jvm.batch_notes(df, batch_id)
@@ -415,14 +480,24 @@ class EpochBatchHandler:
             df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 1)
         log.info("batch %d: started (%d epochs, %d records, JVM read, %d units)", batch_id,
                  len(marks), total, units)
-        rows, ours = jvm.batch_rows(df.sparkSession, marks)
-        t_plan = time.perf_counter()
-        placed = rows.coalesce(1) if single else rows.repartition(
-            units, *partition_columns(op.group_by))
-        part = placed.sortWithinPartitions(*sort_columns(op.group_by))
-        plan = replace(self.plan(batch_id, units, sealed), verify=ours)
-        sums = [Summary(**r.asDict())
-                for r in part.mapInArrow(_unit_task(plan), SUMMARY_DDL).collect()]
+        unplaced = jvm.batch_unplaced(df.sparkSession, marks) if single else None
+        if unplaced is not None:
+            # One unit: the records' epochs are found, and the batch sorted, in its task --
+            # one stage, a plan of the same shape every batch (no notes in it).
+            recs, local, arrow, ours = unplaced
+            plan = replace(self.plan(batch_id, units, sealed), verify=ours)
+            mapped = recs.coalesce(1).mapInArrow(_placed_unit_task(plan, local, arrow),
+                                                 SUMMARY_DDL)
+            t_plan = time.perf_counter()
+        else:
+            rows, ours = jvm.batch_rows(df.sparkSession, marks)
+            placed = rows.coalesce(1) if single else rows.repartition(
+                units, *partition_columns(op.group_by))
+            part = placed.sortWithinPartitions(*sort_columns(op.group_by))
+            plan = replace(self.plan(batch_id, units, sealed), verify=ours)
+            mapped = part.mapInArrow(_unit_task(plan), SUMMARY_DDL)
+            t_plan = time.perf_counter()
+        sums = [Summary(**r.asDict()) for r in mapped.collect()]
         log.debug("batch %d: JVM path: notes %.0f ms, schemas + plan %.0f ms, jobs %.0f ms",
                   batch_id, (t_notes - t0) * 1000, (t_plan - t_notes) * 1000,
                   (time.perf_counter() - t_plan) * 1000)
@@ -556,9 +631,9 @@ def run(
     ``jvm`` reads and decodes each batch's records with Spark's own Kafka consumers and
     ``from_avro`` (:mod:`substreams.spark.jvm_read`; the session needs
     :func:`substreams.spark.connector.kafka_connector_conf`'s packages).  Not the default
-    yet: at steady state its batch is a read planned on the driver and then a job that
-    reads, decodes and runs the unit task, where the Python read's is one job, so its seal
-    -> callback is longer (docs/design.md, "Spark's own data path").  ``jvm`` falls back
+    yet: its job costs what the Python read's does, but its read is built and optimised on
+    the driver every batch, which a loaded machine stretches (docs/design.md, "Spark's
+    own data path").  ``jvm`` falls back
     to ``python``, with a warning, where the JVM cannot serve
     (:func:`substreams.spark.jvm_read.jvm_unsupported`).
     """

@@ -326,3 +326,65 @@ def test_the_literal_epoch_lookup_gives_what_the_join_gives(spark: SparkSession)
     # time 1 and 2 exactly; the key with quote and backslash; time 5 in both windows, 7 in
     # the second only; 3, key x and 9 in none
     assert [r[0] for r in by_lookup] == [0, 1, 3, 5, 5, 6]
+
+
+def test_the_task_side_placement_gives_what_the_literal_lookup_gives(
+    spark: SparkSession,
+) -> None:
+    """A one-unit batch finds its records' epochs in the task (``placed_table``), not in
+    the plan: the same rows as the literal lookup and the notification rows, in the
+    units' order (by notification, records before their notification row), for exact,
+    keyed and span notifications; a record of no notification is dropped."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from substreams.spark.jvm_read import NOTE_META, _literal_epochs, placed_table
+    from substreams.spark.operator import sort_columns
+    from substreams.spark.runner import local_frame
+    from substreams.spark.schema import EPOCH_TYPE, META_FIELDS
+
+    def note(i: int, key: str | None, coords: list[int], kind: str,
+             until: list[int] | None = None) -> dict[str, Any]:
+        return {"epoch": {"key": key, "coords": coords, "kind": kind},
+                "epoch_label": f"e{i}", "epoch_int": coords[0], "epoch_key": key,
+                "control_offset": 10 + i // 2, "control_index": i % 2,
+                "sealed_at_ms": 1000 + i, "records": 2, "is_notification": True,
+                "until_coords": until}
+
+    notes = [note(0, None, [1], "w"), note(1, None, [2], "w"), note(2, "k", [2], "s"),
+             note(3, None, [4], "h", [6]), note(4, None, [5], "h", [7])]
+    times = [(None, [2], "w"), (None, [1], "w"), (None, [3], "w"), ("k", [2], "s"),
+             ("x", [2], "s"), (None, [5], "h"), (None, [7], "h"), None]
+    payload = StructType([StructField("user", StringType())])
+    struct = StructType([*payload.fields, *(StructField(n, t) for n, t in META_FIELDS)])
+    rec_schema = StructType([*payload.fields, StructField("order_key", LongType()),
+                             StructField("partition", LongType()),
+                             StructField("offset", LongType()), StructField("_t", EPOCH_TYPE)])
+    rows = [{"user": f"u{n}", "order_key": 5 - n % 3, "partition": n % 2, "offset": n,
+             "_t": None if t is None else {"key": t[0], "coords": t[1], "kind": t[2]}}
+            for n, t in enumerate(times)]
+    batches = [pa.RecordBatch.from_pylist(rows[:3], schema=to_arrow_schema(rec_schema)),
+               pa.RecordBatch.from_pylist(rows[3:], schema=to_arrow_schema(rec_schema))]
+    table = placed_table(batches, notes, to_arrow_schema(struct), sort_columns(None))
+    got = table.to_pylist()
+    assert table.schema == to_arrow_schema(struct)
+    # the literal lookup's record rows, plus one notification row per note
+    recs = local_frame(spark, [r for r in rows if r["_t"] is not None], rec_schema)
+    want = {(r["offset"], r["user"], r["epoch_label"])
+            for r in _literal_epochs(recs, notes).collect()}
+    assert {(r["offset"], r["user"], r["epoch_label"]) for r in got
+            if not r["is_notification"]} == want
+    assert [r["epoch_label"] for r in got if r["is_notification"]] == [
+        f"e{i}" for i in range(5)]
+    # in the units' order: by notification, its records by (order key, partition, offset)
+    # before its notification row, which carries the note's columns
+    keys = [(r["control_offset"], r["control_index"], r["is_notification"],
+             r["order_key"] is not None, r["order_key"], r["partition"], r["offset"])
+            for r in got]
+    assert keys == sorted(keys)
+    marks = [r for r in got if r["is_notification"]]
+    assert all(r["user"] is None and r["records"] == 2 for r in marks)
+    assert {c: marks[2][c] for c in NOTE_META} == {
+        c: v for c, v in notes[2].items() if c in NOTE_META}
+    assert [r["offset"] for r in got if not r["is_notification"]] == [1, 0, 3, 5, 5, 6]
