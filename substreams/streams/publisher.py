@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import random
 import struct
@@ -117,6 +118,16 @@ class LateRecord:
 LateWriter = Callable[["Publisher", "LateRecord"], None]
 """Writes a late record aside (into the publisher's open transaction); chosen by the
 composition root, which knows the dead-letter format."""
+
+
+@functools.lru_cache(maxsize=256)
+def _envelope_codec(stream: str, payload_schema: str) -> Codec:
+    """The envelope codec of a stream's schema (given as canonical JSON), built once per
+    process: a publisher is built per source incarnation, stage restart and Spark task
+    attempt, and parsing and fingerprinting the schema cost more than a short-lived writer's
+    work.  Shared read-only (its one cache, of writer schemas by fingerprint, fills the same
+    for every user)."""
+    return Codec(envelope_schema(json.loads(payload_schema)), label=f"stream '{stream}'")
 
 
 def transactional_id(stream: str, source_id: str) -> str:
@@ -279,7 +290,7 @@ class Publisher:
         self.source_id = source_id
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.batch_size = batch_size
-        self.codec = Codec(envelope_schema(self.stream_config.schema), label=f"stream '{stream}'")
+        self.codec = _envelope_codec(stream, json.dumps(self.stream_config.schema, sort_keys=True))
         self._encoder = EnvelopeEncoder(self.stream_config.schema, source_id)
         self._headers = self.codec.headers()
         self.producers = producers
