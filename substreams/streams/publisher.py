@@ -38,7 +38,7 @@ from substreams.errors import (
 from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.clock import SYSTEM, Clock
-from substreams.kafka.write import fenced_as, produce, produce_batch
+from substreams.kafka.write import is_fenced, produce, produce_batch
 from substreams.streams.evolution import register_stream
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.policy import PolicySeal, SealClock
@@ -521,14 +521,18 @@ class Publisher:
             self._start_ticking()
 
     def _guard(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``call`` with a fencing error raised as :class:`PublisherFencedError`."""
-        with fenced_as(
-            lambda: PublisherFencedError(
-                f"the publisher of stream '{self.stream}' for source '{self.source_id}' was "
-                "fenced: another process acquired it"
-            )
-        ):
+        """``call`` with a fencing error raised as :class:`PublisherFencedError` (what
+        :func:`~substreams.kafka.write.fenced_as` does, without a context manager's
+        generator per call: every write of a hook goes through here)."""
+        try:
             return call(*args, **kwargs)
+        except KafkaException as exc:
+            if is_fenced(exc):
+                raise PublisherFencedError(
+                    f"the publisher of stream '{self.stream}' for source '{self.source_id}' "
+                    "was fenced: another process acquired it"
+                ) from exc
+            raise
 
     def _schema_error(self, exc: Exception) -> SubstreamsError:
         return SubstreamsError(
