@@ -28,10 +28,17 @@ from substreams.config import Config, SealPolicy
 from substreams.control.direct import DirectProgress
 from substreams.control.notifications import Notifications
 from substreams.control.subscriber import Start
+from substreams.kafka import client
 from substreams.kafka.clock import SYSTEM, Clock
 from substreams.punctuation.hook import PunctuationHook
 from substreams.streams.deadletter import write_late_record
-from substreams.streams.publisher import Mechanisms, Publisher
+from substreams.streams.evolution import register_stream
+from substreams.streams.publisher import (
+    Mechanisms,
+    ProducerFactory,
+    Publisher,
+    SchemaRegistrar,
+)
 
 if TYPE_CHECKING:  # the services are imported when built: a publisher needs none of them
     from substreams.acker.service import AckerService
@@ -81,6 +88,11 @@ class Application:
     mechanisms: Mechanisms = field(default_factory=lambda: TRACKED)
     clock: Clock = SYSTEM
     """Where the services read time (a :class:`~substreams.kafka.clock.SimClock` in tests)."""
+    producers: ProducerFactory = client.producer
+    """What the publishers write through: the real client, or
+    :class:`~substreams.kafka.memproducer.MemoryProducers` over the in-memory log."""
+    schemas: SchemaRegistrar = register_stream
+    """Where the publishers register their streams' schemas (the schema topic)."""
 
     def publisher(
         self,
@@ -107,6 +119,9 @@ class Application:
             producer_overrides=producer_overrides,
             seal_policies=seal_policies,
             late_writer=write_late_record,
+            producers=self.producers,
+            schemas=self.schemas,
+            clock=self.clock,
         )
 
     def acker(

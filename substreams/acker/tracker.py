@@ -30,7 +30,6 @@ I/O, outside any transaction, and lives beside it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -40,7 +39,6 @@ from substreams.acker.table import Segment
 from substreams.config import Config
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
-from substreams.kafka import client
 from substreams.kafka.write import produce
 from substreams.streams.publisher import Ending, Publisher, Write, transactional_id
 from substreams.streams.records import SentRecord
@@ -190,12 +188,13 @@ class Heartbeat:
         self.agent = agent
         self.interval = publisher.config.acker.source_heartbeat_ms / 1000.0
         no_linger: dict[str, Any] = {"linger.ms": 0}
-        self._producer = client.producer(publisher.bootstrap, publisher.config, **no_linger)
+        self._clock = publisher.clock
+        self._producer = publisher.producers(publisher.bootstrap, publisher.config, **no_linger)
         self._closed = False
         self._cancel = publisher.ticker.every(self.interval / 4, self._beat)
 
     def _beat(self) -> None:
-        due = self.agent.heartbeat_due(time.monotonic(), self.interval)
+        due = self.agent.heartbeat_due(self._clock.monotonic(), self.interval)
         if not due or self._closed:
             return
         value = encode_ack(self.agent.heartbeat_message())

@@ -236,6 +236,13 @@ class MemoryLog:
                     f"topic '{name}' exists with {len(have)} partitions; {n} wanted"
                 )
 
+    def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has (``BrokerError`` if it does not exist)."""
+        parts = self._topics.get(topic)
+        if parts is None:
+            raise BrokerError(f"unknown topic '{topic}'")
+        return len(parts)
+
     def transactional_writer(
         self, transactional_id: str, *, timeout_ms: int = TRANSACTION_TIMEOUT_MS
     ) -> MemoryTransactionalWriter:

@@ -22,7 +22,9 @@ to fastavro, so odd inputs are encoded -- or refused -- exactly as fastavro does
 
 from __future__ import annotations
 
+import functools
 import io
+import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -276,14 +278,22 @@ def _generated_writer(
     return write
 
 
+@functools.lru_cache(maxsize=256)
+def _compiled(payload_schema: str) -> tuple[Any, Callable[[Mapping[str, Any]], bytes] | None, Any]:
+    """A payload schema's (given as canonical JSON) parsed form, generated writer and the
+    parsed times schema, once per process: an encoder is built per publisher, and a publisher
+    per source incarnation and task attempt.  All three are used read-only."""
+    full = expanded(json.loads(payload_schema))
+    times = parse_schema(expanded({"type": "map", "values": raw_schema("time")}))
+    return parse_schema(full), payload_writer(full), times
+
+
 class EnvelopeEncoder:
     """Writes one source's data envelopes for one stream (see the module docstring)."""
 
     def __init__(self, payload_schema: Mapping[str, Any], source: str) -> None:
-        full = expanded(payload_schema)
-        self._payload = parse_schema(full)
-        self._fast = payload_writer(full)
-        self._times_schema = parse_schema(expanded({"type": "map", "values": raw_schema("time")}))
+        self._payload, self._fast, self._times_schema = _compiled(
+            json.dumps(payload_schema, sort_keys=True))
         self._source = avro_string(source)
         self._times_cache: dict[tuple[tuple[str, Time], ...], bytes] = {}
         self._names: dict[str, bytes] = {}

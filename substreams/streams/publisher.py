@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import random
 import struct
 import threading
-import time
-import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +37,8 @@ from substreams.errors import (
 )
 from substreams.frontier import Time
 from substreams.kafka import client
-from substreams.kafka.write import fenced_as, produce, produce_batch
+from substreams.kafka.clock import SYSTEM, Clock
+from substreams.kafka.write import is_fenced, produce, produce_batch
 from substreams.streams.evolution import register_stream
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.policy import PolicySeal, SealClock
@@ -120,6 +120,16 @@ LateWriter = Callable[["Publisher", "LateRecord"], None]
 composition root, which knows the dead-letter format."""
 
 
+@functools.lru_cache(maxsize=256)
+def _envelope_codec(stream: str, payload_schema: str) -> Codec:
+    """The envelope codec of a stream's schema (given as canonical JSON), built once per
+    process: a publisher is built per source incarnation, stage restart and Spark task
+    attempt, and parsing and fingerprinting the schema cost more than a short-lived writer's
+    work.  Shared read-only (its one cache, of writer schemas by fingerprint, fills the same
+    for every user)."""
+    return Codec(envelope_schema(json.loads(payload_schema)), label=f"stream '{stream}'")
+
+
 def transactional_id(stream: str, source_id: str) -> str:
     return f"substreams.pub.{stream}.{source_id}"
 
@@ -132,6 +142,24 @@ class Write(NamedTuple):
     value: bytes
     partition: int
     headers: list[tuple[str, bytes]] | None = None
+
+
+class ProducerFactory(Protocol):
+    """Builds a publisher's producer, called as :func:`substreams.kafka.client.producer`
+    (the default): the real client, or :class:`substreams.kafka.memproducer.MemoryProducers`
+    over the in-memory log.  What is asked of the producer is what a confluent-kafka
+    ``Producer`` answers (transactions, ``produce`` with delivery callbacks, ``poll``,
+    ``flush``)."""
+
+    def __call__(
+        self, bootstrap: str, config: Config | None = None, *,
+        transactional_id: str | None = None, **overrides: Any,
+    ) -> Any: ...
+
+
+SchemaRegistrar = Callable[[Config, str, "str | None"], object]
+"""Registers a stream's schema before its first record (:func:`register_stream`, the
+default; refuses an incompatible change)."""
 
 
 Ending = Literal["committed", "closed", "aborted"]
@@ -234,10 +262,21 @@ class Publisher:
         producer_overrides: Mapping[str, Any] | None = None,
         seal_policies: Mapping[str, SealPolicy | None] | None = None,
         late_writer: LateWriter | None = None,
+        producers: ProducerFactory = client.producer,
+        schemas: SchemaRegistrar = register_stream,
+        clock: Clock = SYSTEM,
+        rng: random.Random | None = None,
     ) -> None:
         """``seal_policies``: per substream of the stream, a seal policy replacing the
         configured one (None: ``manual``); ``late_writer``: where records a ``late:
-        dead_letter`` policy refuses go (:class:`substreams.app.Application` gives one)."""
+        dead_letter`` policy refuses go (:class:`substreams.app.Application` gives one).
+
+        Where its I/O goes, chosen by the composition root (defaults: the real broker and
+        the machine's clock): ``producers`` builds its producers (the transactional one and
+        its hooks' heartbeats), ``schemas`` registers the stream's schema, ``clock`` is read
+        for every wait and timestamp, ``rng`` draws the incarnation id, tracking ids and the
+        round robin's start (None: fresh from the OS) -- so that a simulation on the
+        in-memory log and a simulated clock replays exactly."""
         tracked = sorted({s.mechanism for s in config.substreams_of(stream)})
         if mechanisms is None and tracked:
             raise SubstreamsError(
@@ -251,12 +290,15 @@ class Publisher:
         self.source_id = source_id
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.batch_size = batch_size
-        self.codec = Codec(envelope_schema(self.stream_config.schema), label=f"stream '{stream}'")
+        self.codec = _envelope_codec(stream, json.dumps(self.stream_config.schema, sort_keys=True))
         self._encoder = EnvelopeEncoder(self.stream_config.schema, source_id)
         self._headers = self.codec.headers()
-        register_stream(config, stream, self.bootstrap)  # refuses an incompatible schema change
+        self.producers = producers
+        self.clock = clock
+        self._rand = rng if rng is not None else random.Random()
+        schemas(config, stream, self.bootstrap)  # refuses an incompatible schema change
         self.partitions = self.stream_config.partitions
-        self.incarnation = uuid.uuid4().hex[:16]
+        self.incarnation = f"{self._rand.getrandbits(64):016x}"
         """This start of the source id: fences every earlier one (see the acker's agent)."""
         self._key = (self.bootstrap, stream, source_id)
         self._acquire()
@@ -267,7 +309,7 @@ class Publisher:
         """Runs what must happen while the caller is quiet (heartbeats, idle seals)."""
         self._ticking = False
         try:
-            self._producer = client.producer(
+            self._producer = producers(
                 self.bootstrap,
                 config,
                 transactional_id=transactional_id(stream, source_id),
@@ -301,9 +343,8 @@ class Publisher:
         self._full_at: float | None = None
         """When the open transaction reached ``batch_size`` records, if its commit waits
         (:meth:`_batch_full`); None otherwise."""
-        self._rr = random.randrange(self.partitions)
+        self._rr = self._rand.randrange(self.partitions)
         self._last_order_key: int | None = None
-        self._rand = random.Random()
         subs = self.config.substreams_of(self.stream)
         self.assigners = {s.name: TimeAssigner(s, self.stream_config.order_key) for s in subs}
         self._assigner_items = list(self.assigners.items())
@@ -386,7 +427,7 @@ class Publisher:
                     f"seal_policies: stream '{self.stream}' has no substream '{name}' "
                     f"(known: {known})"
                 )
-        now = _now_ms()
+        now = self.clock.now_ms()
         for name, assigner in self._assigner_items:
             sub = assigner.substream
             policy = overrides.get(name, sub.seal)
@@ -448,9 +489,9 @@ class Publisher:
         (it bounds the tail: no 20 ms retry).  Records do not wait: the next records'
         transaction registers long before its own commit, so its refusal, if any, delays no
         commit."""
-        wait = self._committed_at + SETTLE_S - time.monotonic()
+        wait = self._committed_at + SETTLE_S - self.clock.monotonic()
         if wait > 0:
-            time.sleep(wait)
+            self.clock.sleep(wait)
 
     def _begin(self) -> None:
         if not self._in_txn:
@@ -476,18 +517,22 @@ class Publisher:
         if not self._hooks:
             self.flush()
         elif self._full_at is None:
-            self._full_at = time.monotonic()
+            self._full_at = self.clock.monotonic()
             self._start_ticking()
 
     def _guard(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``call`` with a fencing error raised as :class:`PublisherFencedError`."""
-        with fenced_as(
-            lambda: PublisherFencedError(
-                f"the publisher of stream '{self.stream}' for source '{self.source_id}' was "
-                "fenced: another process acquired it"
-            )
-        ):
+        """``call`` with a fencing error raised as :class:`PublisherFencedError` (what
+        :func:`~substreams.kafka.write.fenced_as` does, without a context manager's
+        generator per call: every write of a hook goes through here)."""
+        try:
             return call(*args, **kwargs)
+        except KafkaException as exc:
+            if is_fenced(exc):
+                raise PublisherFencedError(
+                    f"the publisher of stream '{self.stream}' for source '{self.source_id}' "
+                    "was fenced: another process acquired it"
+                ) from exc
+            raise
 
     def _schema_error(self, exc: Exception) -> SubstreamsError:
         return SubstreamsError(
@@ -802,7 +847,7 @@ class Publisher:
         with those records at once unless a commit happened less than ``POLICY_TICK_S``
         ago (then the next record or the ticker commits them: a seal per record must not
         mean a commit per record)."""
-        now = _now_ms()
+        now = self.clock.now_ms()
         for name, clock, field in self._policy_fields:
             high = max(int(p[field]) for p in payloads)
             sealed = clock.published(high, now)
@@ -810,7 +855,7 @@ class Publisher:
                 self._policy_seal(name, sealed)
         # Also a seal left pending earlier: a caller that never pauses may keep the ticker
         # from the lock.
-        if self._seal_pending and time.monotonic() - self._committed_at >= POLICY_TICK_S:
+        if self._seal_pending and self.clock.monotonic() - self._committed_at >= POLICY_TICK_S:
             self.flush()
 
     def _policy_seal(self, name: str, sealed: PolicySeal) -> None:
@@ -838,13 +883,13 @@ class Publisher:
         try:
             if self._closed or self._tick_error is not None:
                 return
-            now = _now_ms()
+            now = self.clock.now_ms()
             for name, clock in self._clocks.items():
                 sealed = clock.idle(now)
                 if sealed is not None:
                     self._policy_seal(name, sealed)
             full_at = self._full_at
-            waited = full_at is not None and time.monotonic() - full_at >= FULL_WAIT_S
+            waited = full_at is not None and self.clock.monotonic() - full_at >= FULL_WAIT_S
             if (self._seal_pending or waited) and self._in_txn:
                 self.flush()
         except Exception as exc:
@@ -1062,7 +1107,7 @@ class Publisher:
             self._pending = 0
             self._full_at = None
             self._seal_pending = False
-            self._committed_at = time.monotonic()
+            self._committed_at = self.clock.monotonic()
             how: Ending = "closed" if self._closing else "committed"
             for hook in self._hook_list:
                 hook.ended(how)
@@ -1255,6 +1300,3 @@ class Publisher:
         else:
             self.abort()
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

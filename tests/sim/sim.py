@@ -7,17 +7,20 @@ time one kill test takes, and a failing one replays exactly from its seed.
 
 What runs (all randomness from ``random.Random(seed)``, all time from a :class:`SimClock`):
 
-* *Sources* (2-4), each incarnation a generator stepped by the scheduler: it takes its
-  transactional id (fencing its predecessor), registers in its first transaction, publishes
-  1-3 records per epoch to random data partitions with the real tracker's reports (with the
-  publisher's time columns or without), seals each epoch in the transaction of its records
-  or a later one, heartbeats through a non-transactional writer when idle, and closes
-  (Unregister).  Faults,
-  at every step that can fail: a crash before a produce, between produce and commit (dying
-  inside the transaction: it holds the last stable offset until fenced or timed out), right
-  after a commit returned; a long pause (silent: evicted); a *zombie* (frozen while a new
-  incarnation takes over, then heartbeating and trying to commit: it must get
-  :class:`FencedError` and write nothing).  A restart is a new incarnation that resumes
+* *Sources* (2-4), each incarnation a generator stepped by the scheduler that drives a
+  real :class:`Publisher` (:class:`SourceRun`) over the log through
+  :class:`MemoryProducers`, with the real :class:`Tracker` as its acker mechanism: its
+  constructor takes the transactional id (fencing its predecessor) and commits the
+  Register; it publishes 1-3 records per epoch to random data partitions, seals each epoch
+  (``seal``/``seal_keys`` with ``commit=False``) to commit with its records on the next
+  ``flush()`` or later, heartbeats through a non-transactional writer when idle, and
+  closes (the Unregister in ``close()``'s commit).  Faults, at every step that can fail:
+  its producer's call hook crashes the process before or after a produce, before a commit
+  (dying inside the transaction: it holds the last stable offset until fenced or timed
+  out), after a commit reached the log but before ``flush()`` returned; between calls, a
+  crash, a long pause (silent: evicted), or a *zombie* (frozen while a new incarnation
+  takes over, then heartbeating and trying to commit: the publisher must raise
+  :class:`PublisherFencedError` and write nothing).  A restart is a new incarnation that resumes
   after the highest epoch its source committed (as ``tests/integration/procs.py`` does)
   and re-seals it.
 * *Keyed times* (a third of the schedules; their draws from a second generator, so the
@@ -71,13 +74,16 @@ no notification.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import heapq
 import random
 import re
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import pairwise
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -92,15 +98,20 @@ from substreams.acker.protocol import (
 from substreams.acker.state import AckerState, Blocker
 from substreams.acker.table import SOURCE
 from substreams.acker.tracker import Tracker
+from substreams.config import Config
+from substreams.config.loader import load_config_text
 from substreams.control.messages import completions
-from substreams.errors import BrokerError
+from substreams.errors import BrokerError, PublisherFencedError
 from substreams.frontier import Keyed, Time, less_equal
 from substreams.frontier.sessions import run_members
 from substreams.kafka.clock import SimClock
 from substreams.kafka.log import Committed, FencedError, Record
 from substreams.kafka.memory import MemoryLog, MemoryReader, MemoryTransactionalWriter
+from substreams.kafka.memproducer import MemoryProducers
 from substreams.streams.deadletter import REASON_TERMINATED
+from substreams.streams.publisher import Ending, Publisher, Write, transactional_id
 from substreams.streams.records import SentRecord
+from substreams.streams.schemas import Codec, envelope_schema
 
 DATA = "clicks"
 ACKS = "acks"
@@ -155,6 +166,58 @@ the next."""
 Gen = Generator[int, None, None]
 """An actor: yields how many simulated ms until its next step."""
 
+SOURCE_FAULTS: Mapping[tuple[str, str], float] = {
+    ("produce", "before"): 0.004, ("produce", "after"): 0.004,
+    ("commit", "before"): 0.01, ("commit", "after"): 0.01,
+}
+"""Where a source's producer dies inside a publisher call (the probability at each such
+call): before or after a produce (a record's or a hook's, inside the transaction), before
+the commit reaches the log, and after it did but before the publisher's caller saw it
+return."""
+
+
+@functools.cache
+def source_config(acks_partitions: int, staged: bool, keyed: str | None, gap: int) -> Config:
+    """The configuration the sources' publishers are built from: the data stream (its
+    records: :file:`record.avsc`), the tracked substreams and, staged, the stage that reads
+    it (so that the tracker finds the data stream terminal or not as the acker does)."""
+    lines = [
+        "streams:",
+        f"  - {{name: {DATA}, schema: record.avsc, order_key: e, "
+        f"partitions: {DATA_PARTITIONS}}}",
+        f"  - {{name: {OUT}, schema: record.avsc, order_key: e, partitions: {OUT_PARTITIONS}}}",
+        "substreams:",
+        *(f"  - {{name: {sub}, stream: {DATA}, kind: epoch, field: e}}" for sub in SUBS),
+    ]
+    if keyed == KEYED:
+        lines.append(f"  - {{name: {KEYED}, stream: {DATA}, kind: per_key, key: key}}")
+    elif keyed == SESSION:
+        # the gap is the acker's (its core cuts the sessions); a publisher does not read it
+        lines.append(f"  - {{name: {SESSION}, stream: {DATA}, kind: session, key: key, "
+                     f"field: ts, gap_ms: {max(gap, 1)}}}")
+    if staged:
+        lines += ["stages:", f"  - {{name: st, input: {DATA}, output: {OUT}}}"]
+    lines += ["acker:", f"  acks_topic: {ACKS}", f"  acks_partitions: {acks_partitions}"]
+    return load_config_text("\n".join(lines) + "\n", Path(__file__).with_name("sim.yaml"))
+
+
+@functools.cache
+def _data_codec() -> Codec:
+    config = source_config(1, False, None, 0)
+    return Codec(envelope_schema(config.stream(DATA).schema), label="simulated records")
+
+
+def data_value(r: Record) -> tuple[str, int, int, int, str, int]:
+    """A data record's (incarnation, epoch, number in the epoch, tracking id, key, event
+    time), from the envelope its publisher wrote."""
+    doc = _data_codec().decode(r.value or b"")
+    p = doc["payload"]
+    return p["inc"], p["e"], p["k"], doc["tracking_id"], p["key"], p["ts"]
+
+
+def _no_schema_registry(config: Config, stream: str, bootstrap: str | None) -> None:
+    """The schemas are the configuration's (no schema topic in the simulation)."""
+
 BUGS = ("old_unregister", "old_heartbeat", "seq_not_reset", "clock_silence", "evict_at_lso",
         "stage_offsets_apart", "evicted_driver", "flush_returned_crash", "zombie_seal",
         "key_seal_every_key")
@@ -184,8 +247,9 @@ KNOWN_ISSUE = (
     "keep a zombie's successor fault-free until its first "
     "commit returned; idle_zombies=True (--idle-zombies) lifts that and finds it."
 )
-"""A liveness issue of the current code the simulator found (seed 1444 with idle zombies; 905
-before the stage and Spark joined the schedules)."""
+"""A liveness issue of the current code the simulator found (seed 5229 with idle zombies:
+src0.2 dies before its Register's first write, src0.1 thaws and idles; 1444 before the
+sources became real publishers, 905 before the stage and Spark joined the schedules)."""
 
 
 @contextmanager
@@ -272,7 +336,6 @@ class Result:
     stats: dict[str, int]
 
 
-RECOVERED = "recovered"
 _LATE_KEYED = re.compile(
     r"substream '(\w+)': report for time Keyed\('(\w+)', (-?\d+)\), which already terminated")
 """A keyed report the core refused as late (:meth:`SegmentTable._late`'s reason)."""
@@ -385,8 +448,13 @@ class Sim:
                       "key_notes": 0, "key_seals": 0, "key_excused": 0}
         self.unit_attempts = 0
         self.sources = [
-            Source(f"src{i}", f"txn.src{i}", rng.randint(3, 6)) for i in range(rng.randint(2, 4))
+            Source(f"src{i}", transactional_id(DATA, f"src{i}"), rng.randint(3, 6))
+            for i in range(rng.randint(2, 4))
         ]
+        self.source_config = source_config(self.acks_partitions, self.staged, self.keyed,
+                                           self.gap)
+        self.runs: list[SourceRun] = []
+        """Every source incarnation (the publishers still held are let go at the end)."""
         if self.keyed:  # each source writes some keys, and seals per key or every key
             for src in self.sources:
                 src.keys = tuple(sorted(krng.sample(KEYS, krng.randint(1, len(KEYS)))))
@@ -458,6 +526,8 @@ class Sim:
                         f"drain: writers still committing {DRAIN_CAP_MS} ms after the "
                         "sources ended")
                     break
+            for run in self.runs:
+                run.die()
             check(self)
         return Result(self.seed, self.violations, self.faults, self.events, self.stats)
 
@@ -469,19 +539,18 @@ class Sim:
             self.finished += 1
 
     def incarnation(self, src: Source) -> Gen:
-        """One incarnation of ``src``, from taking its transactional id to its close (or
-        its crash; then maybe a restart).  While ``src.guarded`` (a zombie of it froze and
-        no later incarnation committed yet), no fault hits it before its first commit
-        returned and it is not gone for good (see :data:`KNOWN_ISSUE`)."""
+        """One incarnation of ``src``, a real :class:`Publisher` over the log, from taking
+        its transactional id (its constructor: fencing the predecessor, committing the
+        Register) to its close (or its crash; then maybe a restart).  While ``src.guarded``
+        (a zombie of it froze and no later incarnation committed yet), no fault hits it
+        before its first commit returned and it is not gone for good (see
+        :data:`KNOWN_ISSUE`)."""
         rng = self.rng
         src.incarnations += 1
         inc = f"{src.name}.{src.incarnations}"
         previous, src.current = src.current, inc
         if previous:
             src.unlive.add(previous)
-        writer = self.log.transactional_writer(src.txid, timeout_ms=TXN_TIMEOUT_MS)
-        tracker = Tracker(self.config, DATA, src.name, inc, self.tracked, SOURCE,
-                          writer=src.txid)
         done = self.committed_max.get(src.name, -1)
         if "flush_returned_crash" in AckerCore.reintroduced:  # BUG SWITCH (source restart)
             done = self.seen_max.get(src.name, -1)  # what the caller saw, not the log
@@ -489,15 +558,17 @@ class Sim:
         frontier = min(self.notes[s][-1].time if self.notes[s] else -1 for s in SUBS)
         start = max(done, frontier) + 1
         self.event(f"{inc} starts at epoch {start} (took {src.txid}; committed up to {done})")
-        me = Incarnation(self, src, inc, writer, tracker, lambda: self.incarnation(src))
-        self.spawn(me.heartbeats(), SOURCE_HEARTBEAT_MS)
+        me = SourceRun(self, src, inc, lambda: self.incarnation(src))
+        self.runs.append(me)
         try:
+            me.start()  # init_transactions, the Register committed
+            self.spawn(me.heartbeats(), SOURCE_HEARTBEAT_MS)
             if start > 0:
                 for sub in SUBS:
                     me.seal(sub, start - 1)
                 if self.keyed:
                     me.seal_keys(start - 1)
-            yield from me.commit()  # the Register (and the re-seal) first
+                yield from me.flush()
             krng = self.krng
             for e in range(start, src.epochs):
                 n = rng.randint(1, 3)
@@ -505,26 +576,26 @@ class Sim:
                 per_key = bool(keys) and krng.random() >= src.keyed_seals
                 for k in range(n):
                     yield from me.point("before produce")
-                    me.produce(e, k, keys[k] if keys else "")
+                    me.publish(e, k, keys[k] if keys else "")
                     yield rng.randrange(40)
                     if per_key and (k + 1 == n or keys[k + 1] != keys[k]):
                         me.seal_key(keys[k], e)  # the key is done at this epoch
                     if rng.random() < 0.3:
-                        yield from me.commit()
+                        yield from me.flush()
                 for sub in SUBS:
                     me.seal(sub, e)
                 if keys and not per_key:
                     me.seal_keys(e)
                 if rng.random() < 0.7:
-                    yield from me.commit()
+                    yield from me.flush()
                 yield rng.randrange(60)
-            yield from me.commit()
-            yield from me.commit(last=True)  # the Unregister
+            yield from me.flush()
+            yield from me.close()  # the Unregister
             me.alive = False
             self.finish(src)
             self.event(f"{inc} closed")
         except Crash:
-            me.alive = False
+            me.die()
             src.unlive.add(inc)
             if src.current != inc:
                 return  # a newer incarnation runs already (we were a zombie)
@@ -680,7 +751,7 @@ class Sim:
                 positions: dict[tuple[str, int], Committed] = {}
                 for r in batch:
                     positions[(DATA, r.partition)] = Committed(r.offset + 1)
-                    _, e, _, tid, key, ts = (r.value or b"").decode().split("/")
+                    _, e, _, tid, key, ts = data_value(r)
                     kt = self.key_time(key, int(e), int(ts))
                     for j in range(int(tid) % 3):
                         yield from me.point("before produce")
@@ -702,66 +773,25 @@ class Sim:
             self.spawn(self.stage_incarnation(st), 20 + rng.randrange(400))
 
 
-class Incarnation:
-    """A source incarnation's process: its writer, tracker, open transaction and faults."""
+class Process:
+    """A writer's process in the simulation: its faults (:meth:`point`), its liveness
+    (paused, a zombie) and its heartbeats."""
 
-    def __init__(self, sim: Sim, src: Source, inc: str, writer: MemoryTransactionalWriter,
-                 tracker: Tracker, respawn: Callable[[], Gen]) -> None:
+    agent: Any
+    """Its tracker's agent (what its heartbeats say)."""
+    in_txn: bool
+
+    def __init__(self, sim: Sim, src: Source, inc: str, respawn: Callable[[], Gen]) -> None:
         self.sim = sim
         self.respawn = respawn
         """A new incarnation of the same id (a zombie's successor)."""
         self.src = src
         self.inc = inc
-        self.writer = writer
-        self.tracker = tracker
-        self.agent = tracker.agent
         self.in_txn = False
         self.alive = True
         self.paused = False
-        self.last_commit = sim.now()
-        self.epochs: list[int] = []
-        """Epochs of the records produced in the open transaction."""
-        self.tids: list[int] = []
-        """Their tracking ids."""
-        self.ktimes: list[Keyed] = []
-        """Their times in the keyed substream (with one)."""
-        self.seals: list[tuple[str, Time, bool]] = []
-        """Seals for the next commit: (substream, time, every key)."""
         self.zombie = False
-
-    def seal(self, sub: str, e: Time, every_key: bool = False) -> None:
-        self.tracker.seal(sub, e, every_key)
-        self.seals.append((sub, e, every_key))
-
-    def seal_key(self, key: str, e: int) -> None:
-        """Key ``key`` is done at epoch ``e`` (its times in the keyed substream up to it)."""
-        sim = self.sim
-        assert sim.keyed is not None
-        sim.stats["key_seals"] += 1
-        t = e if sim.keyed == KEYED else EVENT_MS * e + EVENT_MS - 1
-        self.seal(sim.keyed, Keyed(key, t))
-
-    def seal_keys(self, e: int) -> None:
-        """Every key is done up to epoch ``e`` (the keyed seal: the source's watermark)."""
-        sim = self.sim
-        assert sim.keyed is not None
-        self.seal(sim.keyed, e if sim.keyed == KEYED else EVENT_MS * e + EVENT_MS - 1, True)
-
-    def call(self, what: str, fn: Callable[[], Any]) -> Any:
-        """A transactional call: a fence ends this incarnation (a zombie's must fail)."""
-        try:
-            out = fn()
-        except FencedError:
-            self.sim.event(f"{self.inc}: {what} fenced")
-            if (what == "commit" and self.seals and self.zombie and self.writer.transactional_id
-                    and "zombie_seal" in AckerCore.reintroduced):  # BUG SWITCH (publisher)
-                return self._recover()
-            raise Crash() from None
-        if self.zombie and what in ("produce", "produce acks", "send offsets", "commit"):
-            self.sim.violations.append(
-                f"zombie: fenced incarnation {self.inc}'s {what} returned normally"
-            )
-        return out
+        self.last_commit = sim.now()
 
     def point(self, where: str) -> Gen:
         """A step that can fail: a crash, a long pause, or a freeze as a zombie."""
@@ -799,132 +829,6 @@ class Incarnation:
                     yield 10 * TIMEOUT_MS
             yield rng.randrange(2 * TIMEOUT_MS)
 
-    def _recover(self) -> str:
-        """The re-introduced bug: a fenced seal "recovers" -- takes the transactional id
-        again (fencing its successor) and writes the seals with a new tracker of the same
-        incarnation (sequence numbers from 1 again) -- and returns normally."""
-        sim = self.sim
-        self.writer = sim.log.transactional_writer(self.src.txid, timeout_ms=TXN_TIMEOUT_MS)
-        self.tracker = Tracker(sim.config, DATA, self.src.name, self.inc, sim.tracked, SOURCE,
-                               writer=self.src.txid)
-        self.agent = self.tracker.agent
-        for sub, t, every_key in self.seals:
-            self.tracker.seal(sub, t, every_key)
-        self.writer.begin()
-        for w in self.tracker.before_commit(False):
-            self.writer.produce(w.topic, w.partition, w.value, headers=w.headers)
-        self.writer.commit()
-        self.epochs, self.tids, self.ktimes, self.in_txn = [], [], [], False
-        sim.event(f"{self.inc}: its seal recovered from the fence and returned normally")
-        return RECOVERED
-
-    def begin(self) -> None:
-        if not self.in_txn:
-            self.call("begin", self.writer.begin)
-            self.in_txn = True
-
-    def produce(self, e: int, k: int, key: str) -> None:
-        """Record ``k`` of epoch ``e`` (of key ``key`` in the keyed substream, at an event
-        time of the epoch).  Value: incarnation/epoch/k/tracking id/key/event time."""
-        self.begin()
-        sim = self.sim
-        rng = sim.rng
-        p = rng.randrange(DATA_PARTITIONS)
-        tid = rng.getrandbits(63) | 1
-        ts = EVENT_MS * e + sim.krng.randrange(EVENT_MS) if sim.keyed == SESSION else 0
-        value = f"{self.inc}/{e}/{k}/{tid}/{key}/{ts}".encode()
-        self.call("produce", lambda: self.writer.produce(DATA, p, value))
-        self.epochs.append(e)
-        self.tids.append(tid)
-        kt = sim.key_time(key, e, ts)
-        if kt is not None:
-            self.ktimes.append(kt)
-        if sim.staged:  # a stage reads DATA: SND now (the publisher's publish)
-            self.tracker.sent([SentRecord(DATA, p, 0, tid, self.times(e, kt))])
-
-    def times(self, e: int, kt: Keyed | None) -> dict[str, Time]:
-        """A record's times: epoch ``e`` in SUBS, ``kt`` in the keyed substream."""
-        out: dict[str, Time] = dict.fromkeys(SUBS, e)
-        if kt is not None:
-            out[self.sim.tracked[-1]] = kt
-        return out
-
-    def _times_column(self) -> list[Keyed | None]:
-        return list(self.ktimes) if self.ktimes else [None] * len(self.epochs)
-
-    def report(self, delivered: list[Record]) -> None:
-        """The delivery reports of the transaction's records (terminal: SND+RCV)."""
-        times = self.epochs
-        records = [SentRecord(DATA, r.partition, t, tid, self.times(t, kt))
-                   for t, tid, kt, r in zip(times, self.tids, self._times_column(), delivered,
-                                            strict=True)]
-        # the publisher's time columns (publish_many), or none (the tracker builds them)
-        columns: dict[str, Sequence[Time]] = {}
-        if self.sim.rng.random() < 0.5:
-            columns = dict.fromkeys(SUBS, times)
-            if self.ktimes:
-                columns[self.sim.tracked[-1]] = self.ktimes
-        self.tracker.delivered(
-            records, [r.partition for r in delivered], [r.offset for r in delivered], columns,
-        )
-
-    def truth(self, delivered: list[Record], now: int) -> None:
-        """The ground truth of a commit that returned."""
-        sim = self.sim
-        for r, t in zip(delivered, self.epochs, strict=True):
-            sim.commit_at[(r.partition, r.offset)] = now
-            for sub in SUBS:
-                notes = sim.notes[sub]
-                if not notes or t > notes[-1].time:  # else: refused, in no notification
-                    sim.pending[sub].add(t)
-            if t > sim.committed_max.get(self.src.name, -1):
-                sim.committed_max[self.src.name] = t
-        if sim.keyed:
-            pending, last = sim.pending[sim.keyed], sim.key_last
-            for kt in self.ktimes[:len(delivered)]:
-                assert type(kt.time) is int
-                if kt.time > last.get(kt.key, -1):  # else: refused, in no notification
-                    pending.add(kt)
-            if sim.keyed == KEYED:  # a seal of one key's time opens it
-                for sub, st, every_key in self.seals:
-                    if sub == KEYED and not every_key and isinstance(st, Keyed):
-                        assert type(st.time) is int
-                        sim.key_sealed.add((self.inc, st))
-                        if st.time > last.get(st.key, -1):
-                            pending.add(st)
-
-    def commit(self, last: bool = False) -> Gen:
-        """Report what was delivered, write the tracker's messages, commit (``last``: the
-        publisher's final commit, with the Unregister)."""
-        sim, rng = self.sim, self.sim.rng
-        yield from self.point("before commit")
-        self.begin()
-        delivered = self.call("flush", self.writer.flush)
-        if delivered:
-            self.report(delivered)
-        for w in self.tracker.before_commit(last):
-            self.call("produce acks", lambda w=w: self.writer.produce(
-                w.topic, w.partition, w.value, headers=w.headers))
-        yield rng.randrange(30)  # the transaction is open: it holds the LSO meanwhile
-        yield from self.point("after produce, before commit")
-        if self.call("commit", self.writer.commit) == RECOVERED:
-            delivered = []  # aborted by the fence; the caller is told nothing of it
-        self.in_txn = False
-        self.src.guarded = False
-        now = sim.now()
-        self.last_commit = sim.last_commit_at = now
-        sim.stats["commits"] += 1
-        self.truth(delivered, now)
-        sim.event(f"{self.inc} committed epochs {sorted(set(self.epochs))}")
-        epochs, self.epochs, self.tids, self.seals = self.epochs, [], [], []
-        self.ktimes = []
-        if sim.fault(0.01):
-            sim.stats["crashes"] += 1
-            sim.event(f"{self.inc} crashes right after its commit returned")
-            raise Crash()
-        if epochs and max(epochs) > sim.seen_max.get(self.src.name, -1):
-            sim.seen_max[self.src.name] = max(epochs)
-
     def heartbeats(self) -> Gen:
         """The heartbeat thread: alive and idle for a heartbeat interval -> one per
         registered acks partition, outside any transaction."""
@@ -941,6 +845,318 @@ class Incarnation:
             quarter = SOURCE_HEARTBEAT_MS // 4
             yield max(quarter, -(-due // quarter) * quarter)
 
+
+
+class Incarnation(Process):
+    """A hand-written writer's process (a stage, a Spark driver or unit task): its
+    transactional writer and tracker driven directly, as their code does."""
+
+    def __init__(self, sim: Sim, src: Source, inc: str, writer: MemoryTransactionalWriter,
+                 tracker: Tracker, respawn: Callable[[], Gen]) -> None:
+        super().__init__(sim, src, inc, respawn)
+        self.writer = writer
+        self.tracker = tracker
+        self.agent = tracker.agent
+        self.epochs: list[int] = []
+        """Epochs of the records produced in the open transaction."""
+        self.tids: list[int] = []
+        """Their tracking ids."""
+        self.ktimes: list[Keyed] = []
+        """Their times in the keyed substream (with one)."""
+
+    def call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """A transactional call: a fence ends this incarnation (a zombie's must fail)."""
+        try:
+            out = fn()
+        except FencedError:
+            self.sim.event(f"{self.inc}: {what} fenced")
+            raise Crash() from None
+        if self.zombie and what in ("produce", "produce acks", "send offsets", "commit"):
+            self.sim.violations.append(
+                f"zombie: fenced incarnation {self.inc}'s {what} returned normally"
+            )
+        return out
+
+    def begin(self) -> None:
+        if not self.in_txn:
+            self.call("begin", self.writer.begin)
+            self.in_txn = True
+
+    def times(self, e: int, kt: Keyed | None) -> dict[str, Time]:
+        """A record's times: epoch ``e`` in SUBS, ``kt`` in the keyed substream."""
+        out: dict[str, Time] = dict.fromkeys(SUBS, e)
+        if kt is not None:
+            out[self.sim.tracked[-1]] = kt
+        return out
+
+    def _times_column(self) -> list[Keyed | None]:
+        return list(self.ktimes) if self.ktimes else [None] * len(self.epochs)
+
+    def report(self, delivered: list[Record]) -> None:
+        """The delivery reports of the transaction's records."""
+
+    def truth(self, delivered: list[Record], now: int) -> None:
+        """The ground truth of a commit that returned."""
+
+    def commit(self, last: bool = False) -> Gen:
+        """Report what was delivered, write the tracker's messages, commit (``last``: the
+        publisher's final commit, with the Unregister)."""
+        sim, rng = self.sim, self.sim.rng
+        yield from self.point("before commit")
+        self.begin()
+        delivered = self.call("flush", self.writer.flush)
+        if delivered:
+            self.report(delivered)
+        for w in self.tracker.before_commit(last):
+            self.call("produce acks", lambda w=w: self.writer.produce(
+                w.topic, w.partition, w.value, headers=w.headers))
+        yield rng.randrange(30)  # the transaction is open: it holds the LSO meanwhile
+        yield from self.point("after produce, before commit")
+        self.call("commit", self.writer.commit)
+        self.in_txn = False
+        self.src.guarded = False
+        now = sim.now()
+        self.last_commit = sim.last_commit_at = now
+        sim.stats["commits"] += 1
+        self.truth(delivered, now)
+        sim.event(f"{self.inc} committed epochs {sorted(set(self.epochs))}")
+        epochs, self.epochs, self.tids = self.epochs, [], []
+        self.ktimes = []
+        if sim.fault(0.01):
+            sim.stats["crashes"] += 1
+            sim.event(f"{self.inc} crashes right after its commit returned")
+            raise Crash()
+        if epochs and max(epochs) > sim.seen_max.get(self.src.name, -1):
+            sim.seen_max[self.src.name] = max(epochs)
+
+
+class SourceRun(Process):
+    """A source incarnation's process: a real :class:`Publisher` over the log (through
+    :class:`MemoryProducers`), tracked by the real :class:`Tracker` -- what it writes in which
+    transaction, its seals, flush, close and fencing are the publisher's own.  The simulation
+    only adds the faults (its producer's call hook raises :class:`Crash` where the process
+    dies) and watches its commits as a hook of the publisher (the ground truth)."""
+
+    wants_send = False
+    wants_delivery = True
+    """As a publisher hook: the transaction's records with their offsets (the truth)."""
+
+    def __init__(self, sim: Sim, src: Source, inc: str, respawn: Callable[[], Gen]) -> None:
+        super().__init__(sim, src, inc, respawn)
+        self.pub: Publisher | None = None
+        self.dead = False
+        """Crashed: every later producer call of this process raises :class:`Crash`."""
+        self.recovering = False
+        self.records: list[tuple[int, int, Mapping[str, Time]]] = []
+        """The open transaction's records: (partition, offset, times)."""
+        self.seals: list[tuple[str, Time, bool]] = []
+        """Seals for the next commit: (substream, time, every key)."""
+        self.returned: list[int] = []
+        """The epochs of the last commit (the caller sees them once its call returns)."""
+
+    # -- the publisher --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Build the publisher (as :meth:`Application.publisher` does, with the simulation's
+        log, clock and a tracker of this incarnation; heartbeats are :meth:`heartbeats`)."""
+        sim = self.sim
+        pub = Publisher(
+            sim.source_config, DATA, self.src.name, bootstrap=f"sim/{self.inc}",
+            batch_size=1 << 30, mechanisms={"acker": self._tracker},
+            producers=MemoryProducers(sim.log, self.on_call), schemas=_no_schema_registry,
+            clock=sim.clock, rng=random.Random(f"{sim.seed}/{self.inc}"),
+            producer_overrides={"transaction.timeout.ms": TXN_TIMEOUT_MS},
+        )
+        pub.add_hook(self)
+        self.pub = pub
+
+    def _tracker(self, pub: Publisher, names: list[str]) -> Tracker:
+        tracker = Tracker(pub.config, pub.stream, pub.source_id, self.inc, names, SOURCE,
+                          writer=transactional_id(pub.stream, pub.source_id))
+        self.agent = tracker.agent
+        return tracker
+
+    def on_call(self, what: str, when: str) -> None:
+        """The producer's call hook: a dead process calls nothing; a commit that reached the
+        log is the ground truth; the faults at :data:`SOURCE_FAULTS`."""
+        sim = self.sim
+        if self.dead:
+            raise Crash()
+        if when == "after" and self.zombie and not self.recovering and what in (
+                "produce", "commit", "send_offsets"):
+            sim.violations.append(
+                f"zombie: fenced incarnation {self.inc}'s {what} returned normally")
+        if (what, when) == ("commit", "after"):
+            self.committed()
+        p = SOURCE_FAULTS.get((what, when))
+        if p is not None and not self.src.guarded and sim.fault(p):
+            sim.stats["crashes"] += 1
+            returned = " (returned to the log, not to its caller)" if what == "commit" and \
+                when == "after" else ""
+            sim.event(f"{self.inc} crashes {when} {what}{returned}"
+                      + (" inside its transaction" if self.in_txn else ""))
+            self.dead = True
+            raise Crash()
+
+    def die(self) -> None:
+        """The process is gone: nothing more of it reaches the log, and what it held in
+        this (simulated) process goes with it."""
+        self.alive = False
+        self.dead = True
+        if self.pub is not None:
+            with contextlib.suppress(Crash):
+                self.pub.abort()  # refused by the call hook; releases the source id here
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """A publisher call: fenced -> this incarnation ends (a zombie's must be)."""
+        try:
+            return fn()
+        except PublisherFencedError:
+            self.sim.event(f"{self.inc}: fenced")
+            if self.zombie and self.seals and "zombie_seal" in AckerCore.reintroduced:
+                return self._recover()  # BUG SWITCH (publisher)
+            raise Crash() from None
+
+    def _recover(self) -> None:
+        """The re-introduced bug: a fenced seal "recovers" -- a new publisher of the same
+        incarnation takes the transactional id again (fencing its successor) and commits
+        the seals with a new tracker (sequence numbers from 1 again) -- and returns
+        normally."""
+        assert self.pub is not None
+        seals, self.seals = self.seals, []
+        self.pub.abort()
+        self.records = []
+        self.recovering = True
+        self.start()
+        for sub, t, every_key in seals:
+            if every_key:
+                assert type(t) is int
+                self.seal_upto(sub, t)
+            else:
+                self._seal(sub, t)
+        self.pub.flush()
+        self.recovering = False
+        self.sim.event(f"{self.inc}: its seal recovered from the fence and returned normally")
+
+    def publish(self, e: int, k: int, key: str) -> None:
+        """Record ``k`` of epoch ``e`` (of key ``key`` in the keyed substream, at an event
+        time of the epoch), to a random data partition."""
+        sim = self.sim
+        p = sim.rng.randrange(DATA_PARTITIONS)
+        ts = EVENT_MS * e + sim.krng.randrange(EVENT_MS) if sim.keyed == SESSION else 0
+        times: dict[str, Time] = dict.fromkeys(SUBS, e)
+        kt = sim.key_time(key, e, ts)
+        if kt is not None:
+            times[sim.tracked[-1]] = kt
+        payload = {"inc": self.inc, "e": e, "k": k, "key": key, "ts": ts}
+        assert self.pub is not None
+        pub = self.pub
+        self.call(lambda: pub.publish(payload, partition=p, times=times))
+        self.in_txn = True
+
+    def _seal(self, sub: str, t: Time) -> None:
+        assert self.pub is not None
+        pub = self.pub
+        self.call(lambda: pub.seal(sub, t, commit=False))
+        self.seals.append((sub, t, False))
+        self.in_txn = True
+
+    def seal_upto(self, sub: str, upto: int) -> None:
+        assert self.pub is not None
+        pub = self.pub
+        self.call(lambda: pub.seal_keys(sub, upto, commit=False))
+        self.seals.append((sub, upto, True))
+        self.in_txn = True
+
+    def seal(self, sub: str, e: int) -> None:
+        self._seal(sub, e)
+
+    def seal_key(self, key: str, e: int) -> None:
+        """Key ``key`` is done at epoch ``e`` (its times in the keyed substream up to it)."""
+        sim = self.sim
+        assert sim.keyed is not None
+        sim.stats["key_seals"] += 1
+        self._seal(sim.keyed, Keyed(key, e if sim.keyed == KEYED else EVENT_MS * e + EVENT_MS - 1))
+
+    def seal_keys(self, e: int) -> None:
+        """Every key is done up to epoch ``e`` (the keyed seal: the source's watermark)."""
+        sim = self.sim
+        assert sim.keyed is not None
+        self.seal_upto(sim.keyed, e if sim.keyed == KEYED else EVENT_MS * e + EVENT_MS - 1)
+
+    def flush(self) -> Gen:
+        """``Publisher.flush()``; once it returned, the caller knows its epochs committed."""
+        yield from self.point("before commit")
+        assert self.pub is not None
+        self.call(self.pub.flush)
+        self.saw()
+
+    def close(self) -> Gen:
+        """``Publisher.close()``: the last commit, with the Unregister."""
+        yield from self.point("before commit")
+        assert self.pub is not None
+        self.call(self.pub.close)
+        self.saw()
+
+    def saw(self) -> None:
+        sim, epochs = self.sim, self.returned
+        self.returned = []
+        if epochs and max(epochs) > sim.seen_max.get(self.src.name, -1):
+            sim.seen_max[self.src.name] = max(epochs)
+
+    # -- the ground truth: a hook of the publisher ----------------------------------------
+
+    def sent(self, records: Sequence[SentRecord]) -> None:
+        pass
+
+    def delivered(self, records: Sequence[SentRecord], partitions: Sequence[int],
+                  offsets: Sequence[int], times: Mapping[str, Sequence[Time]]) -> None:
+        self.records.extend(
+            (p, o, r.times) for r, p, o in zip(records, partitions, offsets, strict=True))
+
+    def before_commit(self, last: bool) -> Sequence[Write]:
+        return ()
+
+    def ended(self, how: Ending) -> None:
+        if how == "aborted":
+            self.records, self.seals = [], []
+
+    def committed(self) -> None:
+        """A commit of this publisher reached the log (its caller may yet not see it)."""
+        sim = self.sim
+        now = sim.now()
+        self.in_txn = False
+        self.src.guarded = False
+        self.last_commit = sim.last_commit_at = now
+        sim.stats["commits"] += 1
+        records, self.records = self.records, []
+        seals, self.seals = self.seals, []
+        epochs = [times[SUBS[0]] for _, _, times in records]
+        for (p, o, _), t in zip(records, epochs, strict=True):
+            assert type(t) is int
+            sim.commit_at[(p, o)] = now
+            for sub in SUBS:
+                notes = sim.notes[sub]
+                if not notes or t > notes[-1].time:  # else: refused, in no notification
+                    sim.pending[sub].add(t)
+            if t > sim.committed_max.get(self.src.name, -1):
+                sim.committed_max[self.src.name] = t
+        if sim.keyed:
+            pending, last = sim.pending[sim.keyed], sim.key_last
+            for _, _, times in records:
+                kt = times[sim.keyed]
+                assert type(kt) is Keyed and type(kt.time) is int
+                if kt.time > last.get(kt.key, -1):  # else: refused, in no notification
+                    pending.add(kt)
+            if sim.keyed == KEYED:  # a seal of one key's time opens it
+                for sub, st, every_key in seals:
+                    if sub == KEYED and not every_key and isinstance(st, Keyed):
+                        assert type(st.time) is int
+                        sim.key_sealed.add((self.inc, st))
+                        if st.time > last.get(st.key, -1):
+                            pending.add(st)
+        sim.event(f"{self.inc} committed epochs {sorted(set(epochs))}")
+        self.returned = [int(t) for t in epochs]
 
 class SparkDriver(Incarnation):
     """The driver's process: no records of its own (its seals, and markers on the commit
@@ -1279,7 +1495,7 @@ def _committed(sim: Sim) -> dict[tuple[int, int], tuple[str, int, int]]:
     out: dict[tuple[int, int], tuple[str, int, int]] = {}
     once: dict[tuple[str, str, str], str] = {}
     for r in _read_all(sim, DATA, DATA_PARTITIONS):
-        inc, e, k, tid, key, ts = (r.value or b"").decode().split("/")
+        inc, e, k, tid, key, ts = data_value(r)
         out[(r.partition, r.offset)] = (inc, int(e), int(tid))
         kt = sim.key_time(key, int(e), int(ts))
         if kt is not None:
