@@ -135,10 +135,23 @@ under ``--dist loadgroup`` each runs on one worker, so the fixture starts once."
 
 
 SPARK_GROUP = "spark"
-"""Every test under ``tests/spark`` runs on one worker under ``--dist loadgroup``: two Spark
-JVMs with their job processes on two cores made each heavy Spark test slower than the waits
-they overlapped (docs/design.md, "The suite in parallel workers"); one worker also means one
-test SparkSession, while the other workers run the broker-only tiers beside it."""
+"""Every test that starts a Spark JVM runs on one worker under ``--dist loadgroup``: those
+using the ``spark`` fixture, a whole module under ``tests/spark`` with a costly module
+fixture, and those marked ``xdist_group(SPARK_GROUP)`` (the standalone cluster, the Spark
+benchmark's smoke run, whose JVMs are their own).  Two Spark JVMs with their job processes on
+two cores made each heavy Spark test slower than the waits they overlapped (docs/design.md,
+"The suite in parallel workers"); one worker also means one test SparkSession, while the
+other workers run the broker-only tests beside it, the JVM-free tests under ``tests/spark``
+(options, encodings, read limits) among them."""
+
+
+def in_spark_group(item: pytest.Item) -> bool:
+    path = Path(str(item.path))
+    if path.parent.name == "spark" and path.stem in MODULE_FIXTURE_MODULES:
+        return True
+    marks = [m.args[0] if m.args else m.kwargs.get("name") for m in
+             item.iter_markers("xdist_group")]
+    return SPARK_GROUP in marks or "spark" in getattr(item, "fixturenames", ())
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
@@ -148,17 +161,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # beside the others' tiers, instead of starting it after them and running alone.
     in_worker = worker_id(config) is not None
     tiers: dict[str, str] = {}
+    spark_group: set[str] = set()
     for item in items:
         path = Path(str(item.path))
         tiers[item.nodeid] = tier = tier_of(path)
         item.add_marker(tier)
-        if path.parent.name == "spark":
+        if in_spark_group(item):
+            spark_group.add(item.nodeid)
             item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
         elif path.stem in MODULE_FIXTURE_MODULES:
             item.add_marker(pytest.mark.xdist_group(path.stem))
     # A stable sort keeps each module's tests together (module fixtures start once).
     items.sort(key=lambda item: (
-        in_worker and Path(str(item.path)).parent.name != "spark", order[tiers[item.nodeid]]
+        in_worker and item.nodeid not in spark_group, order[tiers[item.nodeid]]
     ))
 
 CLICK_SCHEMA = {
