@@ -154,6 +154,21 @@ def in_spark_group(item: pytest.Item) -> bool:
     return SPARK_GROUP in marks or "spark" in getattr(item, "fixturenames", ())
 
 
+def name_group(config: pytest.Config, item: pytest.Item, group: str) -> None:
+    """Put ``@group`` at the end of ``item``'s node id, as pytest-xdist's ``loadgroup`` does.
+
+    Why here: the scheduler groups tests by that suffix, and pytest-xdist 3.8 writes it to
+    ``item._nodeid``, which pytest 9.2 no longer reads (a node's id is ``item._id``): the
+    marks were there, no group was, and ``--dist loadgroup`` ran as ``--dist load``, Spark
+    tests on both workers.  With a pytest that still reads ``_nodeid``, xdist adds it."""
+    if worker_id(config) is None or not config.getvalue("loadgroup") or "@" in item.nodeid:
+        return
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId  # pytest >= 9.2
+
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     order = {name: i for i, (name, _) in enumerate(TIERS)}
@@ -164,13 +179,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     spark_group: set[str] = set()
     for item in items:
         path = Path(str(item.path))
-        tiers[item.nodeid] = tier = tier_of(path)
+        tier = tier_of(path)
         item.add_marker(tier)
         if in_spark_group(item):
-            spark_group.add(item.nodeid)
             item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+            name_group(config, item, SPARK_GROUP)
+            spark_group.add(item.nodeid)
         elif path.stem in MODULE_FIXTURE_MODULES:
             item.add_marker(pytest.mark.xdist_group(path.stem))
+            name_group(config, item, path.stem)
+        tiers[item.nodeid] = tier
     # A stable sort keeps each module's tests together (module fixtures start once).
     items.sort(key=lambda item: (
         in_worker and item.nodeid not in spark_group, order[tiers[item.nodeid]]
