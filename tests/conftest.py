@@ -135,10 +135,38 @@ under ``--dist loadgroup`` each runs on one worker, so the fixture starts once."
 
 
 SPARK_GROUP = "spark"
-"""Every test under ``tests/spark`` runs on one worker under ``--dist loadgroup``: two Spark
-JVMs with their job processes on two cores made each heavy Spark test slower than the waits
-they overlapped (docs/design.md, "The suite in parallel workers"); one worker also means one
-test SparkSession, while the other workers run the broker-only tiers beside it."""
+"""Every test that starts a Spark JVM runs on one worker under ``--dist loadgroup``: those
+using the ``spark`` fixture, a whole module under ``tests/spark`` with a costly module
+fixture, and those marked ``xdist_group(SPARK_GROUP)`` (the standalone cluster, the Spark
+benchmark's smoke run, whose JVMs are their own).  Two Spark JVMs with their job processes on
+two cores made each heavy Spark test slower than the waits they overlapped (docs/design.md,
+"The suite in parallel workers"); one worker also means one test SparkSession, while the
+other workers run the broker-only tests beside it, the JVM-free tests under ``tests/spark``
+(options, encodings, read limits) among them."""
+
+
+def in_spark_group(item: pytest.Item) -> bool:
+    path = Path(str(item.path))
+    if path.parent.name == "spark" and path.stem in MODULE_FIXTURE_MODULES:
+        return True
+    marks = [m.args[0] if m.args else m.kwargs.get("name") for m in
+             item.iter_markers("xdist_group")]
+    return SPARK_GROUP in marks or "spark" in getattr(item, "fixturenames", ())
+
+
+def name_group(config: pytest.Config, item: pytest.Item, group: str) -> None:
+    """Put ``@group`` at the end of ``item``'s node id, as pytest-xdist's ``loadgroup`` does.
+
+    Why here: the scheduler groups tests by that suffix, and pytest-xdist 3.8 writes it to
+    ``item._nodeid``, which pytest 9.2 no longer reads (a node's id is ``item._id``): the
+    marks were there, no group was, and ``--dist loadgroup`` ran as ``--dist load``, Spark
+    tests on both workers.  With a pytest that still reads ``_nodeid``, xdist adds it."""
+    if worker_id(config) is None or not config.getvalue("loadgroup") or "@" in item.nodeid:
+        return
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId  # pytest >= 9.2
+
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
@@ -148,17 +176,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # beside the others' tiers, instead of starting it after them and running alone.
     in_worker = worker_id(config) is not None
     tiers: dict[str, str] = {}
+    spark_group: set[str] = set()
     for item in items:
         path = Path(str(item.path))
-        tiers[item.nodeid] = tier = tier_of(path)
+        tier = tier_of(path)
         item.add_marker(tier)
-        if path.parent.name == "spark":
+        if in_spark_group(item):
             item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+            name_group(config, item, SPARK_GROUP)
+            spark_group.add(item.nodeid)
         elif path.stem in MODULE_FIXTURE_MODULES:
             item.add_marker(pytest.mark.xdist_group(path.stem))
+            name_group(config, item, path.stem)
+        tiers[item.nodeid] = tier
     # A stable sort keeps each module's tests together (module fixtures start once).
     items.sort(key=lambda item: (
-        in_worker and Path(str(item.path)).parent.name != "spark", order[tiers[item.nodeid]]
+        in_worker and item.nodeid not in spark_group, order[tiers[item.nodeid]]
     ))
 
 CLICK_SCHEMA = {

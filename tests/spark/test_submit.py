@@ -40,14 +40,20 @@ def wait_rows(
     log: Path,
     timeout: float = 180.0,
 ) -> None:
+    """Until ``stream`` holds results of ``windows`` windows: one tail read as the results
+    come (not the whole topic again every second), failing at once when the job exits."""
     deadline = time.monotonic() + timeout
-    while len({r["window"] for r in output_rows(config, stream)}) < windows:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(
-                f"job did not produce {windows} windows (exit {proc.poll()}):\n"
-                + log.read_text()[-3000:]
-            )
-        time.sleep(1)
+    seen: set[object] = set()
+    with Listener(config, stream) as listener:
+        while len(seen) < windows:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(
+                    f"job did not produce {windows} windows (exit {proc.poll()}):\n"
+                    + log.read_text()[-3000:]
+                )
+            entry = listener.poll(0.5)
+            if entry is not None and hasattr(entry, "payload"):
+                seen.add(entry.payload["window"])
 
 
 def test_submitted_job_killed_mid_stream_restarts_exactly_once(
