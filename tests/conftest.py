@@ -137,13 +137,12 @@ under ``--dist loadgroup`` each runs on one worker, so the fixture starts once."
 SPARK_GROUP = "spark"
 """Every test that starts a Spark JVM runs on one worker under ``--dist loadgroup``: those
 using the ``spark`` fixture, a whole module under ``tests/spark`` with a costly module
-fixture, and those marked ``xdist_group(SPARK_GROUP)`` (the standalone cluster).  The Spark
-benchmark's smoke run is left out on purpose: its JVMs are its own child processes, and on the
-other worker it shortens the Spark worker's sum, the parallel run's floor.  Two Spark JVMs
-with their job processes on two cores made each heavy Spark test slower than the waits they
-overlapped (docs/design.md, "The suite in parallel workers"); one worker also means one test
-SparkSession, while the other workers run the broker-only tests beside it, the JVM-free tests
-under ``tests/spark`` (options, encodings, read limits) among them."""
+fixture, and those marked ``xdist_group(SPARK_GROUP)`` (the standalone cluster, the Spark
+benchmark's smoke run, whose JVMs are their own).  Two Spark JVMs with their job processes on
+two cores made each heavy Spark test slower than the waits they overlapped (docs/design.md,
+"The suite in parallel workers"); one worker also means one test SparkSession, while the
+other workers run the broker-only tests beside it, the JVM-free tests under ``tests/spark``
+(options, encodings, read limits) among them."""
 
 
 def in_spark_group(item: pytest.Item) -> bool:

@@ -13,6 +13,7 @@ from rich.console import Console
 from substreams.kafka import client
 from substreams.kafka.embedded import broker_answers
 from substreams_bench.harness import bench_context, release_clients
+from tests.conftest import SPARK_GROUP
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -277,9 +278,7 @@ here is its start and its batches, not the records."""
 
 
 @pytest.mark.spark
-# Not in the Spark group although it starts two Spark JVMs: they are its own child processes
-# (not the session's SparkSession), and the Spark worker's sum is the parallel run's floor;
-# on the other worker it overlaps the Spark tests for two minutes instead of adding to them.
+@pytest.mark.xdist_group(SPARK_GROUP)  # its two Spark JVMs: on the worker that runs Spark
 @pytest.mark.timeout(1800)
 def test_bench_spark_quick_writes_both_parts_and_targets(bootstrap: str, tmp_path: Path) -> None:
     """``--smoke``: the part-(a) queries share one child JVM, the small-epoch query runs 20
