@@ -448,8 +448,9 @@ def records(
     columns, read and decoded in the JVM.  ``notes_frame``: a function giving the notes as
     a DataFrame (the join a batch of more than :data:`LITERAL_NOTES` uses)."""
     cols = _RecordColumns.of(spark, config, stream, substream, decoding)
-    kafka = direct_frame(spark, kafka_options(bootstrap, stream, ranges, group_id))
-    recs = kafka.where(cols.keep).select(*cols.decode).select(*cols.fields).where(cols.present)
+    recs = unplaced_records(
+        spark, config, stream, substream, bootstrap, ranges, decoding, group_id
+    ).where(cols.present)
     if len(notes) <= LITERAL_NOTES:
         joined = _literal_epochs(recs, notes)
     else:
