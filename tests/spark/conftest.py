@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +20,9 @@ import pytest
 from substreams import jvm
 from substreams.app import DIRECT, Application
 from substreams.config import Config
-from substreams.control.messages import EpochComplete
+from substreams.control.io import read_control
+from substreams.control.messages import EpochComplete, completions
+from substreams.streams.listener import Listener
 from substreams.streams.publisher import Publisher
 from tests.conftest import follow_notifications
 
@@ -145,3 +150,45 @@ def wait_for_epochs(
     notes = follow_notifications(config, substream, count, timeout)
     assert len(notes) >= count, f"{substream}: {len(notes)} of {count} epochs completed"
     return notes
+
+
+def output_rows(config: Config, stream: str) -> list[dict[str, Any]]:
+    """Every result record of the output ``stream`` (read to its end)."""
+    with Listener(config, stream) as listener:
+        return [
+            dict(e.payload) for e in listener.entries(idle_timeout=0.5) if hasattr(e, "payload")
+        ]
+
+
+def output_epochs(config: Config, substream: str) -> list[EpochComplete]:
+    """Every EpochComplete on ``substream``'s control topic."""
+    return [
+        n
+        for _, r in read_control(config.kafka.bootstrap, config.acker.control_topic(substream))
+        for n in completions(r.body)
+    ]
+
+
+def wait_rows(
+    config: Config,
+    stream: str,
+    windows: int,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    timeout: float = 180.0,
+) -> None:
+    """Until ``stream`` holds results of ``windows`` windows: one tail read as the results
+    come (not the whole topic again every second), failing at once when the job exits."""
+    deadline = time.monotonic() + timeout
+    seen: set[object] = set()
+    with Listener(config, stream) as listener:
+        while len(seen) < windows:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(
+                    f"job did not produce {windows} windows (exit {proc.poll()}):\n"
+                    + log.read_text()[-3000:]
+                )
+            entry = listener.poll(0.5)
+            if entry is not None and hasattr(entry, "payload"):
+                seen.add(entry.payload["window"])
+

@@ -17,9 +17,8 @@ import pytest
 from substreams.app import DIRECT, Application
 from substreams.spark.cluster import SparkCluster
 from tests.conftest import SPARK_GROUP, ConfigFactory
-from tests.spark.conftest import publish_window
+from tests.spark.conftest import output_rows, publish_window, wait_rows
 from tests.spark.jobs import ROOT, out_stream
-from tests.spark.test_submit import output_rows, wait_rows
 
 # Its own Spark JVMs (master, workers, driver) and no ``spark`` fixture: the Spark worker's.
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group(SPARK_GROUP)]

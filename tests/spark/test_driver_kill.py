@@ -1,10 +1,12 @@
 """Exactly once with executor writes, proven by SIGKILL: a windowed-count job
 (``jobs/windowed_counts.py``, its operator on the executors) is killed twice -- once inside a
-batch, once right after a task committed its results -- and restarted from the same checkpoint
-each time (the last time in the test's own SparkSession), while windows keep completing; then
-every window's counts must be in the output exactly once, with exactly the right values, and the
-output substream (tracked by the real acker, sealed by the job's driver) must announce every
-window exactly once with exactly its records: a downstream firm reader sees whole epochs."""
+batch, started by ``substreams submit`` (spark-submit, its own driver JVM: the path a user
+deploys), once right after a task committed its results, started as a plain script -- and
+restarted from the same checkpoint each time (the last time in the test's own SparkSession),
+while windows keep completing; then every window's counts must be in the output exactly once,
+with exactly the right values, and the output substream (tracked by the real acker, sealed by
+the job's driver) must announce every window exactly once with exactly its records: a
+downstream firm reader sees whole epochs."""
 
 from __future__ import annotations
 
@@ -18,19 +20,15 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
 from substreams.app import Application
 from substreams.config import Config
-from substreams.control.io import read_control
-from substreams.control.messages import EpochComplete, completions
 from substreams.spark.runner import run
-from substreams.streams.listener import Listener
 from tests.conftest import ConfigFactory, follow_notifications
-from tests.spark.conftest import running_acker, window_clicks
+from tests.spark.conftest import output_epochs, output_rows, running_acker, window_clicks
 from tests.spark.jobs import ROOT, load_job, out_stream
 
 pytestmark = pytest.mark.spark
@@ -43,28 +41,15 @@ STARTED = re.compile(rb"batch (\d+): started")
 UNIT_COMMITTED = re.compile(rb"unit \S+: batch (\d+) committed")
 
 
-def output_rows(config: Config, stream: str) -> list[dict[str, Any]]:
-    with Listener(config, stream) as listener:
-        return [
-            dict(e.payload) for e in listener.entries(idle_timeout=1.0) if hasattr(e, "payload")
-        ]
-
-
-def output_epochs(config: Config, substream: str) -> list[EpochComplete]:
-    return [
-        n
-        for _, r in read_control(config.kafka.bootstrap, config.acker.control_topic(substream))
-        for n in completions(r.body)
-    ]
-
-
-def job(config: Config, w: str, counts: str, ck: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable, str(ROOT / "jobs" / "windowed_counts.py"),
-        "-c", str(config.path), "--substream", w, "--output", counts,
-        "--checkpoint", str(ck), "--query-name", "killed", "--trigger", "200 milliseconds",
-        *extra,
-    ]
+def job(config: Config, w: str, counts: str, ck: Path, submit: bool) -> list[str]:
+    """The job's command line: under ``substreams submit`` (spark-submit) or as a script."""
+    script = str(ROOT / "jobs" / "windowed_counts.py")
+    args = ["--substream", w, "--output", counts, "--checkpoint", str(ck),
+            "--query-name", "killed", "--trigger", "200 milliseconds"]
+    if submit:
+        return [sys.executable, "-m", "substreams", "submit", "-c", str(config.path),
+                "--master", "local[1]", "--conf", "spark.ui.enabled=false", script, "--", *args]
+    return [sys.executable, script, "-c", str(config.path), *args]
 
 
 def wait_for(pattern: re.Pattern[bytes], log: Path, after: int, proc: subprocess.Popen[bytes],
@@ -121,7 +106,7 @@ def test_sigkilled_driver_restarts_and_every_epoch_is_written_once(
         try:
             for k in range(KILLS):
                 start = log.stat().st_size
-                proc = subprocess.Popen(job(config, w, counts, ck), stdout=out,
+                proc = subprocess.Popen(job(config, w, counts, ck, submit=k == 0), stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True, env=env)
                 try:
                     if k % 2:

@@ -26,10 +26,9 @@ from substreams.control.follower import RAISE, ControlFollower
 from substreams.control.io import read_control
 from substreams.control.messages import SourceEvicted, completions
 from tests.conftest import ConfigFactory, follow_notifications
-from tests.spark.conftest import running_acker, window_clicks
+from tests.spark.conftest import output_epochs, output_rows, running_acker, window_clicks
 from tests.spark.jobs import ROOT, out_stream
 from tests.spark.sink_job import start
-from tests.spark.test_driver_kill import output_epochs, output_rows
 
 pytestmark = pytest.mark.spark
 

@@ -22,10 +22,15 @@ from substreams.spark.options import CONFIG_PICKLE, ship_config
 from substreams.spark.stream_write import SinkOptions
 from substreams.streams.publisher import Publisher
 from tests.conftest import ConfigFactory
-from tests.spark.conftest import running_acker, wait_for_epochs, window_clicks
+from tests.spark.conftest import (
+    output_epochs,
+    output_rows,
+    running_acker,
+    wait_for_epochs,
+    window_clicks,
+)
 from tests.spark.jobs import out_stream
 from tests.spark.sink_job import per_url
-from tests.spark.test_driver_kill import output_epochs, output_rows
 
 pytestmark = pytest.mark.spark
 
