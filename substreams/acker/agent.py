@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from itertools import groupby, islice, repeat
+from itertools import islice, repeat
 from operator import add, lt
 from typing import NamedTuple, cast
 
@@ -315,24 +315,6 @@ class TrackingAgent:
             agg.xor ^= record.tracking_id
             agg.reports += 1
 
-    def sent_and_delivered_many(
-        self, substream: str, records: Sequence[SentRecord], offsets: Sequence[int]
-    ) -> None:
-        """``sent_and_delivered`` of every record of a batch: its columns (one per run of
-        records of one stream) through :meth:`_fold`, the per-time aggregation the columns
-        path falls back to; the table ends up exactly as after the per-record calls."""
-        rows = list(zip(records, offsets, strict=True))
-        batches = []
-        for stream, run in groupby(rows, key=lambda row: row[0].stream):
-            got = list(run)
-            batches.append(_Columns(
-                stream,
-                [r.times[substream] for r, _ in got],
-                [r.partition for r, _ in got],
-                [o for _, o in got],
-            ))
-        self._fold(substream, batches)
-
     def sent_and_delivered_columns(
         self,
         substream: str,
@@ -341,12 +323,13 @@ class TrackingAgent:
         partitions: Sequence[int],
         offsets: Sequence[int],
     ) -> None:
-        """``sent_and_delivered`` of every record of a batch written to ``stream``, as
-        columns (record i: time ``times[i]`` in ``substream``, ``partitions[i]``,
-        ``offsets[i]``).  Only kept until :meth:`take`, which packs the block straight from
-        the columns at one record per time (no object per time) and aggregates anything
-        else per time as :meth:`sent_and_delivered_many` would: the acks are the same.  The
-        sequences are kept as they are: the caller must not change them afterwards."""
+        """SND and RCV at once of every record of a batch its writer delivered to the
+        terminal ``stream`` (the two reports of one id cancel in the XOR, so only the counts
+        and the offsets are kept: no id to carry), as columns (record i: time ``times[i]``
+        in ``substream``, ``partitions[i]``, ``offsets[i]``).  Only kept until :meth:`take`,
+        which packs the block straight from the columns at one record per time (no object
+        per time) and aggregates anything else per time (:meth:`_fold`).  The sequences are
+        kept as they are: the caller must not change them afterwards."""
         if times:
             batch = _Columns(stream, times, partitions, offsets)
             pending = self._columns.get(substream)
@@ -383,36 +366,6 @@ class TrackingAgent:
                         hull[0] = offset
                     if offset >= hull[1]:
                         hull[1] = offset + 1
-
-    def delivered(
-        self, substream: str, t: Time, tracking_id: int, stream: str, partition: int, offset: int
-    ) -> None:
-        """RCV of a record delivered to a terminal stream, with its offset."""
-        self._delivery(substream, t, tracking_id, 1, stream, partition, offset)
-
-    def sent_and_delivered(
-        self, substream: str, t: Time, stream: str, partition: int, offset: int
-    ) -> None:
-        """SND and RCV at once of a record its writer delivered to a terminal stream: the
-        two reports of one id cancel in the XOR, so only the counts and the offset are
-        kept (a publisher's hot path: no id to carry)."""
-        self._delivery(substream, t, 0, 2, stream, partition, offset)
-
-    def _delivery(
-        self,
-        substream: str,
-        t: Time,
-        xor: int,
-        reports: int,
-        stream: str,
-        partition: int,
-        offset: int,
-    ) -> None:
-        agg = self._agg(substream, t)
-        agg.xor ^= xor
-        agg.reports += reports
-        agg.records += 1
-        agg.add_offsets((stream, partition), offset, offset + 1)
 
     def seal(self, substream: str, t: Time) -> None:
         """No more records at times <= ``t`` from this source, from the next commit on

@@ -45,6 +45,7 @@ from substreams.config import Config
 from substreams.errors import ProtocolError, SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
+from substreams.kafka.clock import Deadline
 from substreams.kafka.read import Reader
 from substreams.kafka.topics import ensure_topics
 
@@ -154,16 +155,15 @@ class AckerClient:
     def wait(self, seq: int, timeout: float | None = None) -> Response:
         """The response to command ``seq``; other responses go to :attr:`inbox`."""
         limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        deadline = Deadline(limit)
         while True:
             for i, resp in enumerate(self.inbox):
                 if resp.seq == seq:
                     self.acker = resp.acker
                     return self.inbox.pop(i)
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline.passed:
                 break
-            self.inbox += self.poll(min(0.1, left))
+            self.inbox += self.poll(deadline.left(cap=0.1))
         raise self._unavailable(limit, self.ackers)
 
     def _unavailable(self, limit: float, names: Sequence[str]) -> AckerUnavailableError:
@@ -186,7 +186,7 @@ class AckerClient:
         :class:`AckerUnavailableError` when none answered."""
         names = tuple(self.ackers if ackers is None else ackers)
         limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        deadline = Deadline(limit)
         got: dict[str, Response] = {}
         while True:
             keep: list[Response] = []
@@ -198,10 +198,9 @@ class AckerClient:
                     got[who] = resp
                 # else: an answer to seq from an acker not asked (another layout's): dropped
             self.inbox = keep
-            left = deadline - time.monotonic()
-            if len(got) == len(names) or left <= 0:
+            if len(got) == len(names) or deadline.passed:
                 break
-            self.inbox += self.poll(min(0.1, left))
+            self.inbox += self.poll(deadline.left(cap=0.1))
         if not got:
             raise self._unavailable(limit, names)
         if len(names) == 1:

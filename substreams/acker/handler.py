@@ -138,7 +138,6 @@ class CommandHandler:
         """The command-topic offset start-up replayed from (0 without a saved history)."""
         self.replayed = 0
         """How many commands of the command topic start-up replayed."""
-        self.responses_sent = 0
         self._responses_from = 0
         self._started = False
         self._answered: set[tuple[str, str, int]] | None = None
@@ -463,7 +462,6 @@ class CommandHandler:
             return  # the saved history was answered, but for peeks still owed
         produce(self._producer, self.config.acker.response_topic, encode_response(resp),
                 partition=0, headers=response_headers())
-        self.responses_sent += 1
 
     # -- status, frontiers ---------------------------------------------------------------
 

@@ -219,7 +219,6 @@ class AckerService:
         self.core = self._new_core(AckerState())
         self.on_step = on_step
         self.dead_letters = 0
-        self.recoveries = 0
         self._admin: AdminClient | None = None
         self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"acker-io-{self.name}")
         """Fences run here, off the loop (see :meth:`_fence_for`)."""
@@ -538,7 +537,6 @@ class AckerService:
         replayed."""
         log.error("acker '%s': could not commit (%s); recovering from the latest "
                   "checkpoint", self.name, exc)
-        self.recoveries += 1
         if self._superseded(stop):
             raise self._fenced() from exc
         # The newcomer may not have heartbeated yet; librdkafka then learns of the fence

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -42,6 +41,7 @@ from substreams.acker.tracker import stage_writer
 from substreams.config import Config, StageConfig
 from substreams.errors import DecodeError, SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.clock import Deadline
 from substreams.kafka.read import Reader
 from substreams.streams.deadletter import REASON_MALFORMED, DeadLetterWriter
 from substreams.streams.listener import StreamDecoder
@@ -176,13 +176,10 @@ class Stage:
     def run_until_idle(self, seconds: float = 1.0, timeout: float = 60.0) -> int:
         """Process until no input arrived for ``seconds``; returns records processed."""
         start = self.processed
-        idle_since = time.monotonic()
-        deadline = idle_since + timeout
-        while time.monotonic() < deadline:
+        deadline, idle = Deadline(timeout), Deadline(seconds)
+        while not deadline.passed and not idle.passed:
             if self.step(0.1):
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= seconds:
-                break
+                idle.restart()
         return self.processed - start
 
     def close(self) -> None:

@@ -526,34 +526,19 @@ class SegmentTable:
         ranges: Sequence[OffsetRange],
         now_ms: int,
     ) -> tuple[list[Time], list[Violation]]:
-        """The reference for :meth:`report_block`: one entry at a time, as :meth:`report`."""
+        """The reference for :meth:`report_block`: one :meth:`report` per entry."""
         new: list[Time] = []
         refused: list[Violation] = []
-        open_ = self.open
         at = 0
         for i, t in enumerate(times):
             n = range_counts[i]
-            entry = open_.get(t)
-            if entry is None:
-                try:
-                    self._check_open(t)
-                except Violation as v:
-                    refused.append(v)
-                    at += n
-                    continue
-                entry, _ = self._entry(t, now_ms)
-                new.append(t)
-            if xors:
-                entry.xor ^= xors[i]
-                if entry.xor:
-                    self._nonzero.add(t)
-                else:
-                    self._nonzero.discard(t)
-            entry.records += records[i]
-            entry.reports += reports[i]
-            if n:
-                entry.add_ranges(ranges[at:at + n])
-                at += n
+            try:
+                if self.report(t, xors[i] if xors else 0, records[i], reports[i],
+                               ranges[at:at + n], now_ms):
+                    new.append(t)
+            except Violation as v:
+                refused.append(v)
+            at += n
         self.dirty = True
         return new, refused
 

@@ -8,12 +8,7 @@ answered, never left out silently."""
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -33,6 +28,7 @@ from substreams.cli.options import (
     config_option,
     metrics_port_option,
     serve_metrics,
+    stop_on_signals,
 )
 from substreams.config import Config, load_config
 from substreams.errors import SubstreamsError
@@ -180,7 +176,6 @@ def run(
         )
     except SubstreamsError as exc:
         raise click.UsageError(str(exc)) from exc
-    stop = threading.Event()
     serve_metrics(metrics_port)
     subs = ", ".join(service.segments) or "(none)"
     mode = "standby (takes over when the active acker stops)" if standby else "active"
@@ -188,27 +183,9 @@ def run(
         f"acker '{service.name}' {mode} on {service.bootstrap}: tracking {subs}; "
         f"commands on '{config.acker.command_topic}'"
     )
-    with _stop_on_signals(stop):
+    with stop_on_signals() as stop:
         service.run(stop)  # closes the service and its command handler
     click.echo(f"acker '{service.name}' stopped after {service.notifications} notifications")
-
-
-@contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGINT/SIGTERM set ``stop`` (so the service finishes its step) instead of raising."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 # -- inspection --------------------------------------------------------------------------------

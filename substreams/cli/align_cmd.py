@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
-from types import FrameType
-
 import click
 
 from substreams.cli.options import (
@@ -13,6 +9,7 @@ from substreams.cli.options import (
     config_option,
     metrics_port_option,
     serve_metrics,
+    stop_on_signals,
 )
 from substreams.config import load_config
 from substreams.punctuation.aligner import Terminated
@@ -35,11 +32,6 @@ def command(
     from substreams.app import Application
 
     config = load_config(config_path)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
     def report(ev: Terminated) -> None:
         ranges = " ".join(f"{r.partition}:[{r.start},{r.end})" for r in ev.ranges) or "-"
         click.echo(f"terminated {ev.time!r} records={ev.records} ranges={ranges}")
@@ -48,13 +40,11 @@ def command(
         substream, on_terminated=report if verbose else None
     )
     serve_metrics(metrics_port)
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     click.echo(f"aligning '{substream}' -> {aligner.topic} (Ctrl-C to stop)", err=True)
     try:
-        aligner.run(stop)
+        with stop_on_signals() as stop:
+            aligner.run(stop)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         aligner.close()
     click.echo(
         f"stopped: {aligner.tracker.completed} times complete, {aligner.late} late records",

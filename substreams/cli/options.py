@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any, TypeVar
 
 import click
@@ -46,3 +50,23 @@ def serve_metrics(port: int | None) -> None:
     except OSError as exc:
         raise click.ClickException(f"--metrics-port {port}: {exc.strerror}") from exc
     click.echo(f"metrics on http://127.0.0.1:{actual}/metrics", err=True)
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event that SIGINT/SIGTERM set while the block runs, instead of raising (so a
+    service finishes its step and closes cleanly); the previous handlers come back after."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import signal
-import threading
-from types import FrameType
-
 import click
 
 from substreams.acker.commands import format_time
-from substreams.cli.options import bootstrap_option, config_option
+from substreams.cli.options import bootstrap_option, config_option, stop_on_signals
 from substreams.config import load_config
 from substreams.streams.tail import json_line, open_listener, tail
 
@@ -39,26 +35,19 @@ def command(
     if from_index is not None and from_order_key is not None:
         raise click.UsageError("give --from-index or --from-order-key, not both")
     config = load_config(config_path)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
     listener = open_listener(
         config, stream, from_index=from_index, from_order_key=from_order_key, bootstrap=bootstrap
     )
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for entry in tail(listener, follow=follow, stop=stop):
-            if as_json:
-                click.echo(json_line(entry))
-            else:
-                times = " ".join(f"{k}@{format_time(t)}" for k, t in entry.times.items())
-                click.echo(
-                    f"{entry.partition}:{entry.index} key={entry.order_key} "
-                    f"source={entry.source} {times} {dict(entry.payload)}"
-                )
+        with stop_on_signals() as stop:
+            for entry in tail(listener, follow=follow, stop=stop):
+                if as_json:
+                    click.echo(json_line(entry))
+                else:
+                    times = " ".join(f"{k}@{format_time(t)}" for k, t in entry.times.items())
+                    click.echo(
+                        f"{entry.partition}:{entry.index} key={entry.order_key} "
+                        f"source={entry.source} {times} {dict(entry.payload)}"
+                    )
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         listener.close()

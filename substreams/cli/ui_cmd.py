@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import signal
-import threading
-from types import FrameType
-
 import click
 
-from substreams.cli.options import bootstrap_option, config_option
+from substreams.cli.options import bootstrap_option, config_option, stop_on_signals
 from substreams.config import load_config
 
 
@@ -28,13 +24,7 @@ def command(config_path: str, bootstrap: str | None, port: int, host: str) -> No
     from substreams.ui.server import serve
 
     config = load_config(config_path)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with stop_on_signals() as stop:
         try:
             server = serve(config, host=host, port=port, bootstrap=bootstrap)
         except OSError as exc:
@@ -42,6 +32,3 @@ def command(config_path: str, bootstrap: str | None, port: int, host: str) -> No
         click.echo(f"dashboard on {server.url} (Ctrl-C to stop)", err=True)
         stop.wait()
         server.stop()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)

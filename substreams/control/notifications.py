@@ -12,14 +12,13 @@ time and no other, whatever was written since).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 from substreams.config import Config
 from substreams.control.notes import EpochNote
 from substreams.control.subscriber import Data, Start, Subscriber
 from substreams.errors import SubstreamsError
-from substreams.kafka.clock import Deadline
+from substreams.kafka.clock import Deadline, until_idle
 
 
 class Notifications:
@@ -81,14 +80,7 @@ class Notifications:
         )
 
     def __iter__(self) -> Iterator[EpochNote]:
-        idle = Deadline(math.inf if self.idle_timeout is None else self.idle_timeout)
-        while True:
-            notes = self.poll(0.2)
-            if notes:
-                idle.restart()
-                yield from notes
-            elif idle.passed:
-                return
+        return until_idle(lambda: self.poll(0.2), self.idle_timeout)
 
     def close(self) -> None:
         self._subscriber.close()

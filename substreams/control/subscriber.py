@@ -18,7 +18,6 @@ reader has passed the ranges it names (so no record of a time follows its comple
 
 from __future__ import annotations
 
-import math
 import time as _time
 from collections import defaultdict, deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,7 +47,7 @@ from substreams.control.traffic import CONTROL_READ, TRAFFIC
 from substreams.errors import SubstreamsError
 from substreams.frontier import Antichain, Time
 from substreams.kafka import client
-from substreams.kafka.clock import Deadline
+from substreams.kafka.clock import Deadline, until_idle
 from substreams.kafka.read import Reader
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
@@ -299,14 +298,7 @@ class Subscriber:
 
     def events(self, idle_timeout: float | None = None) -> Iterator[Event]:
         """Iterate events; with ``idle_timeout`` stop after that long without one."""
-        idle = Deadline(math.inf if idle_timeout is None else idle_timeout)
-        while True:
-            batch = self.poll(0.2)
-            if batch:
-                idle.restart()
-                yield from batch
-            elif idle.passed:
-                return
+        return until_idle(lambda: self.poll(0.2), idle_timeout)
 
     def __iter__(self) -> Iterator[Event]:
         return self.events(self.idle_timeout)

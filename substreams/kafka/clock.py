@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-__all__ = ["SYSTEM", "Clock", "Deadline", "SimClock", "SystemClock", "retry", "wait_until"]
+__all__ = [
+    "SYSTEM", "Clock", "Deadline", "SimClock", "SystemClock", "retry", "until_idle", "wait_until",
+]
 
 T = TypeVar("T")
 
@@ -123,6 +125,25 @@ def wait_until(
         if deadline.passed:
             return False
         clock.sleep(step)
+
+
+def until_idle(
+    poll: Callable[[], Sequence[T]],
+    idle_timeout: float | None,
+    ready: Callable[[], bool] = lambda: True,
+) -> Iterator[T]:
+    """What ``poll()`` returns, item by item, until it returned nothing for ``idle_timeout``
+    seconds (None: never) while ``ready()`` (a reader that is not caught up is not idle)."""
+    idle = Deadline(math.inf if idle_timeout is None else idle_timeout)
+    while True:
+        batch = poll()
+        if batch:
+            idle.restart()
+            yield from batch
+        elif not ready():
+            idle.restart()
+        elif idle.passed:
+            return
 
 
 def retry(

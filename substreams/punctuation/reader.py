@@ -10,7 +10,6 @@ punctuations grows with every task, which the ``PUNCTUATION_READ`` counter makes
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from substreams.config import Config
 from substreams.control.traffic import PUNCTUATION_READ, TRAFFIC
 from substreams.errors import DecodeError, SubstreamsError
 from substreams.kafka import client
+from substreams.kafka.clock import until_idle
 from substreams.kafka.read import Reader
 from substreams.punctuation.aligner import Aligner, Bound, Event, Punctuation
 from substreams.streams.listener import PunctuationEntry, StreamDecoder
@@ -155,16 +155,7 @@ class PunctuatedReader:
 
     def events(self, idle_timeout: float | None = None) -> Iterator[Event]:
         """Iterate events; with ``idle_timeout`` stop once caught up and idle that long."""
-        idle_since: float | None = None
-        while True:
-            batch = self.poll()
-            if batch:
-                idle_since = None
-                yield from batch
-            elif idle_timeout is not None and self.caught_up:
-                idle_since = idle_since or time.monotonic()
-                if time.monotonic() - idle_since >= idle_timeout:
-                    return
+        return until_idle(self.poll, idle_timeout, lambda: self.caught_up)
 
     def __iter__(self) -> Iterator[Event]:
         return self.events()

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from substreams.errors import SubstreamsError
+from substreams.kafka.clock import SYSTEM, wait_until
 from substreams.kafka.embedded import free_port, pid_alive, substreams_home
 
 log = logging.getLogger(__name__)
@@ -227,14 +228,12 @@ class SparkCluster:
         return self
 
     def _reap(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def gone() -> bool:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            if not _alive(pid):
-                return True
-            time.sleep(0.1)
-        return False
+            return not _alive(pid)
+
+        return wait_until(SYSTEM, gone, timeout, 0.1)
 
     def stop(self, timeout: float = 20.0) -> None:
         """Stop workers, then the master (SIGTERM, then SIGKILL after ``timeout``)."""

@@ -354,7 +354,7 @@ def _consume(results: Iterable[GroupResult], unit: int, written: bool, plan: Uni
 def _skip(grouped: Iterable[Any], unit: int) -> list[Summary]:
     """Summaries without running the operator (a replay of committed work)."""
     return summaries(
-        (GroupResult(g, [], False) for g in grouped), unit, written=False
+        (GroupResult(g, []) for g in grouped), unit, written=False
     )
 
 

@@ -267,18 +267,10 @@ def info_rows(info: EpochInfo, first_offset: int = 0) -> list[Row]:
     return out
 
 
-def group_epochs(rows: Iterable[Row]) -> list[EpochInfo]:
-    """Rows of a firm batch (with notification rows), in any order -> epochs in
-    notification order, each with its records in read order (per-epoch operators)."""
-    return [g.info for g in groups(sorted(rows, key=row_order(None)))]
-
-
 @dataclass
 class GroupResult:
     group: Group
     results: list[Row]
-    called: bool
-    """Whether ``on_epoch`` ran (a per-key operator's notification-only group does not)."""
 
 
 def apply_operator(op: EpochOperator, grouped: Iterable[Group]) -> Iterator[GroupResult]:
@@ -291,17 +283,13 @@ def apply_operator(op: EpochOperator, grouped: Iterable[Group]) -> Iterator[Grou
             out += list(op.on_record(row) or ())
         table = g.info.table
         if table is not None:
-            call = op.group_by is None or table.num_rows > 0
-            if call:
+            if op.group_by is None or table.num_rows > 0:
                 if not isinstance(op, ArrowEpochOperator):
                     raise SubstreamsError("columnar groups need an ArrowEpochOperator")
                 out += list(op.on_epoch_table(g.info.time, table) or ())
-            yield GroupResult(g, out, call)
-            continue
-        call = op.group_by is None or bool(g.info.rows)
-        if call:
+        elif op.group_by is None or g.info.rows:
             out += list(op.on_epoch(g.info.time, g.info.rows) or ())
-        yield GroupResult(g, out, call)
+        yield GroupResult(g, out)
 
 
 @dataclass(frozen=True)

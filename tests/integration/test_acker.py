@@ -95,17 +95,6 @@ def wait_notifications(
     return follow_notifications(config, substream, count, timeout)
 
 
-def step_until_notified(service: AckerService, timeout: float = 20.0) -> None:
-    """Step a started acker until it wrote its first notification (or ``timeout``), then
-    close it."""
-    try:
-        deadline = time.monotonic() + timeout
-        while service.notifications < 1 and time.monotonic() < deadline:
-            service.step(0.1)
-    finally:
-        service.close()
-
-
 def verify_chains(config: Config, topics: list[str]) -> None:
     for topic in topics:
         verifier = ChainVerifier()

@@ -20,7 +20,6 @@ from substreams.spark.operator import (
     EpochOperator,
     Row,
     as_operator,
-    group_epochs,
     groups,
     row_order,
 )
@@ -114,7 +113,7 @@ def test_records_reach_the_operator_in_read_order(
 
     rows = source_rows(list(enumerate(epochs)))
     rnd.shuffle(rows)
-    grouped = group_epochs(rows)
+    grouped = [g.info for g in groups(sorted(rows, key=row_order(None)))]
     assert [e.time for e in grouped] == list(range(len(epochs)))
     for e, records in zip(grouped, epochs, strict=True):
         assert [r["n"] for r in e.rows] == [r["n"] for r in records]

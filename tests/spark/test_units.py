@@ -17,7 +17,7 @@ from substreams.errors import SubstreamsError
 from substreams.frontier import Keyed
 from substreams.spark.epochs import epoch_int, epoch_key, format_time, parse_time
 from substreams.spark.offsets import Notification, SourceOffset
-from substreams.spark.operator import group_epochs
+from substreams.spark.operator import groups, row_order
 from substreams.spark.options import SourceOptions
 from substreams.spark.source import _chunks
 from tests.conftest import ConfigFactory, docker_available
@@ -112,7 +112,9 @@ def test_chunks_keep_notification_order_and_cover_everything() -> None:
     assert _chunks([], 4) == []
 
 
-def test_group_epochs_orders_by_notification_and_keeps_empty_epochs() -> None:
+def test_sorted_groups_order_by_notification_and_keep_empty_epochs() -> None:
+    """What a per-epoch task does with its rows: sorted by :func:`row_order`, then
+    :func:`groups`."""
     def rec(co: int, epoch: int, ok: int, off: int, ci: int = 0) -> dict[str, object]:
         return {
             "user": "u",
@@ -150,7 +152,7 @@ def test_group_epochs_orders_by_notification_and_keeps_empty_epochs() -> None:
         mark(4, 3, 1, ci=1),  # a second notification of control record 4
         rec(4, 3, 1, 2, ci=1),
     ]
-    epochs = group_epochs(rows)
+    epochs = [g.info for g in groups(sorted(rows, key=row_order(None)))]
     assert [(e.time, e.records, [r["order_key"] for r in e.rows]) for e in epochs] == [
         (0, 1, [3]),
         (1, 0, []),

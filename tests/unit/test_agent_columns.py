@@ -1,7 +1,7 @@
 """#16 session 10: the agent's flat-columns path and its coalesced seals.
 
-``sent_and_delivered_columns`` must write the acks ``sent_and_delivered_many`` writes (the
-same per-time entries; at one record per time the very same block bytes), and dropping
+``sent_and_delivered_columns`` must write the acks of per-record aggregation (the same
+per-time entries; at one record per time the very same block bytes), and dropping
 seals in ``take`` must leave the acker's state exactly as the seals one by one would.
 """
 
@@ -21,7 +21,6 @@ from substreams.acker.agent import TrackingAgent
 from substreams.acker.protocol import AckMessage, AckReport, SealEntry, decode_ack, encode_ack
 from substreams.acker.table import SOURCE, SegmentTable, Violation
 from substreams.frontier import Time
-from substreams.streams.records import SentRecord
 
 CONFIG: Any = SimpleNamespace(acker=SimpleNamespace(acks_topic="acks", acks_partitions=4))
 SUBS = ("ep", "win", "third")
@@ -75,8 +74,9 @@ def _clock(stamps: list[int]) -> Iterator[None]:
 
 
 def _run(ops: list[tuple[Any, ...]], columns: bool) -> list[tuple[int, AckMessage]]:
-    """The ops through one agent (columns or the per-batch records path), round-tripped
-    through the wire as the acker reads them."""
+    """The ops through one agent (columns, or each record added to its time's aggregate:
+    two reports whose ids cancel, one record, its offset), round-tripped through the wire
+    as the acker reads them."""
     agent = TrackingAgent(CONFIG, "src", "i")
     stamps = [ms for op in ops if op[0] == "seal" for ms in [op[3]]]
     stamps = [sum(stamps[: i + 1]) for i in range(len(stamps))]  # non-decreasing, repeats
@@ -89,9 +89,11 @@ def _run(ops: list[tuple[Any, ...]], columns: bool) -> list[tuple[int, AckMessag
             if columns:
                 agent.sent_and_delivered_columns(sub, stream, times, parts, offsets)
             else:
-                records = [SentRecord(stream, p, 0, 0, {sub: t})
-                           for t, p in zip(times, parts, strict=True)]
-                agent.sent_and_delivered_many(sub, records, offsets)
+                for t, p, o in zip(times, parts, offsets, strict=True):
+                    agg = agent._agg(sub, t)
+                    agg.reports += 2
+                    agg.records += 1
+                    agg.add_offsets((stream, p), o, o + 1)
         taken = agent.take()
     return [(p, decode_ack(encode_ack(m), agent.headers)) for p, m in taken]
 
