@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -318,18 +318,26 @@ def follow_notifications(
     ``timeout`` passed), with whatever else is already there: one tail read as the records
     come (the wait ends when the notification arrives, the topic is not read again and
     again from its start)."""
-    notes: list[EpochComplete] = []
+    return follow_each(config, [substream], count, timeout)[substream]
+
+
+def follow_each(
+    config: Config, substreams: Sequence[str], count: int, timeout: float = 30.0
+) -> dict[str, list[EpochComplete]]:
+    """:func:`follow_notifications` for several substreams at once (one reader of all their
+    control topics): the notes of each once every one has ``count``, or ``timeout`` passed."""
+    notes: dict[str, list[EpochComplete]] = {s: [] for s in substreams}
+    of_topic = {config.acker.control_topic(s): s for s in substreams}
     deadline = time.monotonic() + timeout
-    topic = config.acker.control_topic(substream)
     with ControlFollower(
         config.kafka.bootstrap, config, name="test: notifications", on_bad=RAISE, verify=False
     ) as tail:
-        tail.assign({topic: 0})
+        tail.assign(dict.fromkeys(of_topic, 0))
         while True:
             batch = tail.poll_batch(0.2)
-            for followed in batch:
-                notes.extend(completions(followed.record.body))  # one per time, batched or not
-            if len(notes) >= count:
+            for followed in batch:  # one per time, batched or not
+                notes[of_topic[followed.topic]].extend(completions(followed.record.body))
+            if all(len(n) >= count for n in notes.values()):
                 if not batch:  # reached, and nothing more is buffered
                     return notes
                 deadline = min(deadline, time.monotonic() + 1.0)

@@ -30,11 +30,10 @@ from substreams.control.io import read_control
 from substreams.control.messages import completions
 from substreams.control.verify import verify_config
 from substreams.frontier import Time
-from tests.conftest import ConfigFactory
+from tests.conftest import ConfigFactory, follow_each
 from tests.integration.test_acker import (
     acker,
     check_exactly_once,
-    notifications,
     wait_notifications,
 )
 from tests.integration.test_source_liveness import cli, evictions
@@ -171,13 +170,6 @@ def written(config: Config, sub: str) -> list[tuple[str, int, Time]]:
     ]
 
 
-def wait_until(cond: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
-
-
 def test_a_killed_shard_is_taken_over_and_the_other_never_pauses(
     make_config: ConfigFactory, tmp_path: Path
 ) -> None:
@@ -197,7 +189,8 @@ def test_a_killed_shard_is_taken_over_and_the_other_never_pauses(
         procs.append(spare)
         spare.wait_for("following the heartbeats")
         with Workload(config) as work:
-            wait_until(lambda: all(len(notifications(config, s)) >= 10 for s in subs), 90)
+            got = follow_each(config, subs, 10, 90)
+            assert all(len(n) >= 10 for n in got.values()), got
             zero.proc.kill()  # SIGKILL: no last commit
             zero.proc.wait(10)
             killed_ms = int(time.time() * 1000)
@@ -233,7 +226,8 @@ def test_adding_a_shard_while_a_workload_runs(make_config: ConfigFactory, tmp_pa
         procs.append(old)
         old.wait_for("' started in ")
         with Workload(config) as work:
-            wait_until(lambda: all(len(notifications(config, s)) >= 10 for s in subs), 90)
+            got = follow_each(config, subs, 10, 90)
+            assert all(len(n) >= 10 for n in got.values()), got
             # The new layout starts while the old acker still runs: each new shard fences
             # and retires it, then serves its own partitions from the retired checkpoint.
             new = [
@@ -360,7 +354,8 @@ def test_every_shard_serves_commands_and_the_cli_merges_them(
             for k in range(3):  # time 1: open (unsealed) in every substream
                 pub.publish({"user": "u", "url": f"/1/{k}", "ts": 1})
             pub.flush()
-            wait_until(lambda: all(len(notifications(config, s)) == 1 for s in subs), 30)
+            got = follow_each(config, subs, 1, 30)
+            assert all(len(n) == 1 for n in got.values()), got
             status = cli_wide("acker", "status", "-c", path, "--timeout", "10")
             epochs = cli_wide("acker", "epochs", "-c", path, "--timeout", "10")
             peeks = {s: cli_wide("acker", "peek", "-c", path, "-s", s, "--timeout", "10")

@@ -6,8 +6,6 @@ moment of the test's choosing instead of after ``log.retention.check.interval.ms
 
 from __future__ import annotations
 
-import time
-
 from confluent_kafka import TopicPartition
 
 from substreams.acker.client import AckerClient
@@ -17,7 +15,7 @@ from substreams.control.io import read_control
 from substreams.control.subscriber import Data, Subscriber
 from substreams.control.verify import verify_config
 from substreams.kafka import client
-from tests.conftest import ConfigFactory
+from tests.conftest import ConfigFactory, follow_notifications
 from tests.integration.test_acker import FAST, notifications, wait_notifications
 from tests.integration.test_acker_commands import running_acker as acker
 
@@ -67,9 +65,7 @@ def test_readers_from_the_beginning_work_after_the_head_was_deleted(
             for t in range(6, 9):
                 pub.publish({"user": "u", "url": f"/{t}", "ts": t})
                 pub.seal(sub, t)
-            deadline = time.monotonic() + 30
-            while notifications(config, sub)[-1].time != 8 and time.monotonic() < deadline:
-                time.sleep(0.2)
+            follow_notifications(config, sub, len(kept) + 3, 30)  # times 6, 7 and 8
             with AckerClient(config) as ctl:
                 ctl.connect(timeout=20)
                 status = ctl.status(timeout=20)

@@ -24,7 +24,7 @@ from substreams.errors import PublisherFencedError
 from substreams.streams.deadletter import REASON_TERMINATED, read_dead_letters
 from substreams.streams.publisher import Publisher
 from substreams.ui.model import DashboardModel
-from tests.conftest import ConfigFactory
+from tests.conftest import ConfigFactory, follow_notifications
 from tests.integration.test_acker import acker, check_exactly_once, notifications
 from tests.integration.test_publisher_crashes import EPOCH, committed
 from tests.integration.test_source_liveness import ROOT, evictions
@@ -139,9 +139,7 @@ def test_with_the_unsealed_timeout_it_is_evicted_and_the_held_windows_notified(
         began = time.monotonic()
         held = wait_held(config, "holder")
         assert held.held is not None and held.held.time == 0
-        deadline = time.monotonic() + UNSEALED_MS / 1000 + 15
-        while len(notifications(config, sub)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        follow_notifications(config, sub, 3, UNSEALED_MS / 1000 + 15)
         waited = time.monotonic() - began
         got = check_exactly_once(config, sub, committed(config, stream), {0, 1, 2})
         assert [n.records for n in got] == [1, 1, 1]  # exactly the live source's records
