@@ -34,6 +34,10 @@ pytestmark = pytest.mark.spark
 
 KILLS = 1
 WINDOWS = 8
+TIMEOUT_MS = 5000
+SILENT_S = TIMEOUT_MS / 1000 + 1.5
+"""How long the killed driver stays dead: past the acker's source timeout (+ a heartbeat's
+slack), so that a restart that came too soon cannot hide an eviction for silence."""
 
 
 def job(config: Config, ck: Path, *extra: str) -> list[str]:
@@ -67,7 +71,7 @@ def test_sigkilled_sink_driver_restarts_and_every_result_is_written_once(
          {"name": "uw", "stream": "url_counts", "kind": "epoch", "field": "window"}],
         # Far shorter than a driver's restart: the killed driver is silent past it every
         # time, and must be waited for (never evicted for silence), not evicted.
-        acker={"source_timeout_ms": 5000, "source_heartbeat_ms": 500},
+        acker={"source_timeout_ms": TIMEOUT_MS, "source_heartbeat_ms": 500},
     )
     w, uw = config.substreams[0].name, config.substreams[1].name
     clicks, url_counts = config.streams[0].name, config.streams[1].name
@@ -75,9 +79,11 @@ def test_sigkilled_sink_driver_restarts_and_every_result_is_written_once(
     truth: Counter[tuple[int, str]] = Counter()
     rng = random.Random(15)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
-    stop, sealed = threading.Event(), threading.Event()
+    stop, sealed, killed = threading.Event(), threading.Event(), threading.Event()
 
-    def produce() -> None:  # windows keep completing while the job is killed and restarted
+    def produce() -> None:
+        """Windows complete while the job runs (one every 4 s) and while it is dead (the
+        rest, at once after the kill: nothing more to wait for)."""
         with Application(config).publisher(clicks, "src") as pub:
             for window in range(WINDOWS):
                 for c in window_clicks(window, 3 + window % 5):
@@ -85,12 +91,13 @@ def test_sigkilled_sink_driver_restarts_and_every_result_is_written_once(
                     truth[(window, str(c["url"]))] += 1
                 pub.seal(w, window)
                 pub.flush()
-                if stop.wait(4.0):
+                if stop.wait(0.0 if killed.is_set() else 4.0):
                     break
             sealed.set()
             stop.wait()  # keep the source registered until the end (its times stay open)
 
     kills: list[tuple[int, float]] = []
+    killed_at = 0.0
     with running_acker(config), log.open("ab") as out:
         producer = threading.Thread(target=produce, daemon=True)
         producer.start()
@@ -107,9 +114,13 @@ def test_sigkilled_sink_driver_restarts_and_every_result_is_written_once(
                 finally:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(30)
+                    killed_at = time.monotonic()
+                    killed.set()
                 out.write(f"\n===== SIGKILL after {kills[-1]}\n".encode())
                 out.flush()
             assert sealed.wait(WINDOWS * 5)
+            # Dead past the source timeout before it restarts: the acker must wait for it.
+            time.sleep(max(0.0, killed_at + SILENT_S - time.monotonic()))
             # The restart (the same query: same checkpoint, same query name) runs in this
             # test's session, which is up already: another JVM start shows nothing more.
             again = start(spark, config, w, url_counts, str(ck), "killed-sink", once=True)
