@@ -37,7 +37,7 @@ from typing import Any
 
 from substreams.app import UNTRACKED
 from substreams.kafka import client
-from substreams.streams.schemas import Codec, envelope_schema
+from substreams.streams.schemas import PREFIX_BYTES, Codec, envelope_schema
 from substreams_bench import throughput as tp
 from substreams_bench.harness import BenchContext, bench_context
 from substreams_bench.observe import AckerObserver, Observer, RecordCounter
@@ -282,7 +282,8 @@ def _report(
 def run_raw(
     ctx: BenchContext, n: int, value: bytes, headers: list[tuple[str, bytes]] | None = None
 ) -> Run:
-    """``throughput.run_raw`` with marks (``headers``: the publisher's, on every record)."""
+    """``throughput.run_raw`` with marks (``headers``: on every record, e.g. the two data
+    records carried before they were single-object encoded)."""
     topic = f"b.raw-throughput.{uuid.uuid4().hex[:8]}"
     ctx.topics([(topic, tp.PARTITIONS)])
     producer = client.producer(ctx.bootstrap, None)
@@ -420,7 +421,10 @@ def main() -> None:
     ):
         probe = tp._config(ctx, None)
         value = tp._value_bytes(probe)
-        headers = Codec(envelope_schema(probe.streams[0].schema), label="bench").headers()
+        # what data records carried before single-object encoding: the writer fingerprint
+        # (hex) and the record type, on a value without the 10-byte prefix
+        codec = Codec(envelope_schema(probe.streams[0].schema), label="bench")
+        headers = [("ss.fp", codec.fingerprint_hex), ("ss.type", b"data")]
         first = True
         for _ in range(args.repeats):
             for line in lines:
@@ -432,7 +436,7 @@ def main() -> None:
                 if line == "raw":
                     run = run_raw(ctx, args.records, value)
                 elif line == "raw+headers":
-                    run = run_raw(ctx, args.records, value, headers)
+                    run = run_raw(ctx, args.records, value[PREFIX_BYTES:], headers)
                 else:
                     mech = "acker" if line == "acker" else None
                     run = run_line(ctx, mech, args.records, args.granularity, args.api == "many")

@@ -64,7 +64,7 @@ from substreams.kafka.topics import ensure_topics
 from substreams.kafka.write import produce
 from substreams.punctuation.aligner import Punctuation
 from substreams.punctuation.reader import PunctuatedReader
-from substreams.streams.schemas import TYPE_PUNCTUATION, protocol_codec
+from substreams.streams.schemas import protocol_codec
 from substreams_bench.harness import (
     BenchContext,
     BenchResult,
@@ -217,7 +217,6 @@ def write_punctuations(config: Config, punctuations: int) -> int:
     sub = config.substreams[0].name
     stream = config.substreams[0].stream
     codec = protocol_codec("punctuation")
-    headers = codec.headers(TYPE_PUNCTUATION)
     fast: dict[str, Any] = {"linger.ms": 20}
     producer = client.producer(config.kafka.bootstrap, config, **fast)
     now = int(time.time() * 1000)
@@ -225,9 +224,10 @@ def write_punctuations(config: Config, punctuations: int) -> int:
 
     def put(kind: Any, who: str, t: int | None) -> None:
         nonlocal written
-        value = codec.encode(Punctuation(kind, who, sub, t, -1, sent_at_ms=now).to_wire())
+        value = codec.encode_single(
+            Punctuation(kind, who, sub, t, -1, sent_at_ms=now).to_wire())
         for q in range(ALIGNER_PARTITIONS):
-            produce(producer, stream, value, partition=q, headers=headers)
+            produce(producer, stream, value, partition=q)
             written += 1
 
     names = [f"src{i}" for i in range(ALIGNER_PRODUCERS)]

@@ -770,7 +770,7 @@ def _watermark_counts(
 ) -> Any:
     """What a Spark user writes instead of substreams: Spark's Kafka source on the data
     topic (read_committed), the envelopes decoded -- with ``from_avro`` in the JVM
-    (``avro``; one writer schema, punctuations dropped by header) or with the project's
+    (``avro``; one writer schema, punctuations dropped by their prefix) or with the project's
     codec in ``mapInPandas`` -- an event-time column, ``withWatermark(..., "0 seconds")``
     and a one-second tumbling window count (per key with ``by_key``), append mode."""
     from pyspark.sql import functions as F
@@ -783,7 +783,6 @@ def _watermark_counts(
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", stream)
         .option("startingOffsets", "earliest")
-        .option("includeHeaders", "true")
         .option("kafka.isolation.level", "read_committed")
         .load()
     )

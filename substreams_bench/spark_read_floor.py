@@ -101,8 +101,7 @@ def _write(bootstrap: str, epochs: int, per_epoch: int) -> list[dict[int, tuple[
         for i in range(per_epoch):
             buf = io.BytesIO()
             fastavro.schemaless_writer(buf, parsed, {"user": f"u{i % 10}", "n": e * per_epoch + i})
-            prod.produce(TOPIC, buf.getvalue(), partition=i % PARTITIONS,
-                         headers=[("ss.fp", b"x")], on_delivery=report)
+            prod.produce(TOPIC, buf.getvalue(), partition=i % PARTITIONS, on_delivery=report)
         prod.commit_transaction()
         prod.flush()
         ranges.append({p: (min(o), max(o) + 1) for p, o in seen.items()})
@@ -122,7 +121,6 @@ def kafka_options(
         "endingOffsets": json.dumps({TOPIC: {str(p): rng[p][1] for p in parts}}),
         "kafka.isolation.level": "read_committed",
         "kafka.group.id": group,
-        "includeHeaders": "true",
         "failOnDataLoss": "true",
     }
 

@@ -143,10 +143,11 @@ def _config(ctx: BenchContext, mechanism: str | None) -> Config:
 
 
 def _value_bytes(config: Config) -> bytes:
-    """An envelope exactly like the publisher's, for the raw line's value."""
+    """An envelope exactly like the publisher's (single-object encoded), for the raw line's
+    value."""
     sc = config.streams[0]
     codec = Codec(envelope_schema(sc.schema), label="bench")
-    return codec.encode(
+    return codec.encode_single(
         {
             "order_key": 0,
             "tracking_id": 0,

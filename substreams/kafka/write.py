@@ -61,14 +61,14 @@ def produce_batch(
     parts: Sequence[int],
     keys: Sequence[str | bytes | None] | None,
     callbacks: Sequence[Callable[[KafkaError | None, Any], None]] | None,
-    headers: list[tuple[str, bytes]] | None,
     refused: Callable[[int], None] | None = None,
 ) -> None:
     """:func:`produce` of every record, calling librdkafka directly (positional arguments,
     no kwargs dict and no Python layer per record: at granularity 1 the per-record Python
     around ``produce()`` costs as much as the call itself); a full queue is waited out,
     resuming at the record that did not fit.  Any other error is raised after
-    ``refused(i)`` (record ``i`` and those after it were not produced)."""
+    ``refused(i)`` (record ``i`` and those after it were not produced).  No headers: the
+    records it writes (data records) carry their schema in the value."""
     raw = producer.produce
     n = len(values)
     keys_ = [None] * n if keys is None else keys
@@ -77,7 +77,7 @@ def produce_batch(
     while i < n:
         try:
             for i in range(i, n):  # noqa: B020 -- resumes where a BufferError stopped it
-                raw(topic, values[i], keys_[i], parts[i], cbs[i], headers=headers)
+                raw(topic, values[i], keys_[i], parts[i], cbs[i])
             return
         except BufferError:
             producer.poll(0.05)

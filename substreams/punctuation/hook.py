@@ -21,7 +21,7 @@ from substreams.frontier import Time
 from substreams.punctuation.aligner import Punctuation, PunctuationKind
 from substreams.streams.publisher import Ending, Publisher, PublishHook, Write
 from substreams.streams.records import SentRecord
-from substreams.streams.schemas import TYPE_PUNCTUATION, protocol_codec
+from substreams.streams.schemas import protocol_codec
 
 REGISTER: PunctuationKind = "REGISTER"
 SEAL: PunctuationKind = "SEAL"
@@ -39,8 +39,8 @@ class PunctuationHook(PublishHook):
         self.stream = publisher.stream
         self.source = publisher.source_id
         self.partitions = publisher.partitions
+        # single-object encoded: readers tell a punctuation from data by its fingerprint
         self.codec = protocol_codec("punctuation")
-        self.headers = self.codec.headers(TYPE_PUNCTUATION)
         self._pending: list[Write] = []
         """Written by the next commit (the REGISTERs: the publisher's first, before any
         record)."""
@@ -106,13 +106,13 @@ class PunctuationHook(PublishHook):
 
     def _all(self, kind: PunctuationKind, substream: str, time: Time | None) -> list[Write]:
         """One punctuation into every partition of the stream."""
-        value = self.codec.encode(
+        value = self.codec.encode_single(
             Punctuation(
                 kind, self.source, substream, time, -1, sent_at_ms=int(_time.time() * 1000)
             ).to_wire()
         )
         TRAFFIC.add(PUNCTUATION_WRITTEN, substream, self.partitions)
-        return [Write(self.stream, value, p, self.headers) for p in range(self.partitions)]
+        return [Write(self.stream, value, p) for p in range(self.partitions)]
 
 
 def hook_of(publisher: Publisher, substream: str) -> PunctuationHook:

@@ -22,10 +22,10 @@ PySpark to the newest release whose ``spark-sql-kafka-0-10_2.13`` and ``spark-av
 Maven Central serves (4.2.0: 4.2.1 and 4.3.0 were on PyPI but not on Maven Central when this
 was written), so nothing runs a connector of another Spark version.
 
-Records on a data topic are substreams envelopes (schemaless Avro, the writer schema's
-fingerprint in the ``ss.fp`` header, punctuations marked ``ss.type: punct``):
-:func:`decode_envelopes` turns the connector's ``value``/``headers`` rows into the stream's
-payload columns.
+Records on a data topic are substreams envelopes (Avro single-object encoding: the writer
+schema's fingerprint before the body; a punctuation is a record with the punctuation
+schema's fingerprint): :func:`decode_envelopes` turns the connector's ``value`` rows into
+the stream's payload columns.
 """
 
 from __future__ import annotations
@@ -236,20 +236,11 @@ def _ivy_resolve(packages: Sequence[str]) -> list[Path]:
     return jars
 
 
-def _header(name: str) -> Any:
-    """The value (binary) of the first Kafka header ``name`` of a row, or null."""
-    from pyspark.sql import functions as F
-
-    matching = F.filter("headers", lambda h: h["key"] == F.lit(name))
-    # try_element_at: null on an empty array (element_at raises under ANSI mode).
-    return F.try_element_at(matching, F.lit(1))["value"]
-
-
 def decode_envelopes(kafka: Any, stream: StreamConfig) -> Any:
     """The stream's payload columns (typed as the ``substreams`` source types them) plus
-    :data:`ENVELOPE_COLUMNS`, from a ``format("kafka")`` DataFrame of the stream's topic
-    read with ``includeHeaders=true``.  Punctuation records are dropped; a record written
-    with another schema fails the query (``SchemaMismatchError``), as every substreams
+    :data:`ENVELOPE_COLUMNS`, from a ``format("kafka")`` DataFrame of the stream's topic.
+    Punctuation records are dropped; a record written with another schema (or without the
+    single-object prefix) fails the query (``SchemaMismatchError``), as every substreams
     reader does.  Works on batch and streaming DataFrames.
 
     Why ``mapInPandas`` with the project's :class:`~substreams.streams.schemas.Codec` and
@@ -269,13 +260,7 @@ def decode_envelopes(kafka: Any, stream: StreamConfig) -> Any:
             StructField("offset", LongType(), False),
         ]
     )
-    framed = kafka.select(
-        "value",
-        "partition",
-        "offset",
-        _header("ss.fp").alias("fp"),
-        _header("ss.type").alias("kind"),
-    )
+    framed = kafka.select("value", "partition", "offset")
     return framed.mapInPandas(
         _decoder(stream.name, dict(stream.schema), layout, schema.fieldNames()), schema
     )
@@ -289,22 +274,24 @@ def _decoder(
     def decode(batches: Iterator[Any]) -> Iterator[Any]:
         import pandas as pd
 
-        from substreams.streams.schemas import TYPE_PUNCTUATION, Codec, envelope_schema
+        from substreams.streams.schemas import (
+            PREFIX_BYTES,
+            Codec,
+            envelope_schema,
+            protocol_prefixes,
+        )
 
         codec = Codec(envelope_schema(payload_schema), label=f"stream '{name}'")
+        punct = protocol_prefixes("punctuation")
         for batch in batches:
             rows: list[list[Any]] = []
-            for value, fp, kind, partition, offset in zip(
-                batch["value"],
-                batch["fp"],
-                batch["kind"],
-                batch["partition"],
-                batch["offset"],
-                strict=True,
+            for value, partition, offset in zip(
+                batch["value"], batch["partition"], batch["offset"], strict=True
             ):
-                if kind is not None and bytes(kind) == TYPE_PUNCTUATION:
+                data = bytes(value)
+                if data[:PREFIX_BYTES] in punct:
                     continue
-                rec = codec.decode(bytes(value), b"<none>" if fp is None else bytes(fp))
+                rec = codec.decode_single(data)
                 rows.append(
                     [*layout.values(rec["payload"]), rec["order_key"], int(partition), int(offset)]
                 )

@@ -12,14 +12,15 @@ log, so a replayed batch names the same epochs; only the records' read moves her
   ``kafka.isolation.level=read_committed`` (aborted records and markers skipped) and a
   stable ``kafka.group.id`` (Spark pools executor consumers by group id and partition: a
   fresh id per batch would open new consumers every batch);
-* punctuation records (header ``ss.type``) are dropped; each record is decoded with
-  ``from_avro`` using the writer schema its ``ss.fp`` header names (every schema the
-  stream registered, :mod:`substreams.streams.evolution`) and the config's schema as the
-  reader schema (``avroSchema`` option: Avro resolution, so schema evolution keeps
-  working); a fingerprint no registered schema has fails the batch (``raise_error``), as
-  every substreams reader refuses it.  Record values are the schemaless Avro encoding of
-  the envelope with nothing before it (the fingerprint travels in a header, not a prefix),
-  so no ``substring`` cut is needed;
+* record values are Avro single-object encoded (:mod:`substreams.streams.schemas`): the
+  first 10 bytes (``substring(value, 1, 10)``, Spark's ``substring`` of a BINARY counts
+  bytes from 1) are the marker and the writer fingerprint.  Punctuation records (the
+  punctuation schema's prefix) are dropped; each record's body (``substring(value, 11,
+  ...)``) is decoded with ``from_avro`` using the writer schema its prefix names (every
+  schema the stream registered, :mod:`substreams.streams.evolution`) and the config's
+  schema as the reader schema (``avroSchema`` option: Avro resolution, so schema
+  evolution keeps working); a prefix no registered schema has (or none) fails the batch
+  (``raise_error``), as every substreams reader refuses it.  Headers are not read;
 * a record belongs to the notification whose time its envelope's ``times[substream]``
   equals (a session's or a window's: between its ``time`` and ``until``).  A one-unit
   batch of ``run`` finds it in its unit task (:func:`placed_table`: the plan has no notes
@@ -48,11 +49,11 @@ from substreams.config import Config
 from substreams.control.messages import OffsetRange
 from substreams.spark.schema import PayloadLayout
 from substreams.streams.schemas import (
-    HEADER_FINGERPRINT,
-    HEADER_TYPE,
-    TYPE_PUNCTUATION,
+    PREFIX_BYTES,
+    SINGLE_OBJECT_MARKER,
     envelope_schema,
     expanded,
+    protocol_prefixes,
 )
 
 FETCH_MAX_WAIT_MS = 10
@@ -97,7 +98,6 @@ def kafka_options(
         "endingOffsets": json.dumps({topic: {str(p): hi[p] for p in parts}}),
         "kafka.isolation.level": "read_committed",
         "kafka.group.id": group_id,
-        "includeHeaders": "true",
         # A range is exact: a missing offset (retention) must fail, not silently shrink.
         "failOnDataLoss": "true",
         # Spark's executor consumer asks the broker for the partition's earliest and latest
@@ -244,15 +244,8 @@ class Decoding:
         )
 
 
-def _header(name: str) -> Any:
-    from pyspark.sql import functions as F
-
-    matching = F.filter("headers", lambda h: h["key"] == F.lit(name))
-    return F.try_element_at(matching, F.lit(1))["value"]
-
-
 def decoded(kafka: Any, decoding: Decoding, label: str) -> Any:
-    """``kafka`` (a ``format("kafka")`` DataFrame with headers) -> its data records as
+    """``kafka`` (a ``format("kafka")`` DataFrame) -> its data records as
     ``env`` (the envelope in the reader's shape), ``partition``, ``offset``; punctuations
     dropped, an unknown fingerprint fails the query naming it."""
     keep, decode = _decode_columns(decoding, label)
@@ -264,21 +257,36 @@ def _decode_columns(decoding: Decoding, label: str) -> tuple[Any, list[Any]]:
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
-    fp = _header(HEADER_FINGERPRINT).cast("string")
-    kind = _header(HEADER_TYPE)
-    keep = kind.isNull() | (kind != F.lit(TYPE_PUNCTUATION))
+    head = F.substring(F.col("value"), 1, PREFIX_BYTES)
+    body = F.substring(F.col("value"), PREFIX_BYTES + 1, _TO_THE_END)
+    punct = sorted(protocol_prefixes("punctuation"))
+    # a null value is not a punctuation: kept, and refused below like any record without
+    # a prefix
+    keep = F.coalesce(~head.isin(*(_binary(p) for p in punct)), F.lit(True))
     env: Any = None
     options = {"avroSchema": decoding.reader, "mode": "FAILFAST"}
     for writer_fp, writer in sorted(decoding.writers.items()):
-        branch = from_avro(F.col("value"), writer, options)
-        env = (F.when(fp == F.lit(writer_fp), branch) if env is None
-               else env.when(fp == F.lit(writer_fp), branch))
+        branch = from_avro(body, writer, options)
+        match = head == _binary(SINGLE_OBJECT_MARKER + bytes.fromhex(writer_fp))
+        env = F.when(match, branch) if env is None else env.when(match, branch)
     unknown = F.raise_error(F.concat(
-        F.lit(f"{label}: record written with schema fingerprint "),
-        F.coalesce(fp, F.lit("<none>")),
+        F.lit(f"{label}: record whose single-object prefix (C3 01 marker, schema "
+              "fingerprint) is "),
+        F.coalesce(F.lower(F.hex(head)), F.lit("<none>")),
         F.lit(", which no registered schema of the stream has; refusing to decode it"),
     ))
     return keep, [env.otherwise(unknown).alias("env"), F.col("partition"), F.col("offset")]
+
+
+_TO_THE_END = 2**31 - 1
+"""``substring``'s length for "to the end" (its SQL default)."""
+
+
+def _binary(value: bytes) -> Any:
+    """A BINARY literal column."""
+    from pyspark.sql import functions as F
+
+    return F.expr(f"X'{value.hex()}'")
 
 
 def _barrier() -> Any:

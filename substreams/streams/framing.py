@@ -6,12 +6,14 @@ to the next (``substreams bench framing`` checks that writing it here still pays
 binary encoding of a record is the concatenation of its fields' encodings, so the envelope
 is written here as
 
-    zigzag(order_key) ++ zigzag(tracking_id) ++ source ++ times ++ payload
+    prefix ++ zigzag(order_key) ++ zigzag(tracking_id) ++ source ++ times ++ payload
 
-with ``source`` encoded once, ``times`` encoded by fastavro once per distinct value (a small
-cache) and only the payload encoded per record by fastavro.  The result is byte-identical
-to fastavro's encoding of the whole envelope (a property test holds it to that), so every
-reader keeps decoding with the ordinary envelope schema.
+with ``prefix`` the single-object prefix of the stream's envelope schema (marker and writer
+fingerprint, :mod:`substreams.streams.schemas`), ``source`` encoded once, ``times`` encoded
+by fastavro once per distinct value (a small cache) and only the payload encoded per record
+by fastavro.  The body after the prefix is byte-identical to fastavro's encoding of the
+whole envelope (a property test holds it to that), so every reader keeps decoding with the
+ordinary envelope schema.
 
 The payload, too, skips fastavro when it can: a payload schema that is a record of
 primitive fields (and nullable primitives) gets a compiled writer (:func:`payload_writer`)
@@ -34,7 +36,13 @@ from fastavro.schema import parse_schema
 
 from substreams.frontier import Time, time_to_wire
 from substreams.streams.records import times_to_wire
-from substreams.streams.schemas import expanded, raw_schema
+from substreams.streams.schemas import (
+    SINGLE_OBJECT_MARKER,
+    envelope_schema,
+    expanded,
+    fingerprint,
+    raw_schema,
+)
 
 _CACHE_LIMIT = 4096
 _MIN_LONG = -(1 << 63)
@@ -279,20 +287,26 @@ def _generated_writer(
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(payload_schema: str) -> tuple[Any, Callable[[Mapping[str, Any]], bytes] | None, Any]:
-    """A payload schema's (given as canonical JSON) parsed form, generated writer and the
-    parsed times schema, once per process: an encoder is built per publisher, and a publisher
-    per source incarnation and task attempt.  All three are used read-only."""
-    full = expanded(json.loads(payload_schema))
+def _compiled(
+    payload_schema: str,
+) -> tuple[Any, Callable[[Mapping[str, Any]], bytes] | None, Any, bytes]:
+    """A payload schema's (given as canonical JSON) parsed form, generated writer, the
+    parsed times schema and the envelope's single-object prefix, once per process: an
+    encoder is built per publisher, and a publisher per source incarnation and task
+    attempt.  All are used read-only."""
+    payload = json.loads(payload_schema)
+    full = expanded(payload)
     times = parse_schema(expanded({"type": "map", "values": raw_schema("time")}))
-    return parse_schema(full), payload_writer(full), times
+    prefix = SINGLE_OBJECT_MARKER + fingerprint(envelope_schema(payload))
+    return parse_schema(full), payload_writer(full), times, prefix
 
 
 class EnvelopeEncoder:
-    """Writes one source's data envelopes for one stream (see the module docstring)."""
+    """Writes one source's data envelopes for one stream, single-object encoded (see the
+    module docstring)."""
 
     def __init__(self, payload_schema: Mapping[str, Any], source: str) -> None:
-        self._payload, self._fast, self._times_schema = _compiled(
+        self._payload, self._fast, self._times_schema, self.prefix = _compiled(
             json.dumps(payload_schema, sort_keys=True))
         self._source = avro_string(source)
         self._times_cache: dict[tuple[tuple[str, Time], ...], bytes] = {}
@@ -351,12 +365,13 @@ class EnvelopeEncoder:
         times: Mapping[str, Time],
         payload: Mapping[str, Any],
     ) -> bytes:
-        """The envelope's bytes; raises fastavro's ``ValueError``/``TypeError`` when the
-        payload does not fit the stream's schema."""
+        """The envelope's bytes (single-object encoded); raises fastavro's
+        ``ValueError``/``TypeError`` when the payload does not fit the stream's schema."""
         if not _MIN_LONG <= order_key <= _MAX_LONG:
             raise ValueError(f"order key {order_key} does not fit an Avro long")
         return b"".join(
             (
+                self.prefix,
                 zigzag_long(order_key),
                 zigzag_long(tracking_id),
                 self._source,
@@ -424,6 +439,7 @@ class EnvelopeEncoder:
         _check_longs(times, "time")
         zz = zigzag_long
         join = b"".join
+        prefix = self.prefix
         # source ++ times: the source and the map's head are adjacent constants: one piece.
         source_head = self._source + self._int_time_head(name)
         tail = _INT_TIME_TAIL_END
@@ -449,7 +465,8 @@ class EnvelopeEncoder:
             else:
                 body = slow(p)
             # one join, not four concatenations (cheaper for these short pieces)
-            append(join((key_bytes, zz(tracking_id), source_head, time_bytes, tail, body)))
+            append(join((prefix, key_bytes, zz(tracking_id), source_head, time_bytes, tail,
+                         body)))
         return out
 
     def _frame(
@@ -462,6 +479,7 @@ class EnvelopeEncoder:
         """The envelopes from already encoded ``times`` maps (one per record)."""
         zz = zigzag_long
         join = b"".join
+        prefix = self.prefix
         source = self._source
         fast = self._fast
         slow = self.payload
@@ -477,7 +495,7 @@ class EnvelopeEncoder:
                     body = slow(p)
             else:
                 body = slow(p)
-            append(join((zz(order_key), zz(tracking_id), source, times_bytes, body)))
+            append(join((prefix, zz(order_key), zz(tracking_id), source, times_bytes, body)))
         return out
 
 

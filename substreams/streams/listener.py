@@ -24,12 +24,11 @@ from substreams.kafka.clock import Deadline
 from substreams.kafka.read import Reader
 from substreams.streams.records import Entry, times_from_wire
 from substreams.streams.schemas import (
-    HEADER_FINGERPRINT,
-    HEADER_TYPE,
-    TYPE_PUNCTUATION,
+    PREFIX_BYTES,
     Codec,
     envelope_schema,
     protocol_codec,
+    protocol_prefixes,
 )
 
 log = logging.getLogger(__name__)
@@ -59,19 +58,24 @@ class StreamDecoder:
             writers=lambda fp: _registered_writer(config, stream, fp, bootstrap),
         )
         self.punct = protocol_codec("punctuation")
+        self._data_prefix = self.codec.prefix
+        self._punct_prefixes = protocol_prefixes("punctuation")
 
     def decode(self, msg: Message) -> Entry | PunctuationEntry:
-        """The entry in ``msg``.  For any bytes that are not one: :class:`SchemaMismatchError`
-        for a data record, :class:`ProtocolError` for a punctuation (both ``DecodeError``)."""
-        headers = dict(msg.headers() or ())
+        """The entry in ``msg`` (single-object encoded: a punctuation is one whose writer
+        fingerprint is the punctuation schema's).  For any bytes that are not one:
+        :class:`SchemaMismatchError` for a data record (a missing prefix or an unknown
+        fingerprint included), :class:`ProtocolError` for a punctuation (both
+        ``DecodeError``)."""
         value = msg.value() or b""
-        if headers.get(HEADER_TYPE) == TYPE_PUNCTUATION:
+        if (not value.startswith(self._data_prefix)
+                and value[:PREFIX_BYTES] in self._punct_prefixes):
             try:
-                fields = self.punct.decode(value, headers.get(HEADER_FINGERPRINT))
+                fields = self.punct.decode_single(value)
             except SubstreamsError as exc:
                 raise ProtocolError(f"stream '{self.stream}': punctuation: {exc}") from exc
             return PunctuationEntry(self.stream, msg.partition(), msg.offset(), fields)
-        rec = self.codec.decode(value, headers.get(HEADER_FINGERPRINT, b"<none>"))
+        rec = self.codec.decode_single(value)
         try:
             times = times_from_wire(rec["times"])
         except (ValueError, KeyError, TypeError) as exc:

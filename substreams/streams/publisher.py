@@ -291,8 +291,9 @@ class Publisher:
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.batch_size = batch_size
         self.codec = _envelope_codec(stream, json.dumps(self.stream_config.schema, sort_keys=True))
+        # single-object encoded values carry the writer fingerprint: data records have no
+        # headers (see substreams.streams.schemas)
         self._encoder = EnvelopeEncoder(self.stream_config.schema, source_id)
-        self._headers = self.codec.headers()
         self.producers = producers
         self.clock = clock
         self._rand = rng if rng is not None else random.Random()
@@ -650,13 +651,13 @@ class Publisher:
             singles = self._singles
             if singles is None:
                 singles = self._singles = self._open_batch([], [])
-            self._produce(value, partition, key, self._headers, singles[0])
+            self._produce(value, partition, key, singles[0])
             # only once produced: a record produce() refused is no hook's (a caller that
             # goes on may still commit the others, which must be reported)
             singles[1].append(record)
             singles[2].append(partition)
         else:
-            self._produce(value, partition, key, self._headers)
+            self._produce(value, partition, key)
         self._pending += 1
         if self._clocks:
             self._published((payload,))
@@ -938,9 +939,7 @@ class Publisher:
         refused: Callable[[int], None] | None = None,
     ) -> None:
         """The batch's records into the open transaction (:func:`produce_batch`)."""
-        produce_batch(
-            self._producer, self.stream, values, parts, keys, callbacks, self._headers, refused
-        )
+        produce_batch(self._producer, self.stream, values, parts, keys, callbacks, refused)
 
     def _order_keys(self, payloads: Sequence[Mapping[str, Any]]) -> list[int]:
         field = self.stream_config.order_key
@@ -1039,16 +1038,14 @@ class Publisher:
         value: bytes,
         partition: int,
         key: str | bytes | None,
-        headers: list[tuple[str, bytes]],
         on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
     ) -> None:
         try:  # librdkafka directly (as produce_batch): no kwargs dict, no second layer
-            self._producer.produce(self.stream, value, key, partition, on_delivery,
-                                   headers=headers)
+            self._producer.produce(self.stream, value, key, partition, on_delivery)
         except BufferError:  # a full queue: produce() waits it out, serving callbacks
             produce(
                 self._producer, self.stream, value,
-                key=key, partition=partition, headers=headers, on_delivery=on_delivery,
+                key=key, partition=partition, on_delivery=on_delivery,
             )
 
     def produce_aside(

@@ -8,9 +8,20 @@ finds them in a source checkout, an installed wheel and the ``--py-files`` zip o
 Why a fingerprint on every record (Sherlock's "signature of the storage schema"): a reader
 that decodes bytes written with a different schema gets garbage, not an error.  Each record
 carries the 8-byte CRC-64-AVRO (Rabin) fingerprint of its writer schema's parsing canonical
-form in the ``ss.fp`` header; a codec decodes only records whose fingerprint it knows: its
-own, or one its ``writers`` lookup resolves (a stream's earlier schemas, see
+form; a codec decodes only records whose fingerprint it knows: its own, or one its
+``writers`` lookup resolves (a stream's earlier schemas, see
 :mod:`substreams.streams.evolution`), decoded into its own shape by Avro resolution.
+
+Where the fingerprint travels: data-topic records (data envelopes and in-band punctuations)
+use Avro's *single-object encoding* -- the marker ``C3 01``, the fingerprint (8 bytes,
+little-endian, as Java's ``SchemaNormalization`` gives it) and the Avro binary body
+(:meth:`Codec.encode_single`, :meth:`Codec.decode_single`).  Why not Kafka headers: the
+headers cost every record ~35 bytes on the wire and the broker and the client time per
+record for each header, on the hot path; the prefix is 10 bytes in the value, readable by
+any Avro library that implements the spec and cut with a ``substring`` in Spark SQL.  A
+punctuation is told apart from a data record by its fingerprint (the punctuation schema's).
+The protocol topics (control, acks, commands, responses: few records a second) keep the
+fingerprint in the ``ss.fp`` header (:meth:`Codec.headers`).
 """
 
 from __future__ import annotations
@@ -33,12 +44,14 @@ from substreams.errors import SchemaMismatchError
 SCHEMA_PACKAGE = "substreams"
 SCHEMA_FOLDER = "avro"
 HEADER_FINGERPRINT = "ss.fp"
-HEADER_TYPE = "ss.type"
-TYPE_DATA = b"data"
-TYPE_PUNCTUATION = b"punct"
+SINGLE_OBJECT_MARKER = b"\xc3\x01"
+"""The two bytes that open an Avro single-object encoded record."""
+PREFIX_BYTES = len(SINGLE_OBJECT_MARKER) + 8
+"""The single-object prefix: the marker and the 8-byte writer fingerprint."""
 
 WriterLookup = Callable[[bytes], Mapping[str, Any] | None]
-"""fingerprint (hex, as in the header) -> the full writer schema, or None if unknown."""
+"""fingerprint (hex, of its little-endian bytes) -> the full writer schema, or None if
+unknown."""
 
 # Shared named types, parsed first so that other schemas can refer to them by name.
 _SHARED = ("time", "range")
@@ -109,8 +122,18 @@ def envelope_schema(payload: Mapping[str, Any]) -> dict[str, Any]:
     return env
 
 
+def prefix_fingerprint(data: bytes) -> bytes | None:
+    """The writer fingerprint (hex) in the single-object prefix of ``data``, or None when
+    ``data`` does not start with one (too short, or another marker)."""
+    if len(data) < PREFIX_BYTES or not data.startswith(SINGLE_OBJECT_MARKER):
+        return None
+    return data[len(SINGLE_OBJECT_MARKER):PREFIX_BYTES].hex().encode()
+
+
 class Codec:
-    """Schemaless Avro encoding with the writer fingerprint checked on the way back."""
+    """Avro encoding with the writer fingerprint checked on the way back: single-object
+    encoded (:meth:`encode_single`), or schemaless with the fingerprint in a header
+    (:meth:`encode`, :meth:`headers`)."""
 
     def __init__(
         self,
@@ -126,22 +149,53 @@ class Codec:
         self._parsed = parse_schema(self.schema)
         self.fingerprint = fingerprint(self.schema)
         self.fingerprint_hex = self.fingerprint.hex().encode()
+        self.prefix = SINGLE_OBJECT_MARKER + self.fingerprint
+        """What every single-object encoded record of this schema starts with."""
         self._writers = writers
         self._resolved: dict[bytes, Any] = {}  # fingerprint -> parsed writer schema
 
     def encode(self, record: Mapping[str, Any]) -> bytes:
+        """The schemaless Avro body (no fingerprint: see :meth:`headers`)."""
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, self._parsed, record)
         return buf.getvalue()
 
+    def encode_single(self, record: Mapping[str, Any]) -> bytes:
+        """The single-object encoding: :attr:`prefix`, then the Avro body."""
+        buf = io.BytesIO()
+        buf.write(self.prefix)
+        fastavro.schemaless_writer(buf, self._parsed, record)
+        return buf.getvalue()
+
     def decode(self, data: bytes, fingerprint_hex: bytes | None = None) -> dict[str, Any]:
-        """Decode ``data``; ``fingerprint_hex`` is the record's ``ss.fp`` header value."""
+        """Decode the schemaless body ``data``; ``fingerprint_hex`` is the record's ``ss.fp``
+        header value (None: this codec's own schema)."""
+        return self._read(io.BytesIO(data), fingerprint_hex)
+
+    def decode_single(self, data: bytes) -> dict[str, Any]:
+        """Decode a single-object encoded record.  :class:`SchemaMismatchError` when ``data``
+        has no single-object prefix, or a fingerprint that is neither this codec's nor one
+        its ``writers`` lookup resolves (decoding it would give garbage, not an error)."""
+        buf = io.BytesIO(data)
+        buf.seek(PREFIX_BYTES)
+        if data.startswith(self.prefix):
+            return self._read(buf, None)
+        found = prefix_fingerprint(data)
+        if found is None:
+            raise SchemaMismatchError(
+                f"{self.label}: not a single-object encoded record (no C3 01 marker and "
+                f"8-byte schema fingerprint before the body; {len(data)} bytes starting "
+                f"{data[:PREFIX_BYTES].hex() or '<empty>'}); refusing to decode it"
+            )
+        return self._read(buf, found)
+
+    def _read(self, buf: io.BytesIO, fingerprint_hex: bytes | None) -> dict[str, Any]:
         writer = self._parsed
         if fingerprint_hex is not None and fingerprint_hex != self.fingerprint_hex:
             writer = self._writer(fingerprint_hex)
         try:
             out = fastavro.schemaless_reader(
-                io.BytesIO(data),
+                buf,
                 writer,
                 None if writer is self._parsed else self._parsed,
                 return_record_name=self.union_names,
@@ -176,8 +230,9 @@ class Codec:
         parsed = self._resolved[fingerprint_hex] = parse_schema(expanded(found))
         return parsed
 
-    def headers(self, kind: bytes = TYPE_DATA) -> list[tuple[str, bytes]]:
-        return [(HEADER_FINGERPRINT, self.fingerprint_hex), (HEADER_TYPE, kind)]
+    def headers(self) -> list[tuple[str, bytes]]:
+        """The ``ss.fp`` header of a record written with :meth:`encode` (protocol topics)."""
+        return [(HEADER_FINGERPRINT, self.fingerprint_hex)]
 
 
 @cache
@@ -201,3 +256,13 @@ def protocol_codec(name: str) -> Codec:
     it also decodes records written with the schema's previous versions."""
     return Codec(raw_schema(name), label=f"{name} record", union_names=True,
                  writers=_previous_versions(name).get)
+
+
+@cache
+def protocol_prefixes(name: str) -> frozenset[bytes]:
+    """The single-object prefixes of a protocol schema and of its previous versions: what
+    tells its records apart from others on a shared topic (punctuations among data)."""
+    return frozenset(
+        {protocol_codec(name).prefix}
+        | {SINGLE_OBJECT_MARKER + bytes.fromhex(fp.decode()) for fp in _previous_versions(name)}
+    )

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -47,7 +47,7 @@ from substreams.punctuation.service import PunctuationAligner
 from substreams.streams.deadletter import read_dead_letters
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.listener import PunctuationEntry, StreamDecoder
-from substreams.streams.schemas import TYPE_PUNCTUATION, Codec, envelope_schema, protocol_codec
+from substreams.streams.schemas import protocol_codec
 from tests.conftest import CLICK_SCHEMA, ConfigFactory
 
 FAST = {"heartbeat_ms": 200, "flush_ms": 2}
@@ -82,7 +82,7 @@ def undecodable(decode: Callable[[], object]) -> bool:
 
 
 def produce_all(
-    bootstrap: str, topic: str, values: list[tuple[bytes, list[tuple[str, bytes]]]]
+    bootstrap: str, topic: str, values: Sequence[tuple[bytes, list[tuple[str, bytes]] | None]]
 ) -> list[int]:
     """Produce ``values`` to partition 0 of ``topic``; their offsets, in order."""
     producer = Producer({"bootstrap.servers": bootstrap})
@@ -199,14 +199,13 @@ def test_aligner_dead_letters_fuzzed_data_records(
     envelope = EnvelopeEncoder(CLICK_SCHEMA, "fz").encode(
         5, 77, {sub: 0, "w": (1, 2)}, {"user": "u", "url": "/", "ts": 5}
     )
-    punct = protocol_codec("punctuation").encode(
+    punct = protocol_codec("punctuation").encode_single(
         Punctuation("SEAL", "fz", "other", Keyed("k", 3), 0).to_wire()
     )
-    data_headers = Codec(envelope_schema(CLICK_SCHEMA)).headers()
-    punct_headers = protocol_codec("punctuation").headers(TYPE_PUNCTUATION)
-    fuzzed = [
-        (mutate(rng, envelope), data_headers) if i % 2 else (mutate(rng, punct), punct_headers)
-        for i in range(FUZZED)
+    # single-object encoded, no headers: a mutated prefix is an unknown or missing writer
+    # schema (malformed, as an unknown fingerprint header was)
+    fuzzed: list[tuple[bytes, list[tuple[str, bytes]] | None]] = [
+        (mutate(rng, envelope if i % 2 else punct), None) for i in range(FUZZED)
     ]
     with Application(config).publisher(stream, "a") as pub:
         pub.publish({"user": "x", "url": "/1", "ts": 10}, partition=0)
@@ -216,7 +215,7 @@ def test_aligner_dead_letters_fuzzed_data_records(
         pub.seal(sub, 0)
     decoder = StreamDecoder(config, stream)
 
-    def decode(value: bytes, headers: list[tuple[str, bytes]]) -> object:
+    def decode(value: bytes, headers: list[tuple[str, bytes]] | None) -> object:
         entry = decoder.decode(Message(topic=stream, partition=0, value=value, headers=headers))
         if isinstance(entry, PunctuationEntry):
             return Punctuation.from_wire(entry.fields, 0)

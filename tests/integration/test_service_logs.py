@@ -101,20 +101,22 @@ def test_stage_logs_start_from_committed_offsets_and_dead_letters(
     with Application(config).publisher(clicks, "a") as pub:
         pub.publish({"user": "u", "url": "/0", "ts": 0})
     producer = Producer({"bootstrap.servers": config.kafka.bootstrap})
-    headers = Codec(envelope_schema(CLICK_SCHEMA)).headers()
+    # the stream's single-object prefix before a body that does not decode; then bytes
+    # without a prefix at all: both dead-lettered as malformed
+    prefix = Codec(envelope_schema(CLICK_SCHEMA)).prefix
 
     def run_stage(idle_s: float) -> tuple[int, int]:
         with Stage(config, name, same) as stage:
             stage.run_until_idle(idle_s)
             return stage.processed, stage.dead_letters
 
-    producer.produce(clicks, b"\x01garbage", partition=0, headers=headers)
+    producer.produce(clicks, prefix + b"\x01garbage", partition=0)
     producer.flush(10)
     assert run_stage(1.0) == (1, 1)
     # resumes after what was committed (3: record, transaction marker, garbage)
     assert run_stage(0.5) == (0, 0)
     # a batch holding nothing but garbage commits its position too: not dead-lettered twice
-    producer.produce(clicks, b"\x02garbage", partition=0, headers=headers)
+    producer.produce(clicks, b"\x02garbage", partition=0)
     producer.flush(10)
     assert run_stage(1.0) == (0, 1)
     assert run_stage(0.5) == (0, 0)
@@ -125,6 +127,8 @@ def test_stage_logs_start_from_committed_offsets_and_dead_letters(
     assert has(said, f"stage '{name}' stopped after 1 records in, 1 out, 1 dead letters")
     letters = lines(caplog, "substreams.streams.deadletter")
     assert has(letters, f"dead letter: malformed at {clicks}[0]@2", "cannot decode")
+    assert has(letters, f"dead letter: malformed at {clicks}[0]@3",
+               "not a single-object encoded record")
 
 
 class Count(EpochOperator):

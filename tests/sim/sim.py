@@ -210,7 +210,7 @@ def _data_codec() -> Codec:
 def data_value(r: Record) -> tuple[str, int, int, int, str, int]:
     """A data record's (incarnation, epoch, number in the epoch, tracking id, key, event
     time), from the envelope its publisher wrote."""
-    doc = _data_codec().decode(r.value or b"")
+    doc = _data_codec().decode_single(r.value or b"")
     p = doc["payload"]
     return p["inc"], p["e"], p["k"], doc["tracking_id"], p["key"], p["ts"]
 

@@ -150,7 +150,6 @@ def test_official_connector_reads_a_publisher_topic(
             spark.read.format("kafka")
             .option("kafka.bootstrap.servers", config.kafka.bootstrap)
             .option("subscribe", stream.name)
-            .option("includeHeaders", "true")
             .option("kafka.isolation.level", isolation)
             .load()
         )
@@ -177,7 +176,6 @@ def test_official_connector_reads_a_publisher_topic(
             .option("kafka.bootstrap.servers", config.kafka.bootstrap)
             .option("subscribe", stream.name)
             .option("startingOffsets", "earliest")
-            .option("includeHeaders", "true")
             .option("kafka.isolation.level", "read_committed")
             .load(),
             stream,

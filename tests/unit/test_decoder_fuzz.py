@@ -69,7 +69,7 @@ from substreams.frontier import Antichain, Keyed, UpperAntichain
 from substreams.punctuation.aligner import Punctuation
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.listener import PunctuationEntry, StreamDecoder
-from substreams.streams.schemas import TYPE_PUNCTUATION, protocol_codec
+from substreams.streams.schemas import PREFIX_BYTES, protocol_codec
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -173,7 +173,7 @@ def headers_for(valid: list[tuple[str, bytes]]) -> st.SearchStrategy[Any]:
         st.just(valid),
         st.just(valid),
         st.just(None),
-        st.lists(st.tuples(st.sampled_from(["ss.fp", "ss.type", "x"]), st.binary(max_size=20))),
+        st.lists(st.tuples(st.sampled_from(["ss.fp", "x"]), st.binary(max_size=20))),
     )
 
 
@@ -291,17 +291,20 @@ def _envelopes(decoder: StreamDecoder) -> list[bytes]:
 
 
 PUNCTUATIONS = [
-    protocol_codec("punctuation").encode(Punctuation("SEAL", "p", "sub", (3, 4), 0).to_wire()),
-    protocol_codec("punctuation").encode(Punctuation("REGISTER", "p", "sub", None, 0).to_wire()),
+    protocol_codec("punctuation").encode_single(
+        Punctuation("SEAL", "p", "sub", (3, 4), 0).to_wire()),
+    protocol_codec("punctuation").encode_single(
+        Punctuation("REGISTER", "p", "sub", None, 0).to_wire()),
 ]
 
 
 @FUZZ
 @given(data=st.data())
 def test_envelope_decoder(decoder: StreamDecoder, data: st.DataObject) -> None:
-    valid = decoder.codec.headers()
-    value = data.draw(mutated(_envelopes(decoder)))
-    headers = data.draw(headers_for(valid))
+    """Mutated envelopes, their single-object prefix included (a missing, short or unknown
+    prefix is a ``SchemaMismatchError``); headers are not read."""
+    value = data.draw(mutated(_envelopes(decoder) + PUNCTUATIONS))
+    headers = data.draw(headers_for(protocol_codec("control").headers()))
     msg = Message(topic="clicks", partition=1, offset=3, value=value, headers=headers)
     only_decode_errors(lambda: decoder.decode(msg), DecodeError)
 
@@ -309,10 +312,11 @@ def test_envelope_decoder(decoder: StreamDecoder, data: st.DataObject) -> None:
 @FUZZ
 @given(data=st.data())
 def test_punctuation_decoder(decoder: StreamDecoder, data: st.DataObject) -> None:
-    valid = protocol_codec("punctuation").headers(TYPE_PUNCTUATION)
-    value = data.draw(mutated(PUNCTUATIONS))
-    headers = data.draw(st.one_of(st.just(valid), st.just([("ss.type", TYPE_PUNCTUATION)])))
-    msg = Message(topic="clicks", partition=1, offset=3, value=value, headers=headers)
+    """A mutated body behind the punctuation schema's prefix: a punctuation or a
+    ``ProtocolError``, never a data record or another error."""
+    sample = data.draw(st.sampled_from(PUNCTUATIONS))
+    value = sample[:PREFIX_BYTES] + data.draw(mutated([sample[PREFIX_BYTES:]]))
+    msg = Message(topic="clicks", partition=1, offset=3, value=value)
 
     def decode() -> Punctuation:
         entry = decoder.decode(msg)

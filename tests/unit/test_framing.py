@@ -81,7 +81,8 @@ def test_envelope_matches_fastavro(
     payload: dict[str, Any],
 ) -> None:
     encoder = EnvelopeEncoder(PAYLOAD, source)
-    expected = ENVELOPE.encode(
+    # the single-object prefix, then exactly fastavro's encoding of the whole envelope
+    expected = ENVELOPE.prefix + ENVELOPE.encode(
         {
             "order_key": order_key,
             "tracking_id": tracking_id,
@@ -99,7 +100,8 @@ def test_envelope_decodes_with_the_envelope_schema() -> None:
     encoder = EnvelopeEncoder(PAYLOAD, "src-1")
     payload = {"ts": 7, "batch": 3, "body": "hello", "score": 0.5}
     data = encoder.encode(7, -42, {"ep": 3, "win": Keyed("k", 10)}, payload)
-    decoded = ENVELOPE.decode(data)
+    assert data.startswith(b"\xc3\x01" + ENVELOPE.fingerprint)
+    decoded = ENVELOPE.decode_single(data)
     assert decoded["order_key"] == 7
     assert decoded["tracking_id"] == -42
     assert decoded["source"] == "src-1"
@@ -151,7 +153,7 @@ def test_encode_many_with_runs_of_one_int_time_equals_fastavro(
     got = encoder.encode_many([0] * len(batch), [r[0] for r in batch], assigned,
                               [r[2] for r in batch])
     expected = [
-        ENVELOPE.encode(
+        ENVELOPE.prefix + ENVELOPE.encode(
             {
                 "order_key": 0,
                 "tracking_id": tid,
@@ -282,7 +284,7 @@ def test_encode_many_int_times_equals_the_generic_path_and_fastavro(
     )
     assert got == generic
     assert got == [
-        ENVELOPE.encode(
+        ENVELOPE.prefix + ENVELOPE.encode(
             {
                 "order_key": k,
                 "tracking_id": i,

@@ -43,7 +43,6 @@ def _publisher(producer: FullQueueProducer) -> Publisher:
     pub = Publisher.__new__(Publisher)  # no broker: only what _produce_batch reads
     pub._producer = producer  # type: ignore[assignment]
     pub.stream = "s"
-    pub._headers = [("h", b"1")]
     return pub
 
 
@@ -66,7 +65,7 @@ def test_every_record_once_in_order_through_full_queues(
     assert [p[3] for p in producer.produced] == parts
     assert [p[2] for p in producer.produced] == (keys or [None] * n)
     assert [p[4] for p in producer.produced] == (callbacks or [None] * n)
-    assert all(p[0] == "s" and p[5] == [("h", b"1")] for p in producer.produced)
+    assert all(p[0] == "s" and p[5] is None for p in producer.produced)
     assert producer.polls == producer.calls - n  # one wait per refusal
 
 

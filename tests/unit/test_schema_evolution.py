@@ -72,8 +72,9 @@ def test_an_old_record_decodes_into_the_new_shape() -> None:
     new = Codec(envelope_schema(v2), writers=writers.get)
     record = {"order_key": 5, "tracking_id": 1, "source": "s", "times": {},
               "payload": {"user": "u", "ts": 5, "agent": "curl", "geo": {"lat": 1.5}}}
-    got = new.decode(old.encode(record), old.fingerprint_hex)
+    got = new.decode_single(old.encode_single(record))
     assert got["payload"] == {"user": "u", "ts": 5, "geo": {"lat": 1.5}, "ref": "-"}
+    assert new.decode(old.encode(record), old.fingerprint_hex) == got  # header form
     assert stream_fingerprint(V1) == old.fingerprint_hex.decode()
 
 
@@ -83,4 +84,4 @@ def test_an_unregistered_fingerprint_is_still_refused() -> None:
     record = {"order_key": 5, "tracking_id": 1, "source": "s", "times": {},
               "payload": {"user": "u", "ts": 5, "agent": None, "geo": {"lat": 1.5}}}
     with pytest.raises(SchemaMismatchError, match="no registered schema has it"):
-        new.decode(old.encode(record), old.fingerprint_hex)
+        new.decode_single(old.encode_single(record))
