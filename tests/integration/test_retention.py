@@ -51,10 +51,12 @@ def test_readers_from_the_beginning_work_after_the_head_was_deleted(
             for t in range(6):
                 pub.publish({"user": "u", "url": f"/{t}", "ts": t})
                 pub.seal(sub, t)
-            wait_notifications(config, sub, 6)
+                # one control record per time (times that terminate together would share one,
+                # and there might be no head left to delete under the last three)
+                wait_notifications(config, sub, t + 1)
         # the acker is stopped; retention takes the heads of what it reads back on start
         heads = {
-            control: delete_head(bootstrap, control, keep=6),
+            control: delete_head(bootstrap, control, keep=3),
             checkpoint_topic(config): delete_head(bootstrap, checkpoint_topic(config), keep=4),
             config.acker.command_topic: delete_head(bootstrap, config.acker.command_topic, 1),
         }
