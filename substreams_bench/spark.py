@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,11 @@ def _no_results(epoch: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 NAME = "spark"
 PAUSE_S = 0.2
 WAIT_S = 60.0
+SMOKE_JAVA_OPTIONS = "-Xss16m -XX:TieredStopAtLevel=1"
+"""``--smoke``'s JVM compiles with C1 only: its queries are each a batch or two, over
+before C2's compilations would pay back the CPU they take (a third off the first query's
+seconds on the loaded 2-core machine).  ``-Xss16m`` as :func:`substreams.spark.session`
+sets it."""
 SLOW_MACHINE = {"spark.python.authenticate.socketTimeout": "180s"}
 """Spark waits 15 s by default for a Python worker it starts to connect back; on a loaded
 2-core machine importing pyspark took longer and failed the query ("Python worker failed
@@ -149,17 +154,20 @@ def run(ctx: BenchContext) -> BenchResult:
     n = ctx.records or (QUICK_RECORDS if ctx.quick else RECORDS)
     if n % windows[1]:
         raise BenchError(f"bench spark: --records {n} is not a multiple of {windows[1]}")
-    if ctx.part in (None, "a"):
-        result.rows += _throughput(ctx, result, n, windows)
-    if ctx.part is None:
-        ctx.reset()  # part (b) on a broker without the backlog
-    if ctx.part in (None, "b"):
-        result.rows += _latency(ctx, result)
+    with contextlib.ExitStack() as stack:
+        shared = stack.enter_context(_smoke_session(ctx)) if ctx.smoke else None
+        if ctx.part in (None, "a"):
+            result.rows += _throughput(ctx, result, n, windows, shared)
+        if ctx.part is None:
+            ctx.reset()  # part (b) on a broker without the backlog
+        if ctx.part in (None, "b"):
+            result.rows += _latency(ctx, result, shared)
     result.targets = targets(result.rows)
     if ctx.part in (None, "a"):
         result.notes.append(
-            ("part (a): --smoke: every query in one child process and one local[2] "
-             "session (the peaks and CPU seconds are not per query), " if ctx.smoke else
+            ("part (a): --smoke: every query in the bench process, in the one local[2] "
+             "session that part (b) then uses too, its JVM compiling with C1 only (the "
+             "peaks and CPU seconds are not per query), " if ctx.smoke else
              "part (a): each query in its own process and local[2] JVM, ")
             + "trigger availableNow "
             "over the same backlog; the firm queries with maxEpochsPerTrigger="
@@ -181,14 +189,30 @@ def run(ctx: BenchContext) -> BenchResult:
     return result
 
 
-def _latency(ctx: BenchContext, result: BenchResult) -> list[dict[str, Any]]:
+@contextlib.contextmanager
+def _smoke_session(ctx: BenchContext) -> Iterator[Any]:
+    """``--smoke``'s one local[2] session for both parts, in the bench process: a smoke
+    run checks the outputs, and every further JVM, driver and set of Python workers cost
+    tens of seconds of start-up on the loaded 2-core machine."""
+    from substreams.spark.connector import kafka_connector_conf
+
+    ctx.log("--smoke: starting the one Spark local[2] session of both parts ...")
+    spark = _session({"label": "smoke", "connector": kafka_connector_conf(progress=ctx.log),
+                      "conf": {"spark.driver.extraJavaOptions": SMOKE_JAVA_OPTIONS}})
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def _latency(ctx: BenchContext, result: BenchResult, spark: Any = None) -> list[dict[str, Any]]:
     # The first is a warm-up; --smoke measures one epoch (a sample per query, not a rate).
     epochs = 2 if ctx.smoke else 9 if ctx.quick else 41
     granularity = 100
     error: str | None = None
     marks: dict[str, list[float]] = {}
     try:
-        firm, marks = _measure(ctx, epochs, granularity, notes=result.notes)
+        firm, marks = _measure(ctx, epochs, granularity, notes=result.notes, spark=spark)
     except BenchError as exc:  # reported in the table and the JSON, not swallowed
         error = str(exc)
         firm = []
@@ -298,7 +322,10 @@ def _measure(
     windowed: bool = True,
     notes: list[str] | None = None,
     read: str = "jvm",
+    spark: Any = None,
 ) -> tuple[list[float], dict[str, list[float]]]:
+    """Part (b)'s latencies, in its own session unless ``spark`` (``--smoke``'s) is given:
+    (the firm query's seal -> on_epoch seconds, the watermark queries' by kind)."""
     from substreams.spark import EpochOperator, run
     from substreams.spark.connector import KAFKA_CONNECTOR, kafka_connector_conf
     from substreams.spark.runner import stop
@@ -342,11 +369,12 @@ def _measure(
         )
     acker = contextlib.ExitStack()
     acker.enter_context(acker_process(config, ctx.bootstrap))
-    ctx.log("starting Spark local[2] ...")
-    spark = session(
-        "substreams-bench", master="local[2]", shuffle_partitions=4, jvm_read=True,
-        **SLOW_MACHINE, **connector,
-    )
+    if spark is None:
+        ctx.log("starting Spark local[2] ...")
+        spark = session(
+            "substreams-bench", master="local[2]", shuffle_partitions=4, jvm_read=True,
+            **SLOW_MACHINE, **connector,
+        )
     queries: list[Any] = []
     t0s: dict[int, float] = {}
     try:
@@ -398,12 +426,10 @@ def _measure(
                     for q in queries[1:]:
                         _wait_consumed(q, granularity, WAIT_S, check)
                 time.sleep(PAUSE_S)
-            # the last window closes only on a later record: one more, in a later second
-            pub.publish({"ts": (epochs + 2) * 1000, "batch": epochs + 2, "body": ""})
-            pub.flush()
+            # the last counted window, closed by the last epoch's records
             for k, q in zip(kinds, queries[1:], strict=True):
                 with contextlib.suppress(BenchError):
-                    window_seen[k].wait(epochs, WAIT_S, functools.partial(_alive, q))
+                    window_seen[k].wait(epochs - 1, WAIT_S, functools.partial(_alive, q))
         finally:
             close_all([pub])
             del pub
@@ -580,8 +606,10 @@ def _spawn(ctx: BenchContext, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _throughput(
-    ctx: BenchContext, result: BenchResult, n: int, windows: tuple[int, int]
+    ctx: BenchContext, result: BenchResult, n: int, windows: tuple[int, int], shared: Any = None
 ) -> list[dict[str, Any]]:
+    """Part (a)'s rows: each query in its own child process, or (``--smoke``) one after
+    another in the ``shared`` session."""
     span = windows[0] * 1000
     per_batch = QUICK_EPOCHS_PER_BATCH if ctx.quick else EPOCHS_PER_BATCH
     subs = [
@@ -629,13 +657,13 @@ def _throughput(
         })
     outs: list[dict[str, Any] | None] = [None] * len(runs)
     errors: list[str | None] = [None] * len(runs)
-    if ctx.smoke:
-        ctx.log("part (a): every query, one after another, in one child JVM ...")
-        try:
-            for i, out in enumerate(_spawn(ctx, {"label": "smoke", "specs": specs})["outs"]):
-                outs[i], errors[i] = (None, out["error"]) if "error" in out else (out, None)
-        except (BenchError, subprocess.TimeoutExpired) as exc:
-            errors = [str(exc)] * len(runs)
+    if shared is not None:
+        for i, spec in enumerate(specs):
+            ctx.log(f"part (a): {spec['label']}, in the shared session ...")
+            try:
+                outs[i] = _child(spec, shared)
+            except Exception as exc:  # reported in its row, the next query still runs
+                errors[i] = f"{spec['label']}: {exc!r}"[:1500]
     else:
         for i, (spec, (query, count, _kind)) in enumerate(zip(specs, runs, strict=True)):
             ctx.log(f"part (a): {query}, {count} windows ...")
@@ -712,15 +740,19 @@ class _TreeSampler(threading.Thread):
     the CPU time they used (the last value seen of every process: on a shared machine the
     wall clock measures the other load as much as the query)."""
 
-    def __init__(self) -> None:
+    def __init__(self, jvm: int = 0) -> None:
+        """``jvm``: the session's JVM, when this process has other children (``--smoke``
+        runs in the bench process, beside the embedded broker): the tree is then this
+        process, that JVM and the JVM's descendants."""
         super().__init__(daemon=True, name="rss-sampler")
+        self.jvm = jvm
         self.peak_kb = 0
         self.ticks: dict[int, int] = {}
         self.stop = threading.Event()
 
     def sample(self) -> None:
         me = os.getpid()
-        procs = [me, *_descendants(me)]
+        procs = [me, self.jvm, *_descendants(self.jvm)] if self.jvm else [me, *_descendants(me)]
         self.peak_kb = max(self.peak_kb, sum(_proc_kb(p, "VmRSS") for p in procs))
         for p in procs:
             self.ticks[p] = max(self.ticks.get(p, 0), process_cpu_ticks(p))
@@ -755,7 +787,11 @@ class _TreeSampler(threading.Thread):
             self.sample()
 
 
-def _jvm_pid() -> int:
+def _jvm_pid(spark: Any = None) -> int:
+    """The JVM of ``spark`` (the process its gateway started), else this process's first
+    ``java`` descendant."""
+    with contextlib.suppress(AttributeError, TypeError):  # no session, or no gateway process
+        return int(spark.sparkContext._gateway.proc.pid)
     for pid in _descendants(os.getpid()):
         try:
             if "java" in Path(f"/proc/{pid}/comm").read_text():
@@ -814,6 +850,7 @@ def _session(spec: dict[str, Any]) -> Any:
             "spark.sql.streaming.numRecentProgressUpdates": "10000",
             **SLOW_MACHINE,
             **spec["connector"],
+            **spec.get("conf", {}),
         },
     )
     warm_up(spark)
@@ -827,7 +864,7 @@ def _child(spec: dict[str, Any], shared: Any = None) -> dict[str, Any]:
     from substreams.config import load_config
 
     config = load_config(spec["config"])
-    sampler = _TreeSampler()
+    sampler = _TreeSampler(_jvm_pid(shared) if shared is not None else 0)
     sampler.start()
     spark = shared if shared is not None else _session(spec)
     out: dict[str, Any] = {}
@@ -920,7 +957,7 @@ def _child(spec: dict[str, Any], shared: Any = None) -> dict[str, Any]:
     out["batch_rows"] = [int(p["numInputRows"]) for p in done]
     out["batch_ms"] = [int(p["durationMs"].get("triggerExecution", 0)) for p in done]
     out["python_hwm_kb"] = _proc_kb(os.getpid(), "VmHWM")
-    out["jvm_hwm_kb"] = _proc_kb(_jvm_pid(), "VmHWM")
+    out["jvm_hwm_kb"] = _proc_kb(_jvm_pid(spark), "VmHWM")
     sampler.stop.set()
     sampler.join(1)
     out["tree_peak_kb"] = sampler.peak_kb
@@ -929,26 +966,6 @@ def _child(spec: dict[str, Any], shared: Any = None) -> dict[str, Any]:
     return out
 
 
-
-
-def _children(spec: dict[str, Any]) -> dict[str, Any]:
-    """One part-(a) query, or (``--smoke``) each of ``spec["specs"]`` in turn in this one
-    process and one SparkSession (its peaks and Python workers are then shared): a smoke
-    run checks the outputs, and a session's stop and start with its workers' imports took
-    half a minute per query on the loaded 2-core machine."""
-    if "specs" not in spec:
-        return _child(spec)
-    outs: list[dict[str, Any]] = []
-    spark = _session({**spec["specs"][0], "label": spec["label"]})
-    try:
-        for one in spec["specs"]:
-            try:
-                outs.append(_child(one, spark))
-            except Exception as exc:  # reported in its row, the next query still runs
-                outs.append({"error": f"{one['label']}: {exc!r}"[:1500]})
-    finally:
-        spark.stop()
-    return {"outs": outs}
 
 
 def plot(result: BenchResult, path: Path) -> None:
@@ -988,4 +1005,4 @@ if __name__ == "__main__":
     # substreams_bench.spark.WindowCounts (an executor can import it), not as __main__'s.
     from substreams_bench import spark as _bench
 
-    print(json.dumps(_bench._children(json.loads(sys.argv[1]))), flush=True)
+    print(json.dumps(_bench._child(json.loads(sys.argv[1]))), flush=True)

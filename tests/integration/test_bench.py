@@ -278,12 +278,13 @@ here is its start and its batches, not the records."""
 
 
 @pytest.mark.spark
-@pytest.mark.xdist_group(SPARK_GROUP)  # its two Spark JVMs: on the worker that runs Spark
+@pytest.mark.xdist_group(SPARK_GROUP)  # its Spark JVM: on the worker that runs Spark
 @pytest.mark.timeout(1800)
 def test_bench_spark_quick_writes_both_parts_and_targets(bootstrap: str, tmp_path: Path) -> None:
-    """``--smoke``: the part-(a) queries share one child JVM, the small-epoch query runs 20
-    windows, part (b) 2 epochs (two Spark JVMs in all, not seven): what is checked is the
-    outputs, not the rates.  Minutes on the loaded 2-core machine, hence its own timeout."""
+    """``--smoke``: every query of both parts in one Spark session in the bench process (one
+    JVM in all, not seven), the small-epoch query runs 20 windows, part (b) 2 epochs: what
+    is checked is the outputs, not the rates.  Minutes on the loaded 2-core machine, hence
+    its own timeout."""
     out = tmp_path / "results"
     done = subprocess.run(
         [sys.executable, "-m", "substreams", "bench", "spark", "--smoke",
