@@ -103,9 +103,9 @@ JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 """What every JVM the tests start gets (brokers, the 3-node cluster, Spark sessions,
 ``spark-submit`` drivers, the standalone cluster), through ``JAVA_TOOL_OPTIONS``: C1 only.
 Why: they live seconds to minutes on small inputs, where the C2 compiler's work costs more CPU
-than its faster code saves (the Spark benchmark's smoke run: its first query 33 -> 23 s), and
-the suite is bound by the CPU of two cores.  Only the JIT changes, not what the code does; a
-caller's own ``JAVA_TOOL_OPTIONS`` wins."""
+than its faster code saves (the Spark benchmark's smoke run: its first query 33 -> 23 s; the
+whole suite in two workers 716 -> 680 s), on two cores they share with everything else.  Only
+the JIT changes, not what the code does; a caller's own ``JAVA_TOOL_OPTIONS`` wins."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
