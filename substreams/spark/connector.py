@@ -274,22 +274,16 @@ def _decoder(
     def decode(batches: Iterator[Any]) -> Iterator[Any]:
         import pandas as pd
 
-        from substreams.streams.schemas import (
-            PREFIX_BYTES,
-            Codec,
-            envelope_schema,
-            protocol_prefixes,
-        )
+        from substreams.streams.schemas import Codec, envelope_schema, is_punctuation
 
         codec = Codec(envelope_schema(payload_schema), label=f"stream '{name}'")
-        punct = protocol_prefixes("punctuation")
         for batch in batches:
             rows: list[list[Any]] = []
             for value, partition, offset in zip(
                 batch["value"], batch["partition"], batch["offset"], strict=True
             ):
                 data = bytes(value)
-                if data[:PREFIX_BYTES] in punct:
+                if is_punctuation(data):
                     continue
                 rec = codec.decode_single(data)
                 rows.append(

@@ -23,13 +23,7 @@ from substreams.kafka import client
 from substreams.kafka.clock import Deadline
 from substreams.kafka.read import Reader
 from substreams.streams.records import Entry, times_from_wire
-from substreams.streams.schemas import (
-    PREFIX_BYTES,
-    Codec,
-    envelope_schema,
-    protocol_codec,
-    protocol_prefixes,
-)
+from substreams.streams.schemas import Codec, envelope_schema, is_punctuation, protocol_codec
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +52,6 @@ class StreamDecoder:
             writers=lambda fp: _registered_writer(config, stream, fp, bootstrap),
         )
         self.punct = protocol_codec("punctuation")
-        self._data_prefix = self.codec.prefix
-        self._punct_prefixes = protocol_prefixes("punctuation")
 
     def decode(self, msg: Message) -> Entry | PunctuationEntry:
         """The entry in ``msg`` (single-object encoded: a punctuation is one whose writer
@@ -68,8 +60,7 @@ class StreamDecoder:
         fingerprint included), :class:`ProtocolError` for a punctuation (both
         ``DecodeError``)."""
         value = msg.value() or b""
-        if (not value.startswith(self._data_prefix)
-                and value[:PREFIX_BYTES] in self._punct_prefixes):
+        if is_punctuation(value):
             try:
                 fields = self.punct.decode_single(value)
             except SubstreamsError as exc:

@@ -162,10 +162,7 @@ class Codec:
 
     def encode_single(self, record: Mapping[str, Any]) -> bytes:
         """The single-object encoding: :attr:`prefix`, then the Avro body."""
-        buf = io.BytesIO()
-        buf.write(self.prefix)
-        fastavro.schemaless_writer(buf, self._parsed, record)
-        return buf.getvalue()
+        return self.prefix + self.encode(record)
 
     def decode(self, data: bytes, fingerprint_hex: bytes | None = None) -> dict[str, Any]:
         """Decode the schemaless body ``data``; ``fingerprint_hex`` is the record's ``ss.fp``
@@ -266,3 +263,11 @@ def protocol_prefixes(name: str) -> frozenset[bytes]:
         {protocol_codec(name).prefix}
         | {SINGLE_OBJECT_MARKER + bytes.fromhex(fp.decode()) for fp in _previous_versions(name)}
     )
+
+
+def is_punctuation(data: bytes) -> bool:
+    """Whether a data-topic record is an in-band punctuation: its single-object prefix is
+    the punctuation schema's (or a previous version's).  The one rule every reader of a
+    data topic in Python applies (the JVM read states it in Spark SQL)."""
+    return data[:PREFIX_BYTES] in protocol_prefixes("punctuation")
+
