@@ -103,7 +103,7 @@ def _job_options(
         click.option(
             "--read",
             type=click.Choice(["jvm", "python"]),
-            default="python",
+            default="jvm",
             show_default=True,
             help="Who reads the records: Spark's Kafka source + from_avro, or Python tasks.",
         ),

@@ -612,7 +612,7 @@ def run(
     block: bool = True,
     options: Mapping[str, str] | None = None,
     metrics_port: int | None = None,
-    read: str = "python",
+    read: str = "jvm",
 ) -> EpochQuery:
     """Run ``operator`` over the completed epochs of ``substream``, on the executors.
 
@@ -627,15 +627,12 @@ def run(
     ``metrics_port`` serves Prometheus metrics on ``127.0.0.1:<port>/metrics``.
     ``trigger`` defaults to ``0 seconds``: an idle query is paced by the source, whose
     ``latestOffset`` returns as soon as an EpochComplete arrives (at most 50 ms later).
-    ``read``: ``python`` (default) reads the records in the source's Python read tasks;
-    ``jvm`` reads and decodes each batch's records with Spark's own Kafka consumers and
-    ``from_avro`` (:mod:`substreams.spark.jvm_read`; the session needs
-    :func:`substreams.spark.connector.kafka_connector_conf`'s packages).  Not the default
-    yet: its job costs what the Python read's does, but its read is built and optimised on
-    the driver every batch, which a loaded machine stretches (docs/design.md, "Spark's
-    own data path").  ``jvm`` falls back
-    to ``python``, with a warning, where the JVM cannot serve
-    (:func:`substreams.spark.jvm_read.jvm_unsupported`).
+    ``read``: ``jvm`` (default) reads and decodes each batch's records with Spark's own
+    Kafka consumers and ``from_avro`` (:mod:`substreams.spark.jvm_read`; the session needs
+    :func:`substreams.spark.connector.kafka_connector_conf`'s packages, which
+    :func:`substreams.spark.session` and ``substreams submit`` add); ``python`` reads them
+    in the source's Python read tasks.  ``jvm`` falls back to ``python``, with a warning,
+    where the JVM cannot serve (:func:`substreams.spark.jvm_read.jvm_unsupported`).
     """
     from substreams.spark.session import register, session
 

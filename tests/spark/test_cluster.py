@@ -87,6 +87,9 @@ def test_windowed_counts_on_a_standalone_cluster_survive_a_killed_worker(
                 wait_rows(config, counts, 8, proc, log, timeout=300)
             finally:
                 stop_job(proc)
+    text = log.read_text()
+    # the default read: Spark's Kafka source and from_avro on the executors, no fallback
+    assert "JVM read" in text and "reads in Python" not in text, text[-3000:]
     rows = output_rows(config, counts)
     seen = Counter((int(str(r["window"])), str(r["key"])) for r in rows)
     assert max(seen.values()) == 1, f"duplicated results: {seen}"

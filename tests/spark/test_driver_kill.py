@@ -132,10 +132,12 @@ def test_sigkilled_driver_restarts_and_every_epoch_is_written_once(
         # same job (operator, checkpoint, query name, read path) in this test's session,
         # which is up already -- another JVM start shows nothing the killed ones do not.
         run(load_job("windowed_counts").WindowedCounts(1000), config.path, w, counts,
-            checkpoint=ck, once=True, spark=spark, query_name="killed", read="python")
+            checkpoint=ck, once=True, spark=spark, query_name="killed")
         follow_notifications(config, cw, windows, timeout=60)
     text = log.read_text()
     assert len(kills) == KILLS
+    # both killed jobs ran the default read (Spark's Kafka source, from_avro), no fallback
+    assert text.count("JVM read") >= KILLS and "reads in Python" not in text
     rows = output_rows(config, counts)
     seen = Counter((int(r["window"]), str(r["key"])) for r in rows)
     dup = {k: n for k, n in seen.items() if n > 1}
