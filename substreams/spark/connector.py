@@ -36,7 +36,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -62,11 +62,6 @@ MANIFEST = "jars.txt"
 """In a cached jar folder: the jar file names, in Ivy's order, written last."""
 
 log = logging.getLogger(__name__)
-
-ENVELOPE_COLUMNS = ("order_key", "partition", "offset")
-"""Columns :func:`decode_envelopes` adds after the payload's (the envelope's order key and
-the record's Kafka partition and offset)."""
-
 
 def ensure_kafka_connector(progress: jvm.Progress = jvm.stderr_progress) -> str:
     """Fetch the connector and its dependencies into ``~/.m2`` (once) and return its
@@ -121,23 +116,6 @@ def kafka_connector_conf(
         except SubstreamsError as exc:
             progress(f"no cached Spark jars ({exc}); Spark resolves the packages at start")
     return {PACKAGES: merge_packages(existing, *ensure_jvm_packages(progress))}
-
-
-def add_kafka_connector(builder: Any, progress: jvm.Progress = jvm.stderr_progress) -> Any:
-    """``builder`` (a ``SparkSession.Builder``) with the connector (and ``spark-avro``) added to its
-    ``spark.jars`` (or to its ``spark.jars.packages`` when it names packages), keeping what it
-    already names.
-
-    Effective only before the first JVM of the process starts (the first ``getOrCreate()``):
-    a running JVM ignores both settings."""
-    options: Mapping[str, Any] = getattr(builder, "_options", {})
-    existing, jars = options.get(PACKAGES), options.get(JARS)
-    conf = kafka_connector_conf(
-        None if existing is None else str(existing), progress, None if jars is None else str(jars)
-    )
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    return builder
 
 
 def resolved_jars(progress: jvm.Progress = jvm.stderr_progress) -> list[str]:
@@ -238,7 +216,8 @@ def _ivy_resolve(packages: Sequence[str]) -> list[Path]:
 
 def decode_envelopes(kafka: Any, stream: StreamConfig) -> Any:
     """The stream's payload columns (typed as the ``substreams`` source types them) plus
-    :data:`ENVELOPE_COLUMNS`, from a ``format("kafka")`` DataFrame of the stream's topic.
+    ``order_key``, ``partition`` and ``offset`` (the envelope's order key, the record's Kafka
+    partition and offset), from a ``format("kafka")`` DataFrame of the stream's topic.
     Punctuation records are dropped; a record written with another schema (or without the
     single-object prefix) fails the query (``SchemaMismatchError``), as every substreams
     reader does.  Works on batch and streaming DataFrames.

@@ -24,8 +24,8 @@ from substreams.spark.connector import (
     JARS,
     KAFKA_CONNECTOR,
     PACKAGES,
-    add_kafka_connector,
     decode_envelopes,
+    kafka_connector_conf,
     merge_jars,
     merge_packages,
     resolved_jars,
@@ -49,19 +49,17 @@ def test_merge_packages_keeps_others_and_replaces_another_version() -> None:
     )
 
 
-def test_add_kafka_connector_merges_into_the_builder() -> None:
-    builder = SparkSession.Builder().config(PACKAGES, "a:b:1")  # no JVM is started
+def test_with_packages_of_the_callers_ours_are_merged_into_them() -> None:
     notes: list[str] = []
-    out = add_kafka_connector(builder, notes.append)
-    assert out._options[PACKAGES].split(",") == ["a:b:1", KAFKA_CONNECTOR, AVRO_PACKAGE]
+    conf = kafka_connector_conf("a:b:1", notes.append)
+    assert conf[PACKAGES].split(",") == ["a:b:1", KAFKA_CONNECTOR, AVRO_PACKAGE]
     assert notes == []  # no version-mismatch warning: connector and PySpark are one version
 
 
 def test_without_packages_of_the_callers_the_cached_jars_go_to_spark_jars() -> None:
-    builder = SparkSession.Builder().config(JARS, "/mine.jar")  # no JVM is started
-    out = add_kafka_connector(builder, [].append)
-    assert PACKAGES not in out._options
-    jars = out._options[JARS].split(",")
+    conf = kafka_connector_conf(None, [].append, jars="/mine.jar")
+    assert PACKAGES not in conf
+    jars = conf[JARS].split(",")
     assert jars[0] == "/mine.jar" and jars[1:] == resolved_jars()
     names = [Path(j).name for j in jars[1:]]
     assert "org.apache.spark_spark-sql-kafka-0-10_2.13-" + pyspark.__version__ + ".jar" in names
