@@ -27,6 +27,7 @@ from substreams.kafka.log import (
     Record,
 )
 from substreams.kafka.memory import MemoryLog
+from substreams.kafka.write import FENCED_CODES, fatal_error, is_fenced
 
 
 @dataclass
@@ -273,7 +274,6 @@ def test_a_fence_found_during_flush_is_the_fence_error_every_time(bootstrap: str
     from confluent_kafka import KafkaException
 
     from substreams.kafka import client
-    from substreams.kafka.write import is_fenced
 
     log = KafkaLog(bootstrap)
     topic = f"log-contract-{uuid.uuid4().hex[:10]}"
@@ -291,6 +291,27 @@ def test_a_fence_found_during_flush_is_the_fence_error_every_time(bootstrap: str
         with pytest.raises(KafkaException) as raised:
             client.flush_producer(old, "old")
         assert is_fenced(raised.value), raised.value
+        found = fatal_error(old)  # the probe alone, as after a lost exception
+        assert found is not None and found.code() in FENCED_CODES
+
+
+def test_the_fatal_error_probe_leaves_a_sound_producer_as_it_was(bootstrap: str) -> None:
+    """Kafka only: :func:`fatal_error`'s ``init_transactions`` on a producer inside its
+    transaction finds nothing and changes nothing: the transaction still commits."""
+    from substreams.kafka import client
+
+    log = KafkaLog(bootstrap)
+    topic = f"log-contract-{uuid.uuid4().hex[:10]}"
+    log.create_topics({topic: 1})
+    sound = client.producer(bootstrap, transactional_id=f"log-contract-{uuid.uuid4().hex[:10]}")
+    sound.init_transactions(30)
+    sound.begin_transaction()
+    sound.produce(topic, b"kept", partition=0)
+    assert fatal_error(sound) is None
+    client.flush_producer(sound, "sound")
+    sound.commit_transaction(30)
+    got, _ = Env("kafka", log, SystemClock()).read({(topic, 0): 0})
+    assert values(got) == [b"kept"]
 
 
 def test_a_fenced_writer_without_open_transaction_fails_its_next_one(env: Env) -> None:
