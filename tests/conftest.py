@@ -28,7 +28,9 @@ from substreams.control.follower import RAISE, ControlFollower
 from substreams.control.messages import EpochComplete, completions
 from substreams.kafka import client
 from substreams.kafka.embedded import KafkaCluster
+from substreams.kafka.read import drain
 from substreams.kafka.topics import ensure_topics
+from substreams.streams.deadletter import DeadLetter
 
 # Hypothesis' per-example deadline (200 ms) measures the machine, not the property: on the
 # shared 2-core machine a loaded moment failed a pure framing test as "flaky".  Speed
@@ -319,6 +321,13 @@ def make_config(tmp_path: Path, bootstrap: str) -> ConfigFactory:
 def short(name: str) -> str:
     """A test's logical name from a suffixed one ("clicks-1a2b3c4d" -> "clicks")."""
     return name.rsplit("-", 1)[0]
+
+
+def read_dead_letters(config: Config, timeout: float = 30.0) -> list[DeadLetter]:
+    """Every dead letter so far: the whole dead-letter topic, or an error."""
+    topic = config.acker.dead_letter_topic
+    return [DeadLetter.from_json(m.value()) for m in
+            drain(client.resolve_bootstrap(config), config, topic, timeout=timeout)]
 
 
 def follow_notifications(

@@ -22,10 +22,8 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from substreams.acker.commands import (
-    AllowCompaction,
     Command,
     CommandBody,
-    ConfigureSubstreams,
     CreateInstance,
     Hello,
     InitializationComplete,
@@ -262,12 +260,6 @@ class AckerClient:
         if not isinstance(resp.body, PeekResponse):
             raise ProtocolError(f"acker answered a Peek with {type(resp.body).__name__}")
         return resp.body
-
-    def configure(self, substreams: Sequence[str]) -> Command:
-        return self.send(ConfigureSubstreams(tuple(substreams)))
-
-    def allow_compaction(self, substream: str, frontier: Sequence[Time]) -> Command:
-        return self.send(AllowCompaction(substream, tuple(frontier)))
 
     def acks_lag(self, status: StatusResponse) -> dict[int, int]:
         """Per acks partition: messages not yet applied (high watermark minus the acker's

@@ -36,6 +36,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from substreams.config import Config, KafkaConfig
 from substreams.errors import BrokerError
+from substreams.kafka import write
 from substreams.kafka.clock import Deadline, retry
 from substreams.kafka.embedded import read_state
 
@@ -342,9 +343,10 @@ def commit_transaction(
 
 def flush_producer(producer: Producer, what: str, patience: float = COMMIT_PATIENCE_S) -> None:
     """Wait until every produced message is delivered (delivery callbacks served), through
-    a broker outage of up to ``patience`` seconds; a ``BrokerError`` after that."""
+    a broker outage of up to ``patience`` seconds; a ``BrokerError`` after that.  A fatal
+    error (a fence) is raised as its ``KafkaException`` (:func:`write.flush`)."""
     deadline = Deadline(patience)
-    while left := producer.flush(deadline.left(1.0, 30.0)):
+    while left := write.flush(producer, deadline.left(1.0, 30.0)):
         if deadline.passed:
             raise BrokerError(f"{what}: {left} messages not delivered within {patience:.0f} s")
         log.warning("%s: %d messages not delivered yet; waiting on", what, left)

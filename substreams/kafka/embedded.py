@@ -404,18 +404,21 @@ class KafkaCluster:
     def _reap(self, node_id: int, pid: int, timeout: float) -> bool:
         proc = self._procs.get(node_id)
         deadline = Deadline(timeout)
-        while not deadline.passed:
+        while True:  # the deadline after a look: a process already gone is reaped at once
             if proc is not None and proc.pid == pid:
                 try:
                     proc.wait(0.05)
                 except subprocess.TimeoutExpired:
-                    continue
-                del self._procs[node_id]
+                    pass
+                else:
+                    del self._procs[node_id]
+                    return True
+            elif not pid_alive(pid):
                 return True
-            if not pid_alive(pid):
-                return True
-            time.sleep(0.05)
-        return False
+            else:
+                time.sleep(0.05)
+            if deadline.passed:
+                return False
 
     def stop(self, timeout: float = 30.0, quorum_lost_grace: float = QUORUM_LOST_GRACE_S) -> None:
         """SIGTERM every node at once (a controlled shutdown of one waits on the others),

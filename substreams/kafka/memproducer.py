@@ -35,7 +35,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from substreams.kafka.log import TRANSACTION_TIMEOUT_MS, Committed, FencedError, Record
+from substreams.kafka.log import TRANSACTION_TIMEOUT_MS, Committed, FencedError
 from substreams.kafka.memory import MemoryLog, MemoryTransactionalWriter, MemoryWriter
 
 __all__ = ["CallHook", "MemoryMessage", "MemoryProducer", "MemoryProducers"]
@@ -255,13 +255,3 @@ class MemoryProducers:
         producer = MemoryProducer(self.log, settings, self.calls)
         self.built.append(producer)
         return producer
-
-
-def delivered_records(log: MemoryLog, topic: str, partitions: int) -> list[Record]:
-    """Every committed record of ``topic`` (a ``read_committed`` read from the start)."""
-    reader = log.reader(committed=True, name="delivered")
-    reader.assign({(topic, p): 0 for p in range(partitions)})
-    out: list[Record] = []
-    while got := reader.poll(0, 10_000):
-        out.extend(got)
-    return out

@@ -209,17 +209,16 @@ class Reader:
         delivered nothing since counts as at end without another round trip, so call this on
         a reader that is new or has been polled to its end by its owner (every caller)."""
         deadline = Deadline(timeout)
-        while True:
-            if deadline.passed:
+        while not self.caught_up:
+            yield from self.poll(0.2, max_messages)
+            # After the fetch, not before it: a zero timeout still reads what is there.
+            if not self.caught_up and deadline.passed:
                 missing = [f"{t}[{p}]" for t, p in self._assigned if (t, p) not in self.at_end]
                 why = "" if self.last_transient is None else f" (last error: {self.last_transient})"
                 raise BrokerError(
                     f"{self.name}: no end of partition within {timeout:g} s for "
                     + ", ".join(missing) + why
                 )
-            if self.caught_up:
-                return
-            yield from self.poll(0.2, max_messages)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -279,11 +278,10 @@ def record_at(
     )
     try:
         deadline = Deadline(timeout)
-        while not deadline.passed:
+        while True:  # the deadline after the fetch: a zero timeout still reads what is there
             for msg in reader.poll(0.2, 1):
                 return msg if msg.offset() == offset else None
-            if (topic, partition) in reader.at_end:
+            if (topic, partition) in reader.at_end or deadline.passed:
                 return None
-        return None
     finally:
         reader.close()

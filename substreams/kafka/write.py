@@ -19,7 +19,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-__all__ = ["FENCED_CODES", "fenced_as", "is_fenced", "produce", "produce_batch"]
+__all__ = [
+    "FENCED_CODES", "fatal_error", "fenced_as", "flush", "is_fenced", "produce", "produce_batch",
+]
 
 FENCED_CODES = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
@@ -85,6 +87,52 @@ def produce_batch(
             if refused is not None:
                 refused(i)
             raise
+
+
+def flush(producer: Producer, timeout: float) -> int:
+    """``producer.flush(timeout)`` (the messages still queued), with a fatal error found
+    during it (a fence) raised as the ``KafkaException`` it is.
+
+    Why: confluent-kafka's error callback sets a fatal error's exception without keeping it
+    aside, so a delivery callback served after it in the same flush fails ("... returned a
+    result with an exception set"), or the exception is lost ("... returned NULL without
+    setting an exception"): ``flush`` raises ``SystemError``, which no caller can tell from a
+    bug, in place of the fence."""
+    try:
+        return int(producer.flush(timeout))
+    except SystemError as exc:
+        err = fatal_error(producer, exc)
+        if err is None:
+            raise
+        raise KafkaException(err) from exc
+
+
+PROBE_TIMEOUT_S = 10.0
+"""For :func:`fatal_error`'s ``init_transactions``: a local answer, no request is sent."""
+
+
+def fatal_error(producer: Producer, raised: BaseException | None = None) -> KafkaError | None:
+    """The fatal error of ``producer`` (a fence, ...), or None: the one ``raised`` carries or
+    was caused by, else what a transactional producer answers ``init_transactions`` with.
+
+    Why a probe: confluent-kafka has no getter for librdkafka's fatal error.  On a producer
+    that already took its id, ``init_transactions`` changes nothing: librdkafka answers with
+    the fatal error, the abortable one, or a state error (a producer without a
+    ``transactional.id``: not configured)."""
+    seen, hops = raised, 0
+    while seen is not None and hops < 10:
+        err = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
+        if isinstance(err, KafkaError) and err.fatal():
+            return err
+        seen, hops = seen.__cause__ or seen.__context__, hops + 1
+    try:
+        producer.init_transactions(PROBE_TIMEOUT_S)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and err.fatal():
+            return err
+    return None
+
 
 def is_fenced(exc: BaseException) -> bool:
     """Whether ``exc`` says this transactional producer was replaced by a newer one."""

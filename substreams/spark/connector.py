@@ -36,7 +36,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -44,8 +44,9 @@ from urllib.parse import unquote, urlparse
 import pyspark
 
 from substreams import jvm
-from substreams.config import StreamConfig
+from substreams.config import Config, StreamConfig
 from substreams.errors import SubstreamsError
+from substreams.kafka import client
 from substreams.spark.schema import PayloadLayout
 
 _ARTIFACT = "org.apache.spark:spark-sql-kafka-0-10_2.13"
@@ -62,11 +63,6 @@ MANIFEST = "jars.txt"
 """In a cached jar folder: the jar file names, in Ivy's order, written last."""
 
 log = logging.getLogger(__name__)
-
-ENVELOPE_COLUMNS = ("order_key", "partition", "offset")
-"""Columns :func:`decode_envelopes` adds after the payload's (the envelope's order key and
-the record's Kafka partition and offset)."""
-
 
 def ensure_kafka_connector(progress: jvm.Progress = jvm.stderr_progress) -> str:
     """Fetch the connector and its dependencies into ``~/.m2`` (once) and return its
@@ -121,23 +117,6 @@ def kafka_connector_conf(
         except SubstreamsError as exc:
             progress(f"no cached Spark jars ({exc}); Spark resolves the packages at start")
     return {PACKAGES: merge_packages(existing, *ensure_jvm_packages(progress))}
-
-
-def add_kafka_connector(builder: Any, progress: jvm.Progress = jvm.stderr_progress) -> Any:
-    """``builder`` (a ``SparkSession.Builder``) with the connector (and ``spark-avro``) added to its
-    ``spark.jars`` (or to its ``spark.jars.packages`` when it names packages), keeping what it
-    already names.
-
-    Effective only before the first JVM of the process starts (the first ``getOrCreate()``):
-    a running JVM ignores both settings."""
-    options: Mapping[str, Any] = getattr(builder, "_options", {})
-    existing, jars = options.get(PACKAGES), options.get(JARS)
-    conf = kafka_connector_conf(
-        None if existing is None else str(existing), progress, None if jars is None else str(jars)
-    )
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    return builder
 
 
 def resolved_jars(progress: jvm.Progress = jvm.stderr_progress) -> list[str]:
@@ -236,12 +215,17 @@ def _ivy_resolve(packages: Sequence[str]) -> list[Path]:
     return jars
 
 
-def decode_envelopes(kafka: Any, stream: StreamConfig) -> Any:
+def decode_envelopes(kafka: Any, stream: StreamConfig, config: Config | None = None) -> Any:
     """The stream's payload columns (typed as the ``substreams`` source types them) plus
-    :data:`ENVELOPE_COLUMNS`, from a ``format("kafka")`` DataFrame of the stream's topic.
-    Punctuation records are dropped; a record written with another schema (or without the
-    single-object prefix) fails the query (``SchemaMismatchError``), as every substreams
-    reader does.  Works on batch and streaming DataFrames.
+    ``order_key``, ``partition`` and ``offset`` (the envelope's order key, the record's Kafka
+    partition and offset), from a ``format("kafka")`` DataFrame of the stream's topic.
+    Punctuation records are dropped.  With ``config`` (the deployment ``stream`` is of), a
+    record written with an earlier schema of the stream is decoded into ``stream``'s shape,
+    its writer schema looked up in the schema topic as a listener does
+    (:class:`~substreams.streams.listener.StreamDecoder`); without, only ``stream``'s own
+    schema decodes.  A record no schema decodes (an unknown fingerprint, no single-object
+    prefix) fails the query (``SchemaMismatchError``), as every substreams reader does.
+    Works on batch and streaming DataFrames.
 
     Why ``mapInPandas`` with the project's :class:`~substreams.streams.schemas.Codec` and
     not ``from_avro``: ``from_avro`` needs a second JVM package (spark-avro), would decode
@@ -261,22 +245,31 @@ def decode_envelopes(kafka: Any, stream: StreamConfig) -> Any:
         ]
     )
     framed = kafka.select("value", "partition", "offset")
+    bootstrap = None if config is None else client.resolve_bootstrap(config)
     return framed.mapInPandas(
-        _decoder(stream.name, dict(stream.schema), layout, schema.fieldNames()), schema
+        _decoder(stream.name, dict(stream.schema), layout, schema.fieldNames(), config,
+                 bootstrap),
+        schema,
     )
 
 
 def _decoder(
-    name: str, payload_schema: dict[str, Any], layout: PayloadLayout, columns: list[str]
+    name: str, payload_schema: dict[str, Any], layout: PayloadLayout, columns: list[str],
+    config: Config | None, bootstrap: str | None,
 ) -> Any:
-    """The ``mapInPandas`` function (plain data in its closure: it is pickled to workers)."""
+    """The ``mapInPandas`` function (plain data and the picklable config in its closure: it
+    is pickled to workers)."""
 
     def decode(batches: Iterator[Any]) -> Iterator[Any]:
         import pandas as pd
 
+        from substreams.streams.listener import StreamDecoder
         from substreams.streams.schemas import Codec, envelope_schema, is_punctuation
 
-        codec = Codec(envelope_schema(payload_schema), label=f"stream '{name}'")
+        codec = (
+            Codec(envelope_schema(payload_schema), label=f"stream '{name}'") if config is None
+            else StreamDecoder(config, name, bootstrap).codec
+        )
         for batch in batches:
             rows: list[list[Any]] = []
             for value, partition, offset in zip(

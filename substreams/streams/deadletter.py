@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -32,7 +32,6 @@ from substreams import metrics
 from substreams.config import Config
 from substreams.errors import BrokerError, ProtocolError
 from substreams.kafka import client
-from substreams.kafka.read import drain
 from substreams.kafka.write import produce
 from substreams.streams.publisher import LateRecord, Publisher
 
@@ -217,12 +216,3 @@ def late_letter(
     """A record refused for lateness: its payload, as JSON, is the letter's ``raw``."""
     raw = json.dumps(dict(payload), default=str, sort_keys=True).encode()
     return DeadLetter(service, REASON_LATE, topic, partition, offset, raw, detail, source)
-
-
-def read_dead_letters(
-    config: Config, bootstrap: str | None = None, timeout: float = 30.0
-) -> Iterator[DeadLetter]:
-    """Every dead letter so far (tests, tools); the whole topic or an error."""
-    server = client.resolve_bootstrap(config, bootstrap)
-    for msg in drain(server, config, config.acker.dead_letter_topic, timeout=timeout):
-        yield DeadLetter.from_json(msg.value())

@@ -192,28 +192,32 @@ class Listener:
         return bool(self.partitions) and self._done >= set(self.partitions)
 
     def poll(self, timeout: float = 1.0) -> Entry | PunctuationEntry | None:
-        """The next entry, or None after ``timeout`` seconds without one."""
+        """The next entry, or None after ``timeout`` seconds without one.  The deadline is
+        checked after each fetch, not before: ``poll(0)`` returns an entry that is already
+        buffered, as confluent-kafka's ``poll(0)`` does."""
         deadline = Deadline(timeout)
         while not self.finished:
+            for msg in self._reader.poll(deadline.left(cap=0.5), 1):
+                entry = self._accept(msg)
+                if entry is not None:
+                    return entry
             if deadline.passed:
                 return None
-            msgs = self._reader.poll(deadline.left(cap=0.5), 1)
-            if not msgs:
-                continue
-            entry = self.decoder.decode(msgs[0])
-            if isinstance(entry, PunctuationEntry):
-                if self.include_punctuations:
-                    return entry
-                continue
-            if self.min_order_key is not None and entry.order_key < self.min_order_key:
-                continue
-            if self.until_order_key is not None and entry.order_key > self.until_order_key:
-                self._done.add(entry.partition)
-                self._reader.consumer.pause([TopicPartition(self.stream, entry.partition)])
-                continue
-            self.count += 1
-            return entry
         return None
+
+    def _accept(self, msg: Message) -> Entry | PunctuationEntry | None:
+        """The entry of ``msg`` if this listener yields it (None: skipped, counted as read)."""
+        entry = self.decoder.decode(msg)
+        if isinstance(entry, PunctuationEntry):
+            return entry if self.include_punctuations else None
+        if self.min_order_key is not None and entry.order_key < self.min_order_key:
+            return None
+        if self.until_order_key is not None and entry.order_key > self.until_order_key:
+            self._done.add(entry.partition)
+            self._reader.consumer.pause([TopicPartition(self.stream, entry.partition)])
+            return None
+        self.count += 1
+        return entry
 
     def __iter__(self) -> Iterator[Entry | PunctuationEntry]:
         while not self.finished:

@@ -40,10 +40,10 @@ from substreams.control.messages import EpochComplete, EpochsComplete, OffsetRan
 from substreams.control.ranges import read_ranges
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.frontier import Time, sort_key
-from substreams.streams.deadletter import UndeliveredError, read_dead_letters
+from substreams.streams.deadletter import UndeliveredError
 from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
-from tests.conftest import ConfigFactory, follow_notifications
+from tests.conftest import ConfigFactory, follow_notifications, read_dead_letters
 from tests.unit.test_dead_letters import FlakyProducer
 
 FAST = {"heartbeat_ms": 200, "flush_ms": 2}

@@ -20,6 +20,7 @@ from confluent_kafka import TopicPartition
 
 from substreams.acker.client import AckerClient, AckerUnavailableError
 from substreams.acker.commands import (
+    AllowCompaction,
     CancelPeek,
     ConfigureSubstreams,
     CreateInstance,
@@ -234,8 +235,8 @@ def test_restarted_acker_replays_the_command_history(make_config: ConfigFactory)
     with AckerClient(config, controller="job") as ctl:
         with running_acker(config):
             ctl.connect(timeout=10)
-            configure = ctl.configure([sub])
-            ctl.allow_compaction(sub, [5])
+            configure = ctl.send(ConfigureSubstreams((sub,)))
+            ctl.send(AllowCompaction(sub, (5,)))
             st = ctl.status()
             assert st.configured == (sub,) and st.substreams[0].since == (5,)
             assert any(isinstance(r.body, Frontiers) for r in ctl.inbox)
@@ -338,8 +339,8 @@ def test_restarted_handler_starts_from_the_checkpointed_history_not_offset_0(
     with AckerClient(config, controller="job") as ctl:
         with running_acker(config, capture_interval_ms=0) as first:
             ctl.connect(timeout=10)
-            ctl.configure([sub])
-            ctl.allow_compaction(sub, [5])
+            ctl.send(ConfigureSubstreams((sub,)))
+            ctl.send(AllowCompaction(sub, (5,)))
             for _ in range(5):
                 ctl.status()
             sent = first.commands_seen

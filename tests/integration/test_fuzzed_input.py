@@ -44,11 +44,10 @@ from substreams.errors import DecodeError
 from substreams.frontier import Keyed
 from substreams.punctuation.aligner import Punctuation
 from substreams.punctuation.service import PunctuationAligner
-from substreams.streams.deadletter import read_dead_letters
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.listener import PunctuationEntry, StreamDecoder
 from substreams.streams.schemas import protocol_codec
-from tests.conftest import CLICK_SCHEMA, ConfigFactory
+from tests.conftest import CLICK_SCHEMA, ConfigFactory, read_dead_letters
 
 FAST = {"heartbeat_ms": 200, "flush_ms": 2}
 FUZZED = 40

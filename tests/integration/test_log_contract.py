@@ -27,6 +27,7 @@ from substreams.kafka.log import (
     Record,
 )
 from substreams.kafka.memory import MemoryLog
+from substreams.kafka.write import FENCED_CODES, fatal_error, is_fenced
 
 
 @dataclass
@@ -263,6 +264,54 @@ def test_a_new_holder_of_the_id_fences_the_old_and_aborts_its_transaction(env: E
     got, _ = env.read({(topic, 0): 0})
     assert values(got) == [b"new"]
     new.close()
+
+
+def test_a_fence_found_during_flush_is_the_fence_error_every_time(bootstrap: str) -> None:
+    """Kafka only: the fence reaches the old producer as the answer to its next produce
+    request, inside ``flush``.  A delivery callback that calls into C (here ``list.append``)
+    served after confluent-kafka's fatal-error exception made that flush raise
+    ``SystemError`` (7 of 10 times here); :func:`client.flush_producer` raises the fence."""
+    from confluent_kafka import KafkaException
+
+    from substreams.kafka import client
+
+    log = KafkaLog(bootstrap)
+    topic = f"log-contract-{uuid.uuid4().hex[:10]}"
+    log.create_topics({topic: 1})
+    failed: list[object] = []
+    for _ in range(5):
+        tid = f"log-contract-{uuid.uuid4().hex[:10]}"
+        old = client.producer(bootstrap, transactional_id=tid)
+        old.init_transactions(30)
+        old.begin_transaction()
+        old.produce(topic, b"zombie", partition=0)
+        client.flush_producer(old, "old")
+        log.transactional_writer(tid).close()
+        old.produce(topic, b"late", partition=0, on_delivery=lambda e, m: failed.append(e))
+        with pytest.raises(KafkaException) as raised:
+            client.flush_producer(old, "old")
+        assert is_fenced(raised.value), raised.value
+        found = fatal_error(old)  # the probe alone, as after a lost exception
+        assert found is not None and found.code() in FENCED_CODES
+
+
+def test_the_fatal_error_probe_leaves_a_sound_producer_as_it_was(bootstrap: str) -> None:
+    """Kafka only: :func:`fatal_error`'s ``init_transactions`` on a producer inside its
+    transaction finds nothing and changes nothing: the transaction still commits."""
+    from substreams.kafka import client
+
+    log = KafkaLog(bootstrap)
+    topic = f"log-contract-{uuid.uuid4().hex[:10]}"
+    log.create_topics({topic: 1})
+    sound = client.producer(bootstrap, transactional_id=f"log-contract-{uuid.uuid4().hex[:10]}")
+    sound.init_transactions(30)
+    sound.begin_transaction()
+    sound.produce(topic, b"kept", partition=0)
+    assert fatal_error(sound) is None
+    client.flush_producer(sound, "sound")
+    sound.commit_transaction(30)
+    got, _ = Env("kafka", log, SystemClock()).read({(topic, 0): 0})
+    assert values(got) == [b"kept"]
 
 
 def test_a_fenced_writer_without_open_transaction_fails_its_next_one(env: Env) -> None:

@@ -25,8 +25,7 @@ from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.control.messages import SourceEvicted
 from substreams.frontier import Time
-from substreams.streams.deadletter import read_dead_letters
-from tests.conftest import ConfigFactory
+from tests.conftest import ConfigFactory, read_dead_letters
 from tests.integration.test_acker import AckerThread, check_exactly_once
 from tests.integration.test_publisher_crashes import Remote
 

@@ -29,9 +29,9 @@ from substreams.punctuation.aligner import Event, Late, Released, Terminated
 from substreams.punctuation.hook import register
 from substreams.punctuation.reader import PunctuatedReader
 from substreams.punctuation.service import PunctuationAligner
-from substreams.streams.deadletter import REASON_LATE, UndeliveredError, read_dead_letters
+from substreams.streams.deadletter import REASON_LATE, UndeliveredError
 from substreams.streams.publisher import Publisher
-from tests.conftest import ConfigFactory
+from tests.conftest import ConfigFactory, read_dead_letters
 from tests.unit.test_dead_letters import FlakyProducer
 
 P, Q, SIZE = 3, 4, 1000

@@ -19,9 +19,9 @@ from substreams.control.notes import EpochNote
 from substreams.errors import SealedTimeError
 from substreams.frontier import Keyed
 from substreams.punctuation.service import PunctuationAligner
-from substreams.streams.deadletter import REASON_LATE, read_dead_letters
+from substreams.streams.deadletter import REASON_LATE
 from substreams.streams.listener import Listener
-from tests.conftest import ConfigFactory
+from tests.conftest import ConfigFactory, read_dead_letters
 from tests.integration.test_acker import FAST, acker
 
 SCHEMA = {

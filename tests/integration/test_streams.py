@@ -8,6 +8,7 @@ import textwrap
 from collections import Counter
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from substreams.app import Application
 from substreams.errors import (
@@ -89,6 +90,27 @@ def test_listener_reports_behind_then_caught_up(make_config: ConfigFactory) -> N
             pub.publish({"user": "x", "url": "/", "ts": 99})
         entry = listener.poll(5.0)
         assert entry is not None and entry.payload["user"] == "x"
+
+
+def test_a_zero_timeout_still_reads_what_is_buffered(make_config: ConfigFactory) -> None:
+    """``poll(0.0)`` fetches once, as confluent-kafka's ``poll(0)`` does: a record already
+    fetched is returned, not None; and a reader at its end is at its end with a zero timeout."""
+    from substreams.kafka.read import Reader
+
+    config = make_config([{"name": "clicks", "partitions": 1}])
+    stream = config.streams[0].name
+    with Application(config).publisher(stream, "src", batch_size=10) as pub:
+        for c in clicks(10):
+            pub.publish(c)
+    with Listener(config, stream) as listener:
+        first = listener.poll(30.0)  # the fetch that brings the whole transaction
+        assert first is not None and first.payload["ts"] == 0
+        second = listener.poll(0.0)
+        assert second is not None and second.payload["ts"] == 1
+    with Reader(config.kafka.bootstrap, config, name=stream) as reader:
+        reader.assign([TopicPartition(stream, 0, 0)])
+        assert len(list(reader.iter_to_end(30.0))) == 10
+        assert list(reader.iter_to_end(0.0)) == []  # caught up: no timeout error
 
 
 def test_second_publisher_in_process_is_refused(make_config: ConfigFactory) -> None:

@@ -21,10 +21,10 @@ from substreams.acker.state import SourceLiveness, source_liveness
 from substreams.app import Application
 from substreams.config import Config
 from substreams.errors import PublisherFencedError
-from substreams.streams.deadletter import REASON_TERMINATED, read_dead_letters
+from substreams.streams.deadletter import REASON_TERMINATED
 from substreams.streams.publisher import Publisher
 from substreams.ui.model import DashboardModel
-from tests.conftest import ConfigFactory, follow_notifications
+from tests.conftest import ConfigFactory, follow_notifications, read_dead_letters
 from tests.integration.test_acker import acker, check_exactly_once, notifications
 from tests.integration.test_publisher_crashes import EPOCH, committed
 from tests.integration.test_source_liveness import ROOT, evictions

@@ -24,8 +24,8 @@ from substreams.spark.connector import (
     JARS,
     KAFKA_CONNECTOR,
     PACKAGES,
-    add_kafka_connector,
     decode_envelopes,
+    kafka_connector_conf,
     merge_jars,
     merge_packages,
     resolved_jars,
@@ -49,19 +49,17 @@ def test_merge_packages_keeps_others_and_replaces_another_version() -> None:
     )
 
 
-def test_add_kafka_connector_merges_into_the_builder() -> None:
-    builder = SparkSession.Builder().config(PACKAGES, "a:b:1")  # no JVM is started
+def test_with_packages_of_the_callers_ours_are_merged_into_them() -> None:
     notes: list[str] = []
-    out = add_kafka_connector(builder, notes.append)
-    assert out._options[PACKAGES].split(",") == ["a:b:1", KAFKA_CONNECTOR, AVRO_PACKAGE]
+    conf = kafka_connector_conf("a:b:1", notes.append)
+    assert conf[PACKAGES].split(",") == ["a:b:1", KAFKA_CONNECTOR, AVRO_PACKAGE]
     assert notes == []  # no version-mismatch warning: connector and PySpark are one version
 
 
 def test_without_packages_of_the_callers_the_cached_jars_go_to_spark_jars() -> None:
-    builder = SparkSession.Builder().config(JARS, "/mine.jar")  # no JVM is started
-    out = add_kafka_connector(builder, [].append)
-    assert PACKAGES not in out._options
-    jars = out._options[JARS].split(",")
+    conf = kafka_connector_conf(None, [].append, jars="/mine.jar")
+    assert PACKAGES not in conf
+    jars = conf[JARS].split(",")
     assert jars[0] == "/mine.jar" and jars[1:] == resolved_jars()
     names = [Path(j).name for j in jars[1:]]
     assert "org.apache.spark_spark-sql-kafka-0-10_2.13-" + pyspark.__version__ + ".jar" in names
@@ -188,3 +186,38 @@ def test_official_connector_reads_a_publisher_topic(
     assert query.awaitTermination(120)
     assert query.exception() is None
     assert _keys([r for b in batches for r in b]) == sorted(sent)
+
+
+def test_records_of_an_earlier_schema_are_decoded_into_the_new_shape(
+    spark: SparkSession, make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """Schema evolution: records written with v1 and with v2 of the stream's schema, read
+    by a v2 reader through the connector, as a listener reads them."""
+    import json
+
+    from tests.integration.test_schema_evolution import V1, V2, with_schema
+
+    (tmp_path / "v1.avsc").write_text(json.dumps(V1))
+    v1 = make_config([{"name": "clicks", "partitions": 1, "schema": "v1.avsc"}])
+    name = v1.streams[0].name
+    with Application(v1).publisher(name, "old") as pub:
+        for ts in range(3):
+            pub.publish({"user": "u", "url": f"/{ts}", "ts": ts, "agent": f"a{ts}"})
+    v2 = with_schema(v1, V2, "v2")
+    with Application(v2).publisher(name, "new") as pub:  # registers v2
+        for ts in range(3, 5):
+            pub.publish({"user": "u", "url": f"/{ts}", "ts": ts, "ref": f"r{ts}"})
+    kafka = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", v2.kafka.bootstrap)
+        .option("subscribe", name)
+        .option("kafka.isolation.level", "read_committed")
+        .load()
+    )
+    rows = decode_envelopes(kafka, v2.stream(name), v2).collect()
+    assert sorted((r["ts"], r["url"], r["ref"]) for r in rows) == [
+        (0, "/0", "-"), (1, "/1", "-"), (2, "/2", "-"), (3, "/3", "r3"), (4, "/4", "r4"),
+    ]
+    # without the deployment, only the reader's own schema decodes: the v1 records fail
+    with pytest.raises(Exception, match="SchemaMismatchError"):
+        decode_envelopes(kafka, v2.stream(name)).collect()

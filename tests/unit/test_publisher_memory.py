@@ -32,9 +32,20 @@ from substreams.frontier import Time
 from substreams.kafka.clock import SimClock
 from substreams.kafka.log import Record
 from substreams.kafka.memory import MemoryLog
-from substreams.kafka.memproducer import MemoryProducers, delivered_records
+from substreams.kafka.memproducer import MemoryProducers
 from substreams.streams.publisher import Ending, Publisher, Write, transactional_id
 from substreams.streams.records import SentRecord
+
+
+def delivered_records(log: MemoryLog, topic: str, partitions: int) -> list[Record]:
+    """Every committed record of ``topic`` (a ``read_committed`` read from the start)."""
+    reader = log.reader(committed=True, name="delivered")
+    reader.assign({(topic, p): 0 for p in range(partitions)})
+    out: list[Record] = []
+    while got := reader.poll(0, 10_000):
+        out.extend(got)
+    return out
+
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_TEXT = """\
