@@ -58,10 +58,7 @@ def main() -> None:
     parser.add_argument("--read", default="jvm",
                         help="jvm, python, or both as jvm,python (alternated per round)")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="rounds of every read path, alternating, one broker and session "
-                             "(once seen failing: a Python-read query after a JVM-read one "
-                             "in the same session did not deliver its warm-up epoch in "
-                             "240 s at load 17-28; one process per read is the safe way)")
+                        help="rounds of every read path, alternating, one broker and session")
     args = parser.parse_args()
     reads = args.read.split(",")
     lines = Lines()

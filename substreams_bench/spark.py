@@ -386,7 +386,8 @@ def _measure(
                 spark=spark,
                 bootstrap=ctx.bootstrap,
                 block=False,
-                checkpoint=ctx.workdir / "ckpt-firm",
+                # a checkpoint per call: another call's would start at its topics' offsets
+                checkpoint=ctx.workdir / f"ckpt-firm-{substream}",
                 read=read,
             )
         )
@@ -398,7 +399,7 @@ def _measure(
                 _watermark_counts(spark, config, ctx.bootstrap, stream,
                                   avro=k == "watermark-avro", by_key=False)
                 .writeStream.outputMode("append")
-                .option("checkpointLocation", str(ctx.workdir / f"ckpt-{k}"))
+                .option("checkpointLocation", str(ctx.workdir / f"ckpt-{k}-{substream}"))
                 .foreachBatch(on_windows(window_seen[k]))
                 .start()
             )

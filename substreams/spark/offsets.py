@@ -167,6 +167,26 @@ class ControlScanner:
         # Asked once fetching has begun: the planner's scan waits at most ``max_wait``.
         if start == 0 and self._tail.reader.log_start(self.topic) == 0:
             self._tail.verifiers[self.topic].strict = True
+        elif start > 0:
+            self._check_reachable(start)
+
+    def _check_reachable(self, start: int) -> None:
+        """Refuse a position past the topic's end.  A checkpoint's offsets are positions
+        this topic once reached, and its end never moves back; one past the end belongs to
+        another topic (a checkpoint directory reused for another substream or config, or
+        the topic deleted and made again), and following from there would wait forever
+        for records that will never come."""
+        assert self._tail is not None
+        end = self._tail.reader.watermarks(self.topic)[1]
+        if start > end:
+            self.close()
+            raise SubstreamsError(
+                f"control topic '{self.topic}': asked to read from offset {start}, past the "
+                f"topic's end ({end}): the query's checkpoint was written against another "
+                "control topic (a checkpoint directory reused for another substream or "
+                "config, or the topic deleted and created again); give the query a new "
+                "checkpoint directory"
+            )
 
     def _panes_before(self, start: int, timeout: float = 30.0) -> PaneWindows[Notification]:
         """The pane state a scan from ``start`` needs: the panes notified before it, re-read

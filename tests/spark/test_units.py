@@ -257,6 +257,34 @@ def test_control_scanner_refuses_a_broken_hash_chain(make_config: ConfigFactory)
     scanner.close()
 
 
+def test_control_scanner_refuses_a_start_past_the_topic_end(make_config: ConfigFactory) -> None:
+    """A checkpoint reused against another control topic names an offset that topic never
+    reached: the source says so instead of waiting forever for it; the topic's end itself
+    (a caught-up checkpoint) is a valid start."""
+    from substreams.spark.offsets import ControlScanner
+
+    config = make_config(
+        [{"name": "clicks", "partitions": 1}],
+        [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}],
+    )
+    w, stream = config.substreams[0].name, config.streams[0].name
+    topic = config.acker.control_topic(w)
+    with Application(config, mechanisms=DIRECT).publisher(stream, "src") as pub:
+        pub.publish({"user": "u", "url": "/", "ts": 5})
+        pub.seal(w, 0)
+    scanner = ControlScanner(config.kafka.bootstrap, topic, w, config)
+    try:
+        end = scanner.latest(0)
+        assert end >= 1
+        resumed = ControlScanner(config.kafka.bootstrap, topic, w, config)
+        assert resumed.latest(end) == end
+        resumed.close()
+        with pytest.raises(SubstreamsError, match=f"offset {end + 10}, past the topic's end"):
+            ControlScanner(config.kafka.bootstrap, topic, w, config).latest(end + 10)
+    finally:
+        scanner.close()
+
+
 def test_control_scanner_reads_each_epoch_of_a_batched_record(make_config: ConfigFactory) -> None:
     """An ``EpochsComplete`` (the acker's batched completions) is several notifications at one
     control offset: the scanner keeps each, identified by (offset, index), in order; a batch
