@@ -299,10 +299,25 @@ def _barrier() -> Any:
     schemas and building a Hadoop configuration -- before the projection decoded it once
     more.  A non-deterministic expression in the decode's projection stops the pushdown
     (``PushPredicateThroughNonJoin`` moves a filter only through deterministic ones); the
-    partition id is the cheapest one, and is dropped by the next projection."""
+    partition id is the cheapest one.
+
+    A filter must read the column (:func:`_barrier_kept`): a column nothing above reads is
+    pruned from the projection (``ColumnPruning`` drops unread columns whatever their
+    determinism), and with it the barrier -- the epoch filter was then pushed below the
+    decode again and every record decoded twice (once in the filter, once in the
+    projection)."""
     from pyspark.sql import functions as F
 
     return F.spark_partition_id().alias("_barrier")
+
+
+def _barrier_kept() -> Any:
+    """The filter that keeps :func:`_barrier` in the plan: true for every row (a partition
+    id is never negative), and not foldable (it reads a non-deterministic column).  The
+    filters above the decode combine with it, over the decoded columns."""
+    from pyspark.sql import functions as F
+
+    return F.col("_barrier") >= 0
 
 
 @dataclass(frozen=True)
@@ -317,9 +332,10 @@ class _RecordColumns:
     fields: list[Any]
     present: Any
     out: list[Any]
-    jvm_steps: tuple[Any, Any, Any]
-    """``keep``, ``decode`` and ``fields`` as JVM objects (a Column, two Seqs of them):
-    each Python-side ``select`` of a column list is a round trip per column."""
+    jvm_steps: tuple[Any, Any, Any, Any]
+    """``keep``, ``decode``, the barrier's filter and ``fields`` as JVM objects (two
+    Columns, two Seqs of them): each Python-side ``select`` of a column list is a round
+    trip per column."""
 
     @staticmethod
     def of(spark: Any, config: Config, stream: str, substream: str,
@@ -345,7 +361,7 @@ class _RecordColumns:
         to_seq = spark.sparkContext._jvm.PythonUtils.toSeq
         made = _RecordColumns(
             keep=keep, decode=decode, fields=fields,
-            jvm_steps=(keep._jc, to_seq([c._jc for c in decode]),
+            jvm_steps=(keep._jc, to_seq([c._jc for c in decode]), _barrier_kept()._jc,
                        to_seq([c._jc for c in fields])),
             present=F.col("_t").isNotNull(),
             out=[
@@ -485,10 +501,10 @@ def unplaced_records(
     rows and a sort); this plan has the same shape every batch."""
     from pyspark.sql import DataFrame
 
-    keep, decode, fields = _RecordColumns.of(
+    keep, decode, kept, fields = _RecordColumns.of(
         spark, config, stream, substream, decoding).jvm_steps
     kafka = direct_jdf(spark, kafka_options(bootstrap, stream, ranges, group_id))
-    return DataFrame(kafka.filter(keep).select(decode).select(fields), spark)
+    return DataFrame(kafka.filter(keep).select(decode).filter(kept).select(fields), spark)
 
 
 def _covers(t: Mapping[str, Any], n: Mapping[str, Any]) -> bool:

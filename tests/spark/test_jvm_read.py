@@ -291,6 +291,32 @@ def test_batch_offsets_come_from_the_checkpoints_offset_log(tmp_path: Path) -> N
     assert logged_span(tmp_path, 4, earliest=True) is None  # not this source's offset
 
 
+def test_each_record_is_decoded_once_under_the_epoch_filters(
+    spark: SparkSession, make_config: ConfigFactory
+) -> None:
+    """The records' filters over the decoded envelope (time present, the epoch lookup) run
+    above the decode, not inlined into a filter below it: the physical plan calls
+    ``from_avro`` once per writer schema (a filter pushed below the projection decoded every
+    record once more, and a pruned barrier column let it be pushed)."""
+    from substreams.spark.jvm_read import _literal_epochs, unplaced_records
+
+    config = make_config([{"name": "clicks", "partitions": 2}],
+                         [{"name": "w", "stream": "clicks", "kind": "tumbling",
+                           "size_ms": 1000}])
+    stream, w = config.streams[0].name, config.substreams[0].name
+    decoding = Decoding.of(config, stream, {})
+    recs = unplaced_records(spark, config, stream, w, config.kafka.bootstrap,
+                            [OffsetRange(stream, 0, 0, 10)], decoding, "g")
+    notes = [{"epoch": {"key": None, "coords": [i], "kind": "int"}, "epoch_label": str(i),
+              "epoch_int": i, "epoch_key": None, "control_offset": i, "control_index": 0,
+              "sealed_at_ms": 0, "until_coords": None} for i in range(3)]
+    for df in (recs.where(F.col("_t").isNotNull()),
+               _literal_epochs(recs.where(F.col("_t").isNotNull()), notes)
+               .groupBy("epoch", "user").count()):
+        plan = df._jdf.queryExecution().executedPlan().toString()
+        assert plan.count("from_avro(") == len(decoding.writers), plan
+
+
 def test_the_literal_epoch_lookup_gives_what_the_join_gives(spark: SparkSession) -> None:
     """Records find their notification by the driver-built lookup (few notes) exactly as by
     the broadcast join (many notes): exact times, keyed times, quotes and backslashes in
