@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from substreams.app import DIRECT, Application
 from substreams.cli.main import cli
+from substreams.config import Config
 from substreams.errors import SubstreamsError
 from substreams.frontier import Keyed
 from substreams.spark.epochs import epoch_int, epoch_key, format_time, parse_time
@@ -228,6 +229,20 @@ def test_compose_config_is_valid_for_docker() -> None:  # pragma: no cover - no 
     assert out.returncode == 0, out.stderr
 
 
+def _one_sealed_epoch(make_config: ConfigFactory) -> tuple[Config, str, str, str]:
+    """A tumbling substream with one record published and its epoch sealed (the publisher's
+    own control record): the config, the substream, the stream and the control topic."""
+    config = make_config(
+        [{"name": "clicks", "partitions": 1}],
+        [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}],
+    )
+    w, stream = config.substreams[0].name, config.streams[0].name
+    with Application(config, mechanisms=DIRECT).publisher(stream, "src") as pub:
+        pub.publish({"user": "u", "url": "/", "ts": 5})
+        pub.seal(w, 0)
+    return config, w, stream, config.acker.control_topic(w)
+
+
 def test_control_scanner_refuses_a_broken_hash_chain(make_config: ConfigFactory) -> None:
     """A second writer posing as the first (same writer name, its own chain from genesis)
     breaks the chain: the source stops instead of reading a forged timeline."""
@@ -236,15 +251,7 @@ def test_control_scanner_refuses_a_broken_hash_chain(make_config: ConfigFactory)
     from substreams.errors import ProtocolError
     from substreams.spark.offsets import ControlScanner
 
-    config = make_config(
-        [{"name": "clicks", "partitions": 1}],
-        [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}],
-    )
-    w, stream = config.substreams[0].name, config.streams[0].name
-    topic = config.acker.control_topic(w)
-    with Application(config, mechanisms=DIRECT).publisher(stream, "src") as pub:
-        pub.publish({"user": "u", "url": "/", "ts": 5})
-        pub.seal(w, 0)
+    config, w, stream, topic = _one_sealed_epoch(make_config)
     scanner = ControlScanner(config.kafka.bootstrap, topic, w, config)
     assert scanner.latest(0) == 1
     rogue = ControlWriter(
@@ -263,15 +270,7 @@ def test_control_scanner_refuses_a_start_past_the_topic_end(make_config: ConfigF
     (a caught-up checkpoint) is a valid start."""
     from substreams.spark.offsets import ControlScanner
 
-    config = make_config(
-        [{"name": "clicks", "partitions": 1}],
-        [{"name": "w", "stream": "clicks", "kind": "tumbling", "size_ms": 1000}],
-    )
-    w, stream = config.substreams[0].name, config.streams[0].name
-    topic = config.acker.control_topic(w)
-    with Application(config, mechanisms=DIRECT).publisher(stream, "src") as pub:
-        pub.publish({"user": "u", "url": "/", "ts": 5})
-        pub.seal(w, 0)
+    config, w, _, topic = _one_sealed_epoch(make_config)
     scanner = ControlScanner(config.kafka.bootstrap, topic, w, config)
     try:
         end = scanner.latest(0)
