@@ -58,6 +58,7 @@ from substreams_bench.harness import (
     save_figure,
     titled,
     txn_retry_fields,
+    warmup_s,
 )
 from substreams_bench.observe import AckerObserver, Observer, PunctuationObserver, RecordCounter
 from substreams_bench.workload import (
@@ -137,6 +138,8 @@ class Samples:
     from_last: list[float]
     from_first: list[float]
     error: str | None = None
+    warmup: int = 0
+    """Epochs run and discarded first (:data:`~substreams_bench.harness.WARMUP_S`)."""
 
 
 def measure(ctx: BenchContext, case: Case) -> Samples:
@@ -167,7 +170,11 @@ def measure(ctx: BenchContext, case: Case) -> Samples:
             batch_size=max(500, case.granularity),
         )
         stack.callback(close_all, pubs)
-        for epoch in range(case.epochs):
+        warm_until = time.monotonic() + warmup_s(ctx.quick)
+        epoch = -1
+        while len(out.from_last) < case.epochs:
+            epoch += 1
+            warming = time.monotonic() < warm_until
             for r in range(case.granularity):
                 pubs[r % case.producers].publish(record(epoch, epoch))
             sealed_at: list[float] = []
@@ -189,6 +196,9 @@ def measure(ctx: BenchContext, case: Case) -> Samples:
                 ctx.log(f"[red]{case}: {error}[/]")
                 out.error = error
                 break
+            if warming:
+                out.warmup += 1
+                continue
             out.from_last.append(seen - max(sealed_at))
             out.from_first.append(seen - t0)
         del pubs
@@ -365,6 +375,7 @@ def run(ctx: BenchContext) -> BenchResult:
             retries = txn_retry_fields(counted)
         result.rows.append(
             _row(case.mechanism, case, got.from_last, got.error, got.from_first) | retries
+            | {"warmup_epochs": got.warmup}
         )
     if ctx.mechanism in (None, "acker") and not ctx.grid:  # a --grid names its lines
         seconds = 4.0 if ctx.quick else 15.0
@@ -389,7 +400,10 @@ def run(ctx: BenchContext) -> BenchResult:
         "-> end visible to an observer: EpochComplete on the control topic (acker) / Aligner "
         "termination over all Q partitions (punctuations); 'from first seal' counts from the "
         "moment the P seal threads started instead. Every configuration on a fresh embedded "
-        "broker; the acker is its own process, publishers and observer share one."
+        "broker; the acker is its own process, publishers and observer share one. "
+        f"Each configuration first runs its own epochs for {warmup_s(ctx.quick):g} s and "
+        "discards them ('warmup_epochs' in the JSON): the fresh broker's JIT compilers "
+        "catch up (harness.WARMUP_S); the retry counts include those epochs."
     )
     result.notes.append(
         "CONCURRENT_TRANSACTIONS retries: requests the transaction coordinator refused "

@@ -2,7 +2,7 @@
 
     python -m substreams_bench.profile_seal [--samples 100] [--records 10] [--eos-debug] \
         [--seal-in-txn] [--broker-setting KEY=VALUE ...] [--nodes 1|3] \
-        [--client-setting KEY=VALUE ...]
+        [--client-setting KEY=VALUE ...] [--warmup N]
 
 Starts an embedded Apache Kafka and ``substreams acker run`` as its own process with
 ``SUBSTREAMS_ACKER_PHASES=1`` (the acker logs each notifying step's phases), then, like
@@ -106,6 +106,11 @@ def main() -> None:
         help="a property over the embedded broker's defaults; repeatable",
     )
     ap.add_argument(
+        "--warmup", type=int, default=0, metavar="N",
+        help="seals run first and left out of the tables (a fresh broker's JIT compilers "
+        "catch up: harness.WARMUP_S)",
+    )
+    ap.add_argument(
         "--nodes", type=int, choices=(1, 3), default=1,
         help="embedded brokers: 3 replicate every topic (factor 3, 2 in sync), as production",
     )
@@ -157,7 +162,7 @@ def main() -> None:
                 timed = TimedProducer(pub._producer)
                 pub._producer = timed  # type: ignore[assignment]
                 ts = 0
-                for i in range(args.samples + 1):
+                for i in range(args.samples + args.warmup + 1):
                     for _ in range(args.records):
                         pub.publish({"ts": ts, "batch": i, "body": "x" * 100})
                         ts += 1
@@ -188,11 +193,12 @@ def main() -> None:
             if part.startswith(sub + "@"):
                 acker[int(part.rsplit("@", 1)[1])] = (woke, *nums, float(m.group(1)))
     rows: dict[str, list[float]] = {}
-    seal_refused = [
-        sum(1 for at in refusals.at if pub_phases[i][0] <= at <= pub_phases[i][3])
-        for i in range(1, args.samples + 1) if i in pub_phases
-    ]
-    for i in range(1, args.samples + 1):
+    measured = range(1 + args.warmup, args.samples + args.warmup + 1)
+    seal_refused = {
+        i: sum(1 for at in refusals.at if pub_phases[i][0] <= at <= pub_phases[i][3])
+        for i in measured if i in pub_phases
+    }
+    for i in measured:
         if i not in seen or i not in acker or i not in pub_phases:
             continue
         t0, c0, c1, t1 = pub_phases[i]
@@ -221,19 +227,19 @@ def main() -> None:
               f"{percentile(ms, 99):8.2f} "
               f"{statistics.fmean(ms):8.2f}")
     if args.eos_debug:
-        hit = sum(1 for n in seal_refused if n)
+        hit = sum(1 for n in seal_refused.values() if n)
         commits = rows.get("publisher: commit_transaction", [])
-        matched = [i for i in range(1, args.samples + 1)
+        matched = [i for i in measured
                    if i in seen and i in acker and i in pub_phases]
         for label, want in (("refused", True), ("not refused", False)):
             got = [c for c, i in zip(commits, matched, strict=True)
-                   if bool(seal_refused[i - 1]) == want]
+                   if bool(seal_refused[i]) == want]
             if got:
                 print(f"publisher commit_transaction, AddPartitionsToTxn {label}: n={len(got)} "
                       f"p50 {percentile(got, 50):.2f} p90 {percentile(got, 90):.2f} ms")
         print(f"publisher: {hit} of {len(seal_refused)} seal transactions had their "
               f"AddPartitionsToTxn refused (CONCURRENT_TRANSACTIONS) "
-              f"{sum(seal_refused)} times in all")
+              f"{sum(seal_refused.values())} times in all")
         acker_refused = log.count("another concurrent operation")
         txns = sum(1 for _ in PHASE.finditer(log))
         print(f"acker: {acker_refused} CONCURRENT_TRANSACTIONS refusals over {txns} "

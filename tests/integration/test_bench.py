@@ -12,7 +12,7 @@ from rich.console import Console
 
 from substreams.kafka import client
 from substreams.kafka.embedded import broker_answers
-from substreams_bench.harness import bench_context, release_clients
+from substreams_bench.harness import bench_context, jit_cpu_ticks, release_clients
 from tests.conftest import SPARK_GROUP
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,6 +217,10 @@ def test_each_configuration_runs_on_a_fresh_embedded_broker(
         for item in ctx.track(["first", "second"], str):
             seen.append(ctx.bootstrap)
             assert broker_answers(ctx.bootstrap)
+            # a JVM that just started Kafka has compiled: its compiler threads are read
+            assert ctx.broker is not None
+            pid = ctx.broker.pid(ctx.broker.nodes[0].node_id)
+            assert pid is not None and sum(jit_cpu_ticks(pid).values()) > 0
             names = set(client.admin(ctx.bootstrap).list_topics(timeout=10).topics)
             assert not any(n.startswith("b.s0.") for n in names), (item, names)
             ctx.config([("s0", 1)])
