@@ -279,9 +279,13 @@ class AckerClient:
         return resp.body
 
     def close(self) -> None:
-        self._producer.flush(5)
-        self._producer.close()
-        self._reader.close()
+        """Let go of the session (its commands were flushed as sent): a fatal producer
+        error is logged, and the reader is closed either way."""
+        try:
+            client.flush_at_close(self._producer, f"controller '{self.controller}'", 5)
+            self._producer.close()
+        finally:
+            self._reader.close()
 
     def __enter__(self) -> AckerClient:
         return self
