@@ -75,8 +75,9 @@ def main() -> None:
         work = Path(tmp)
         with KafkaCluster(work / "kafka", progress=console.print) as broker:
             ctx = BenchContext(broker.bootstrap, work, False, console, progress, broker)
-            for _ in range(args.rounds):
+            for round_ in range(args.rounds):
                 for read in reads:
+                    who = read if args.rounds == 1 else f"{read}, round {round_ + 1}"
                     lines.lines.clear()
                     loads.append(os.getloadavg()[0])
                     got, _ = _measure(ctx, args.epochs, 100, windowed=False, read=read)
@@ -94,10 +95,11 @@ def main() -> None:
                                 batches.setdefault(name, []).append(float(value))
                     for text in [t for t in lines.lines
                                  if t.startswith("batch notes") or "not found" in t][:3]:
-                        print(f"{read}: {text}")
+                        print(f"{who}: {text}")
                     first = {n: v[0] for n, v in batches.items() if v}
-                    print(f"{read}: the first batch (warm-up, fresh session): "
-                          + ", ".join(f"{n.strip()} {v:.0f} ms" for n, v in first.items()))
+                    print(f"{who}: the first batch (warm-up, fresh session): "
+                          + (", ".join(f"{n.strip()} {v:.0f} ms" for n, v in first.items())
+                             or "none timed"))
                     for name, values in batches.items():  # the first batch is the warm-up
                         phases[read].setdefault(name, []).extend(values[1:] or values)
     print(f"# {args.rounds} round(s) of {', '.join(reads)}, {args.epochs} epochs of 100 "

@@ -808,7 +808,8 @@ def _watermark_counts(
     """What a Spark user writes instead of substreams: Spark's Kafka source on the data
     topic (read_committed), the envelopes decoded -- with ``from_avro`` in the JVM
     (``avro``; one writer schema, punctuations dropped by their prefix) or with the project's
-    codec in ``mapInPandas`` -- an event-time column, ``withWatermark(..., "0 seconds")``
+    codec in ``mapInPandas`` (given the config: every schema the stream registered, as a user
+    of ``decode_envelopes`` decodes) -- an event-time column, ``withWatermark(..., "0 seconds")``
     and a one-second tumbling window count (per key with ``by_key``), append mode."""
     from pyspark.sql import functions as F
 
@@ -828,7 +829,7 @@ def _watermark_counts(
         records = env.select(F.col("env.payload.ts").alias("ts"),
                              F.col("env.payload.body").alias("body"))
     else:
-        records = decode_envelopes(kafka, config.stream(stream))
+        records = decode_envelopes(kafka, config.stream(stream), config)
     timed = records.withColumn("event_time", (F.col("ts") / 1000).cast("timestamp"))
     keys = [F.substring("body", 1, 4).alias("key")] if by_key else []
     return (

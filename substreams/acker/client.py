@@ -154,14 +154,16 @@ class AckerClient:
         """The response to command ``seq``; other responses go to :attr:`inbox`."""
         limit = self.timeout if timeout is None else timeout
         deadline = Deadline(limit)
+        polled = False  # a zero (or passed) timeout still reads what already arrived
         while True:
             for i, resp in enumerate(self.inbox):
                 if resp.seq == seq:
                     self.acker = resp.acker
                     return self.inbox.pop(i)
-            if deadline.passed:
+            if polled and deadline.passed:
                 break
             self.inbox += self.poll(deadline.left(cap=0.1))
+            polled = True
         raise self._unavailable(limit, self.ackers)
 
     def _unavailable(self, limit: float, names: Sequence[str]) -> AckerUnavailableError:
@@ -186,6 +188,7 @@ class AckerClient:
         limit = self.timeout if timeout is None else timeout
         deadline = Deadline(limit)
         got: dict[str, Response] = {}
+        polled = False  # a zero (or passed) timeout still reads what already arrived
         while True:
             keep: list[Response] = []
             for resp in self.inbox:
@@ -196,9 +199,10 @@ class AckerClient:
                     got[who] = resp
                 # else: an answer to seq from an acker not asked (another layout's): dropped
             self.inbox = keep
-            if len(got) == len(names) or deadline.passed:
+            if len(got) == len(names) or (polled and deadline.passed):
                 break
             self.inbox += self.poll(deadline.left(cap=0.1))
+            polled = True
         if not got:
             raise self._unavailable(limit, names)
         if len(names) == 1:
@@ -279,9 +283,13 @@ class AckerClient:
         return resp.body
 
     def close(self) -> None:
-        self._producer.flush(5)
-        self._producer.close()
-        self._reader.close()
+        """Let go of the session (its commands were flushed as sent): a fatal producer
+        error is logged, and the reader is closed either way."""
+        try:
+            client.flush_at_close(self._producer, f"controller '{self.controller}'", 5)
+            self._producer.close()
+        finally:
+            self._reader.close()
 
     def __enter__(self) -> AckerClient:
         return self

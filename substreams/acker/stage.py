@@ -177,10 +177,11 @@ class Stage:
         """Process until no input arrived for ``seconds``; returns records processed."""
         start = self.processed
         deadline, idle = Deadline(timeout), Deadline(seconds)
-        while not deadline.passed and not idle.passed:
+        while True:  # one step at least: a zero ``seconds`` still processes what is there
             if self.step(0.1):
                 idle.restart()
-        return self.processed - start
+            if deadline.passed or idle.passed:
+                return self.processed - start
 
     def close(self) -> None:
         if self._closed:

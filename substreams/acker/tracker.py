@@ -39,6 +39,7 @@ from substreams.acker.table import Segment
 from substreams.config import Config
 from substreams.errors import SubstreamsError
 from substreams.frontier import Time
+from substreams.kafka import client
 from substreams.kafka.write import produce
 from substreams.streams.publisher import Ending, Publisher, Write, transactional_id
 from substreams.streams.records import SentRecord
@@ -210,7 +211,9 @@ class Heartbeat:
             return
         self._closed = True
         self._cancel()
-        self._producer.flush(2)
+        # Called inside the publisher's final commit: a lost heartbeat is harmless there
+        # (the Unregister follows), an exception would fail that commit.
+        client.flush_at_close(self._producer, "source heartbeat", 2)
 
 
 def source_tracker(

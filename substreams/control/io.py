@@ -18,7 +18,7 @@ from substreams.config import Config
 from substreams.control.chain import ChainHead, resumes
 from substreams.control.messages import ChainResume, ControlBody, ControlRecord, record_from_wire
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
-from substreams.kafka import client
+from substreams.kafka import client, write
 from substreams.kafka.read import Reader
 from substreams.kafka.write import fenced_as, produce
 from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
@@ -253,4 +253,7 @@ class ControlWriter:
         return out
 
     def close(self) -> None:
-        self._producer.flush(10)
+        """Deliver what is queued; a fence found doing so is this writer's fenced error (the
+        acker's recovery learns of a takeover there)."""
+        with self._fencing():
+            write.flush(self._producer, 10)

@@ -103,7 +103,8 @@ class KafkaWriter:
         return out
 
     def close(self) -> None:
-        self._producer.flush(10)
+        """Let go, as the in-memory writer does: never raises for a fence (logged)."""
+        client.flush_at_close(self._producer, self.name, 10)
 
 
 class KafkaTransactionalWriter(KafkaWriter):
@@ -164,7 +165,7 @@ class KafkaTransactionalWriter(KafkaWriter):
         """Let go; an open transaction stays open (until fenced or timed out), as a
         crashed process leaves it."""
         try:
-            self._producer.flush(10)
+            client.flush_at_close(self._producer, self.name, 10)
         finally:
             for consumer in self._groups.values():
                 consumer.close()

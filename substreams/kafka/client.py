@@ -352,6 +352,18 @@ def flush_producer(producer: Producer, what: str, patience: float = COMMIT_PATIE
         log.warning("%s: %d messages not delivered yet; waiting on", what, left)
 
 
+def flush_at_close(producer: Producer, what: str, timeout: float) -> int:
+    """:func:`write.flush` for a close that lets go and must not raise: a fatal error found
+    during it (a fence: another instance holds the id) is logged, not raised -- the caller
+    is done with the producer, and a fenced one has nothing left to deliver.  The messages
+    still queued (0 after a fatal error)."""
+    try:
+        return write.flush(producer, timeout)
+    except KafkaException as exc:
+        log.warning("%s: closing after a fatal error: %s", what, exc.args[0] if exc.args else exc)
+        return 0
+
+
 MOVING = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
