@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import fastavro
+import numpy as np
 from fastavro.schema import parse_schema
 
 from substreams.frontier import Time, time_to_wire
@@ -75,6 +76,86 @@ def zigzag_long(n: int) -> bytes:
         out += _PAIR_MORE[u & 0x3FFF]
         u >>= 14
     return out + _PAIR_LAST[u]
+
+
+_DIGITS = 10
+"""Base-128 digits of a 64-bit value, at most."""
+_SHIFTS = np.arange(0, 7 * _DIGITS, 7, dtype=np.uint64)
+_MORE_DIGITS = np.uint64(1) << _SHIFTS[1:]
+"""``u >= _MORE_DIGITS[k]``: u has more than k + 1 digits."""
+_DIGIT_INDEX = np.arange(_DIGITS)
+COLUMNAR_MIN_ROWS = 16
+"""Fewer rows than this are framed value by value: numpy's fixed cost per call (some
+microseconds) is more than a few ``zigzag_long`` calls."""
+
+
+def _varint_digits(column: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``zigzag_long`` of every value as a matrix of bytes, a row per value and a column
+    per digit (as many as the largest value has), the mask of each row's own digits and
+    their count."""
+    x = np.asarray(column, dtype=np.int64)
+    u = ((x << 1) ^ (x >> 63)).view(np.uint64)  # zigzag (numpy's >> on int64 is arithmetic)
+    width = 1 + int(np.searchsorted(_MORE_DIGITS, u.max(), side="right"))
+    length = 1 + np.searchsorted(_MORE_DIGITS[: width - 1], u, side="right")
+    digits = ((u[:, None] >> _SHIFTS[:width]) & np.uint64(0x7F)).astype(np.uint8)
+    index = _DIGIT_INDEX[:width]
+    digits |= (index < (length - 1)[:, None]).view(np.uint8) << np.uint8(7)  # "more" bits
+    return digits, index < length[:, None], length
+
+
+_SPLIT_MAX = 4096
+
+
+@functools.cache
+def _split_items() -> np.ndarray:
+    """Row ``n``: struct's format item for ``n`` bytes, ``"%4ds" % n`` (struct skips the
+    spaces), so that the format of a whole batch's pieces is one table lookup."""
+    table = "".join(f"{n:4d}s" for n in range(_SPLIT_MAX)).encode()
+    return np.frombuffer(table, np.uint8).reshape(_SPLIT_MAX, 5)
+
+
+def _split(flat: bytes, lengths: np.ndarray) -> Sequence[bytes]:
+    """``flat`` cut into pieces of ``lengths`` bytes, by one ``struct`` call (a few times
+    cheaper than a slice per piece)."""
+    if int(lengths.max()) >= _SPLIT_MAX:
+        ends: list[int] = np.cumsum(lengths).tolist()
+        return list(map(flat.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+    fmt = _split_items()[lengths].tobytes().decode()
+    pieces: tuple[bytes, ...] = struct.Struct(fmt).unpack(flat)
+    return pieces
+
+
+def frame_rows(parts: Sequence[bytes | Sequence[int]], rows: int) -> Sequence[bytes]:
+    """Row ``i`` of a batch: its ``parts`` concatenated, a ``bytes`` part as it is and an
+    int column as ``zigzag_long(column[i])`` -- each column's varints computed at once.
+
+    Why: a random 64-bit tracking id is a 9 or 10 byte varint, so ``zigzag_long`` per record
+    is a Python call with five lookups and four concatenations; numpy writes a whole
+    column's digits in a few array operations and the rows are cut out of one buffer in C.
+    Every value must fit a long (numpy raises ``OverflowError`` for one that does not)."""
+    for part in parts:
+        if not isinstance(part, bytes) and len(part) != rows:
+            raise ValueError(f"a column of {len(part)} values for {rows} rows")
+    if rows < COLUMNAR_MIN_ROWS:
+        return [
+            b"".join([p if isinstance(p, bytes) else zigzag_long(p[i]) for p in parts])
+            for i in range(rows)
+        ]
+    blocks: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    lengths = np.zeros(rows, dtype=np.intp)
+    for part in parts:
+        if isinstance(part, bytes):
+            blocks.append(np.broadcast_to(np.frombuffer(part, np.uint8), (rows, len(part))))
+            masks.append(np.ones((rows, len(part)), dtype=bool))
+            lengths += len(part)
+        else:
+            digits, mask, length = _varint_digits(part)
+            blocks.append(digits)
+            masks.append(mask)
+            lengths += length
+    flat = np.concatenate(blocks, axis=1)[np.concatenate(masks, axis=1)]  # row after row
+    return _split(flat.tobytes(), lengths)
 
 
 def avro_string(s: str) -> bytes:
@@ -392,6 +473,17 @@ class EnvelopeEncoder:
         fastavro.schemaless_writer(buf, self._payload, payload)
         return buf.getvalue()
 
+    def payloads(self, payloads: Sequence[Mapping[str, Any]]) -> list[bytes]:
+        """``payload`` of every record: the compiled writer mapped over the batch (no
+        Python loop around it) unless it declines one, then record by record."""
+        fast = self._fast
+        if fast is not None:
+            try:
+                return list(map(fast, payloads))
+            except _NotFast:
+                pass
+        return list(map(self.payload, payloads))
+
     def encode_many(
         self,
         order_keys: Sequence[int],
@@ -401,9 +493,10 @@ class EnvelopeEncoder:
     ) -> list[bytes]:
         """``encode`` of every record, byte for byte, with the per-record costs that need
         not be per record paid once: the order keys' range is checked at the ends (the
-        caller passes them sorted, or checks each: see ``Publisher.publish_many``), a run of
-        records with equal times shares one ``times`` encoding, and the method lookups are
-        hoisted.  Raises as ``encode`` does, before returning anything."""
+        caller passes them sorted, or checks each: see ``Publisher.publish_many``), the
+        longs are framed a column at a time (:func:`frame_rows`) and a run of records with
+        equal times shares one ``times`` encoding.  Raises as ``encode`` does, before
+        returning anything."""
         if not order_keys:
             return []
         _check_longs(order_keys, "order key")
@@ -417,7 +510,14 @@ class EnvelopeEncoder:
                 prev_bytes = encode_times(t)
                 prev = t
             append(prev_bytes)
-        return self._frame(order_keys, tracking_ids, encoded, payloads)
+        bodies = self.payloads(payloads)
+        rows = len(order_keys)
+        if len(set(encoded)) == 1:  # one times map for the batch: part of every head
+            return _joined(frame_rows(
+                (self.prefix, order_keys, tracking_ids, self._source + encoded[0]), rows
+            ), bodies)
+        heads = frame_rows((self.prefix, order_keys, tracking_ids, self._source), rows)
+        return list(map(b"".join, zip(heads, encoded, bodies, strict=True)))
 
     def encode_many_int_times(
         self,
@@ -429,74 +529,26 @@ class EnvelopeEncoder:
     ) -> list[bytes]:
         """``encode_many`` of records whose ``times`` are ``{name: times[i]}``, ints (one
         epoch or tumbling substream, the publisher's usual case), without a dict per record:
-        the map is the name's cached head, ``zigzag(t)`` (the order key's own bytes when the
-        time equals it, as for an epoch of the order key at granularity 1) and a constant
-        tail, built once per run of equal times.  A time outside a long raises ValueError,
-        as an order key does."""
+        the map is the name's cached head, ``zigzag(t)`` and a constant tail, so everything
+        before the payload is framed from the columns at once (:func:`frame_rows`).  A time
+        outside a long raises ValueError, as an order key does."""
         if not order_keys:
             return []
         _check_longs(order_keys, "order key")
         _check_longs(times, "time")
-        zz = zigzag_long
-        join = b"".join
-        prefix = self.prefix
+        bodies = self.payloads(payloads)
         # source ++ times: the source and the map's head are adjacent constants: one piece.
         source_head = self._source + self._int_time_head(name)
-        tail = _INT_TIME_TAIL_END
-        fast = self._fast
-        slow = self.payload
-        out: list[bytes] = []
-        append = out.append
-        prev: int | None = None
-        time_bytes = b""
-        for order_key, tracking_id, t, p in zip(
-            order_keys, tracking_ids, times, payloads, strict=True
-        ):
-            key_bytes = zz(order_key)
-            if prev is None or t != prev:
-                time_bytes = key_bytes if t == order_key else zz(t)
-                prev = t
-            # self.payload(p) inlined (here and in _frame): one Python call less per record
-            if fast is not None:
-                try:
-                    body = fast(p)
-                except _NotFast:
-                    body = slow(p)
-            else:
-                body = slow(p)
-            # one join, not four concatenations (cheaper for these short pieces)
-            append(join((prefix, key_bytes, zz(tracking_id), source_head, time_bytes, tail,
-                         body)))
-        return out
+        heads = frame_rows(
+            (self.prefix, order_keys, tracking_ids, source_head, times, _INT_TIME_TAIL_END),
+            len(order_keys),
+        )
+        return _joined(heads, bodies)
 
-    def _frame(
-        self,
-        order_keys: Sequence[int],
-        tracking_ids: Sequence[int],
-        times: Sequence[bytes],
-        payloads: Sequence[Mapping[str, Any]],
-    ) -> list[bytes]:
-        """The envelopes from already encoded ``times`` maps (one per record)."""
-        zz = zigzag_long
-        join = b"".join
-        prefix = self.prefix
-        source = self._source
-        fast = self._fast
-        slow = self.payload
-        out: list[bytes] = []
-        append = out.append
-        for order_key, tracking_id, times_bytes, p in zip(
-            order_keys, tracking_ids, times, payloads, strict=True
-        ):
-            if fast is not None:
-                try:
-                    body = fast(p)
-                except _NotFast:
-                    body = slow(p)
-            else:
-                body = slow(p)
-            append(join((prefix, zz(order_key), zz(tracking_id), source, times_bytes, body)))
-        return out
+
+def _joined(heads: Sequence[bytes], bodies: list[bytes]) -> list[bytes]:
+    """``heads[i] + bodies[i]`` for every row (one C-level loop)."""
+    return list(map(b"".join, zip(heads, bodies, strict=True)))
 
 
 def _check_longs(values: Sequence[int], what: str) -> None:

@@ -22,7 +22,6 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Concatenate, Literal, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -42,7 +41,7 @@ from substreams.kafka.write import is_fenced, produce, produce_batch
 from substreams.streams.evolution import register_stream
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.policy import PolicySeal, SealClock
-from substreams.streams.records import SentRecord
+from substreams.streams.records import SentRecord, sent_records
 from substreams.streams.schemas import Codec, envelope_schema
 from substreams.streams.ticker import Ticker
 from substreams.streams.times import TimeAssigner
@@ -715,9 +714,7 @@ class Publisher:
         if check_order:
             self._last_order_key = order_keys[-1]
         self._rr = rr
-        records = list(
-            map(partial(SentRecord, self.stream), parts, order_keys, tracking_ids, assigned)
-        )
+        records = sent_records(self.stream, parts, order_keys, tracking_ids, assigned)
         self._write_batch(records, values, parts, keys, int_times)
         if self._clocks:
             self._published(payloads)
