@@ -27,9 +27,10 @@ from __future__ import annotations
 import functools
 import io
 import json
+import operator
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 import numpy as np
@@ -90,17 +91,18 @@ microseconds) is more than a few ``zigzag_long`` calls."""
 
 
 def _varint_digits(column: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``zigzag_long`` of every value as a matrix of bytes, a row per value and a column
-    per digit (as many as the largest value has), the mask of each row's own digits and
-    their count."""
+    """``zigzag_long`` of every value as a matrix of bytes, a column per value and a row
+    per digit (as many as the largest value has), the mask of each value's own digits and
+    their count.  Digits are rows, values columns: numpy's inner loops run along the batch,
+    not along a varint's few digits."""
     x = np.asarray(column, dtype=np.int64)
     u = ((x << 1) ^ (x >> 63)).view(np.uint64)  # zigzag (numpy's >> on int64 is arithmetic)
     width = 1 + int(np.searchsorted(_MORE_DIGITS, u.max(), side="right"))
     length = 1 + np.searchsorted(_MORE_DIGITS[: width - 1], u, side="right")
-    digits = ((u[:, None] >> _SHIFTS[:width]) & np.uint64(0x7F)).astype(np.uint8)
-    index = _DIGIT_INDEX[:width]
-    digits |= (index < (length - 1)[:, None]).view(np.uint8) << np.uint8(7)  # "more" bits
-    return digits, index < length[:, None], length
+    digits = ((u >> _SHIFTS[:width, None]) & np.uint64(0x7F)).astype(np.uint8)
+    index = _DIGIT_INDEX[:width, None]
+    digits |= (index < length - 1).view(np.uint8) << np.uint8(7)  # the "more" bits
+    return digits, index < length, length
 
 
 _SPLIT_MAX = 4096
@@ -125,37 +127,74 @@ def _split(flat: bytes, lengths: np.ndarray) -> Sequence[bytes]:
     return pieces
 
 
-def frame_rows(parts: Sequence[bytes | Sequence[int]], rows: int) -> Sequence[bytes]:
-    """Row ``i`` of a batch: its ``parts`` concatenated, a ``bytes`` part as it is and an
-    int column as ``zigzag_long(column[i])`` -- each column's varints computed at once.
+class Pieces(list[bytes]):
+    """A column of byte strings for :func:`frame_rows`: each row's own, written as it is."""
+
+
+Part = bytes | Pieces | Sequence[int]
+"""A part of every row of a batch: the same bytes, each row's own bytes, or an int column
+(each row's value as an Avro long)."""
+
+
+def frame_rows(parts: Sequence[Part], rows: int) -> list[bytes]:
+    """Row ``i`` of a batch: its ``parts`` concatenated -- ``bytes`` as they are,
+    ``Pieces`` as ``pieces[i]``, an int column as ``zigzag_long(column[i])``, each column's
+    varints computed at once.
 
     Why: a random 64-bit tracking id is a 9 or 10 byte varint, so ``zigzag_long`` per record
-    is a Python call with five lookups and four concatenations; numpy writes a whole
-    column's digits in a few array operations and the rows are cut out of one buffer in C.
-    Every value must fit a long (numpy raises ``OverflowError`` for one that does not)."""
+    is a Python call with five lookups and four concatenations, and a record's other longs
+    (order key, time, payload fields, string lengths) each cost a call more; numpy writes a
+    whole column's digits in a few array operations, the rows are cut out of one buffer and
+    joined with the byte columns in C.  Every value must fit a long (numpy raises
+    ``OverflowError`` for one that does not)."""
     for part in parts:
         if not isinstance(part, bytes) and len(part) != rows:
             raise ValueError(f"a column of {len(part)} values for {rows} rows")
     if rows < COLUMNAR_MIN_ROWS:
         return [
-            b"".join([p if isinstance(p, bytes) else zigzag_long(p[i]) for p in parts])
+            b"".join([
+                p if isinstance(p, bytes) else p[i] if isinstance(p, Pieces) else zigzag_long(p[i])
+                for p in parts
+            ])
             for i in range(rows)
         ]
+    columns: list[Sequence[bytes]] = []
+    longs: list[bytes | Sequence[int]] = []  # the run of parts since the last Pieces
+    for part in parts:
+        if isinstance(part, Pieces):
+            if longs:
+                columns.append(_frame_longs(longs, rows))
+                longs = []
+            columns.append(part)
+        else:
+            longs.append(part)
+    if longs:
+        columns.append(_frame_longs(longs, rows))
+    if len(columns) == 1:
+        return list(columns[0])
+    return list(map(b"".join, zip(*columns, strict=True)))
+
+
+def _frame_longs(parts: Sequence[bytes | Sequence[int]], rows: int) -> Sequence[bytes]:
+    """:func:`frame_rows` of constants and int columns: a matrix of every row's bytes (the
+    constants, each column's digits; a column per row) and the mask of the ones to keep,
+    kept row after row into one buffer and cut into rows."""
     blocks: list[np.ndarray] = []
     masks: list[np.ndarray] = []
     lengths = np.zeros(rows, dtype=np.intp)
     for part in parts:
         if isinstance(part, bytes):
-            blocks.append(np.broadcast_to(np.frombuffer(part, np.uint8), (rows, len(part))))
-            masks.append(np.ones((rows, len(part)), dtype=bool))
+            const = np.frombuffer(part, np.uint8)[:, None]
+            blocks.append(np.broadcast_to(const, (len(part), rows)))
+            masks.append(np.ones((len(part), rows), dtype=bool))
             lengths += len(part)
         else:
             digits, mask, length = _varint_digits(part)
             blocks.append(digits)
             masks.append(mask)
             lengths += length
-    flat = np.concatenate(blocks, axis=1)[np.concatenate(masks, axis=1)]  # row after row
-    return _split(flat.tobytes(), lengths)
+    kept = np.concatenate(blocks).T[np.concatenate(masks).T]  # row after row
+    return _split(kept.tobytes(), lengths)
 
 
 def avro_string(s: str) -> bytes:
@@ -367,19 +406,68 @@ def _generated_writer(
     return write
 
 
+_COLUMN_TYPES = {"long": int, "int": int, "string": str, "bytes": bytes, "boolean": bool}
+_COLUMN_RANGES = {"long": (_MIN_LONG, _MAX_LONG), "int": (_MIN_INT, _MAX_INT)}
+_BOOLEAN = {True: b"\x01", False: b"\x00"}
+ColumnPlan = tuple[tuple[str, str], ...]
+"""A payload record's fields as (name, Avro type), for :func:`payload_parts`."""
+
+
+def column_plan(schema: Mapping[str, Any]) -> ColumnPlan | None:
+    """The plan of a record (self-contained) whose every field is a long, int, string,
+    bytes or boolean -- what :func:`payload_parts` frames a column at a time -- else None."""
+    if schema.get("type") != "record":
+        return None
+    plan = tuple((f["name"], _primitive(f["type"])) for f in schema.get("fields", ()))
+    if not all(kind in _COLUMN_TYPES for _, kind in plan):
+        return None
+    return cast(ColumnPlan, plan)
+
+
+def payload_parts(plan: ColumnPlan, payloads: Sequence[Mapping[str, Any]]) -> list[Part] | None:
+    """A batch's payloads as :func:`frame_rows` parts, a field at a time: its column's
+    values checked at once (exact type, range) and its longs (values, string lengths) left
+    to ``frame_rows``.  None -- encode record by record -- if a value of the batch is one
+    the compiled writer would not frame (a missing field, a bool for a long, an int out of
+    range, a surrogate), so the bytes are always the compiled writer's or fastavro's.
+
+    Why: the compiled writer is a Python call per record and a ``zigzag_long`` call per
+    long field; here the Python work is per field, the per-value work in C (``map``) and
+    numpy."""
+    parts: list[Part] = []
+    try:
+        for name, kind in plan:
+            column = list(map(operator.itemgetter(name), payloads))
+            if set(map(type, column)) != {_COLUMN_TYPES[kind]}:
+                return None
+            if kind in _COLUMN_RANGES:
+                lo, hi = _COLUMN_RANGES[kind]
+                if not (lo <= min(column) and max(column) <= hi):
+                    return None
+                parts.append(column)
+            elif kind == "boolean":
+                parts.append(Pieces(map(_BOOLEAN.__getitem__, column)))
+            else:
+                raw = list(map(str.encode, column)) if kind == "string" else column
+                parts += (list(map(len, raw)), Pieces(raw))
+    except Exception:  # a missing field, a payload that is no mapping, a surrogate
+        return None
+    return parts
+
+
 @functools.lru_cache(maxsize=256)
 def _compiled(
     payload_schema: str,
-) -> tuple[Any, Callable[[Mapping[str, Any]], bytes] | None, Any, bytes]:
-    """A payload schema's (given as canonical JSON) parsed form, generated writer, the
-    parsed times schema and the envelope's single-object prefix, once per process: an
-    encoder is built per publisher, and a publisher per source incarnation and task
-    attempt.  All are used read-only."""
+) -> tuple[Any, Callable[[Mapping[str, Any]], bytes] | None, ColumnPlan | None, Any, bytes]:
+    """A payload schema's (given as canonical JSON) parsed form, generated writer, column
+    plan, the parsed times schema and the envelope's single-object prefix, once per
+    process: an encoder is built per publisher, and a publisher per source incarnation and
+    task attempt.  All are used read-only."""
     payload = json.loads(payload_schema)
     full = expanded(payload)
     times = parse_schema(expanded({"type": "map", "values": raw_schema("time")}))
     prefix = SINGLE_OBJECT_MARKER + fingerprint(envelope_schema(payload))
-    return parse_schema(full), payload_writer(full), times, prefix
+    return parse_schema(full), payload_writer(full), column_plan(full), times, prefix
 
 
 class EnvelopeEncoder:
@@ -387,7 +475,7 @@ class EnvelopeEncoder:
     module docstring)."""
 
     def __init__(self, payload_schema: Mapping[str, Any], source: str) -> None:
-        self._payload, self._fast, self._times_schema, self.prefix = _compiled(
+        self._payload, self._fast, self._plan, self._times_schema, self.prefix = _compiled(
             json.dumps(payload_schema, sort_keys=True))
         self._source = avro_string(source)
         self._times_cache: dict[tuple[tuple[str, Time], ...], bytes] = {}
@@ -484,6 +572,16 @@ class EnvelopeEncoder:
                 pass
         return list(map(self.payload, payloads))
 
+    def _payload_parts(self, payloads: Sequence[Mapping[str, Any]]) -> list[Part]:
+        """A batch's payloads as :func:`frame_rows` parts: a field at a time
+        (:func:`payload_parts`) where the schema and the values allow it, else each
+        record's bytes (:meth:`payloads`)."""
+        if self._plan is not None and len(payloads) >= COLUMNAR_MIN_ROWS:
+            parts = payload_parts(self._plan, payloads)
+            if parts is not None:
+                return parts
+        return [Pieces(self.payloads(payloads))]
+
     def encode_many(
         self,
         order_keys: Sequence[int],
@@ -494,7 +592,7 @@ class EnvelopeEncoder:
         """``encode`` of every record, byte for byte, with the per-record costs that need
         not be per record paid once: the order keys' range is checked at the ends (the
         caller passes them sorted, or checks each: see ``Publisher.publish_many``), the
-        longs are framed a column at a time (:func:`frame_rows`) and a run of records with
+        batch is framed a column at a time (:func:`frame_rows`) and a run of records with
         equal times shares one ``times`` encoding.  Raises as ``encode`` does, before
         returning anything."""
         if not order_keys:
@@ -502,22 +600,20 @@ class EnvelopeEncoder:
         _check_longs(order_keys, "order key")
         encode_times = self.times
         prev: Mapping[str, Time] | None = None
-        encoded: list[bytes] = []
+        encoded = Pieces()
         append = encoded.append
         prev_bytes = b""
+        runs = 0
         for t in times:
             if t is not prev and t != prev:
                 prev_bytes = encode_times(t)
                 prev = t
+                runs += 1
             append(prev_bytes)
-        bodies = self.payloads(payloads)
-        rows = len(order_keys)
-        if len(set(encoded)) == 1:  # one times map for the batch: part of every head
-            return _joined(frame_rows(
-                (self.prefix, order_keys, tracking_ids, self._source + encoded[0]), rows
-            ), bodies)
-        heads = frame_rows((self.prefix, order_keys, tracking_ids, self._source), rows)
-        return list(map(b"".join, zip(heads, encoded, bodies, strict=True)))
+        # one times map for the whole batch: a constant, with the source before it
+        head: list[Part] = [self._source, encoded] if runs > 1 else [self._source + prev_bytes]
+        parts = [self.prefix, order_keys, tracking_ids, *head, *self._payload_parts(payloads)]
+        return frame_rows(parts, len(order_keys))
 
     def encode_many_int_times(
         self,
@@ -529,26 +625,17 @@ class EnvelopeEncoder:
     ) -> list[bytes]:
         """``encode_many`` of records whose ``times`` are ``{name: times[i]}``, ints (one
         epoch or tumbling substream, the publisher's usual case), without a dict per record:
-        the map is the name's cached head, ``zigzag(t)`` and a constant tail, so everything
-        before the payload is framed from the columns at once (:func:`frame_rows`).  A time
-        outside a long raises ValueError, as an order key does."""
+        the map is the name's cached head, ``zigzag(t)`` and a constant tail, each a part of
+        :func:`frame_rows`.  A time outside a long raises ValueError, as an order key does."""
         if not order_keys:
             return []
         _check_longs(order_keys, "order key")
         _check_longs(times, "time")
-        bodies = self.payloads(payloads)
         # source ++ times: the source and the map's head are adjacent constants: one piece.
         source_head = self._source + self._int_time_head(name)
-        heads = frame_rows(
-            (self.prefix, order_keys, tracking_ids, source_head, times, _INT_TIME_TAIL_END),
-            len(order_keys),
-        )
-        return _joined(heads, bodies)
-
-
-def _joined(heads: Sequence[bytes], bodies: list[bytes]) -> list[bytes]:
-    """``heads[i] + bodies[i]`` for every row (one C-level loop)."""
-    return list(map(b"".join, zip(heads, bodies, strict=True)))
+        parts = [self.prefix, order_keys, tracking_ids, source_head, times, _INT_TIME_TAIL_END,
+                 *self._payload_parts(payloads)]
+        return frame_rows(parts, len(order_keys))
 
 
 def _check_longs(values: Sequence[int], what: str) -> None:

@@ -14,7 +14,9 @@ from substreams.frontier import Keyed, Time
 from substreams.streams.framing import (
     COLUMNAR_MIN_ROWS,
     EnvelopeEncoder,
+    column_plan,
     frame_rows,
+    payload_parts,
     payload_writer,
     zigzag_long,
 )
@@ -385,3 +387,70 @@ def test_a_record_the_compiled_writer_declines_in_a_columnar_batch() -> None:
 def test_a_column_of_the_wrong_length_is_refused() -> None:
     with pytest.raises(ValueError, match="a column of 3 values for 20 rows"):
         frame_rows((b"", [1, 2, 3]), 20)
+
+
+COLUMNAR = {**WIDE, "name": "Columnar", "fields": WIDE["fields"][:5]}
+"""long, int, string, bytes, boolean: a schema whose batches are framed a field at a time."""
+good_payloads = st.fixed_dictionaries({
+    "l": edge_longs,
+    "i": st.one_of(st.integers(-(2**31), 2**31 - 1), st.sampled_from([-(2**31), 2**31 - 1])),
+    "s": st.text(max_size=20),
+    "b": st.binary(max_size=20),
+    "f": st.booleans(),
+})
+odd_values = st.one_of(anything, st.just("\ud800"), st.just(2**31), st.just(-(2**63) - 1))
+
+
+@given(
+    batch=st.lists(good_payloads, min_size=COLUMNAR_MIN_ROWS, max_size=3 * COLUMNAR_MIN_ROWS),
+    odd=st.one_of(st.none(), st.tuples(st.integers(0), st.sampled_from("lisbf"),
+                                       st.one_of(st.none(), odd_values))),
+    int_times=st.booleans(),
+)
+def test_a_columnar_payload_batch_equals_encode_or_fails_as_it_does(
+    batch: list[dict[str, Any]], odd: tuple[int, str, Any] | None, int_times: bool
+) -> None:
+    """The payloads framed a field at a time: the bytes ``encode`` gives each record, and
+    where one record has a value the compiled writer declines (a wrong type, a long out of
+    range, a surrogate; None: the field is missing) the batch gives what ``encode`` gives
+    for it -- fastavro's bytes, or the error ``encode`` raises."""
+    if odd is not None:
+        at, field, value = odd
+        bad = dict(batch[at % len(batch)])
+        if value is None:
+            del bad[field]
+        else:
+            bad[field] = value
+        batch[at % len(batch)] = bad
+    encoder = EnvelopeEncoder(COLUMNAR, "s")
+    assert column_plan(COLUMNAR) is not None  # this schema's batches are framed by column
+    keys = list(range(len(batch)))
+    expected: list[bytes] = []
+    error: type[BaseException] | None = None
+    for k, p in enumerate(batch):
+        try:
+            expected.append(encoder.encode(k, -k, {"ep": 0}, p))
+        except Exception as exc:  # compared by type below
+            error = type(exc)
+            break
+    try:
+        if int_times:
+            got = encoder.encode_many_int_times(keys, [-k for k in keys], "ep", [0] * len(keys),
+                                                batch)
+        else:
+            got = encoder.encode_many(keys, [-k for k in keys], [{"ep": 0}] * len(keys), batch)
+    except Exception as exc:
+        assert type(exc) is error
+    else:
+        assert error is None and got == expected
+
+
+def test_a_batch_of_right_values_is_framed_by_column_and_an_odd_one_is_not() -> None:
+    plan = column_plan(COLUMNAR)
+    assert plan is not None
+    batch = [{"l": k, "i": -k, "s": "é" * k, "b": b"x", "f": k % 2 == 0} for k in range(20)]
+    assert payload_parts(plan, batch) is not None
+    assert payload_parts(plan, [*batch, {**batch[0], "l": True}]) is None
+    assert payload_parts(plan, [*batch, {**batch[0], "i": 2**31}]) is None
+    assert payload_parts(plan, [*batch, {**batch[0], "s": "\ud800"}]) is None
+    assert column_plan(WIDE) is None  # a double: record by record
