@@ -326,15 +326,12 @@ edge_longs = st.one_of(longs, st.sampled_from(EXTREMES), st.integers(-3, 3))
 """Uniform longs (what tracking ids are), every varint length's edges and runs of small ones."""
 
 
-@given(
-    batch=st.lists(
-        st.tuples(edge_longs, edge_longs, edge_longs, payloads),
-        min_size=COLUMNAR_MIN_ROWS, max_size=3 * COLUMNAR_MIN_ROWS,
-    ),
-    name=st.text(max_size=8),
-    source=st.text(max_size=10),
-    same_times=st.booleans(),
-)
+columnar_batches = st.lists(st.tuples(edge_longs, edge_longs, edge_longs, payloads),
+                            min_size=COLUMNAR_MIN_ROWS, max_size=3 * COLUMNAR_MIN_ROWS)
+"""(order key, tracking id, time, payload) rows, enough of them to be framed by column."""
+
+
+@given(columnar_batches, st.text(max_size=8), st.text(max_size=10), st.booleans())
 def test_a_columnar_batch_equals_encode_record_by_record(
     batch: list[tuple[int, int, int, dict[str, Any]]], name: str, source: str, same_times: bool
 ) -> None:
