@@ -60,11 +60,14 @@ _PAIR_LAST = [
 
 
 def zigzag_long(n: int) -> bytes:
-    """Avro's encoding of a ``long``: zigzag, then little-endian base-128 varint."""
+    """Avro's encoding of a ``long``: zigzag, then little-endian base-128 varint (a case
+    per number of digit pairs, unrolled: no loop on a path run for every long written)."""
     u = ((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF
     if u < 0x4000:
         return _PAIR_LAST[u]
-    if u >= 0x100000000000000:  # >= 2**56: nearly every random tracking id; unrolled
+    if u < 0x10000000:  # < 2**28: counters, epochs, sizes
+        return _PAIR_MORE[u & 0x3FFF] + _PAIR_LAST[u >> 14]
+    if u >= 0x100000000000000:  # >= 2**56: nearly every random tracking id
         return (
             _PAIR_MORE[u & 0x3FFF]
             + _PAIR_MORE[(u >> 14) & 0x3FFF]
@@ -72,11 +75,14 @@ def zigzag_long(n: int) -> bytes:
             + _PAIR_MORE[(u >> 42) & 0x3FFF]
             + _PAIR_LAST[u >> 56]
         )
-    out = b""
-    while u >= 0x4000:
-        out += _PAIR_MORE[u & 0x3FFF]
-        u >>= 14
-    return out + _PAIR_LAST[u]
+    if u < 0x40000000000:  # < 2**42: millisecond timestamps
+        return _PAIR_MORE[u & 0x3FFF] + _PAIR_MORE[(u >> 14) & 0x3FFF] + _PAIR_LAST[u >> 28]
+    return (
+        _PAIR_MORE[u & 0x3FFF]
+        + _PAIR_MORE[(u >> 14) & 0x3FFF]
+        + _PAIR_MORE[(u >> 28) & 0x3FFF]
+        + _PAIR_LAST[u >> 42]
+    )
 
 
 _DIGITS = 10

@@ -41,7 +41,7 @@ from substreams.kafka.write import is_fenced, produce, produce_batch
 from substreams.streams.evolution import register_stream
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.policy import PolicySeal, SealClock
-from substreams.streams.records import SentRecord, sent_records
+from substreams.streams.records import SentRecord, sent_record, sent_records
 from substreams.streams.schemas import Codec, envelope_schema
 from substreams.streams.ticker import Ticker
 from substreams.streams.times import TimeAssigner
@@ -595,7 +595,7 @@ class Publisher:
             raise self._schema_error(exc) from exc
         if check_order:
             self._last_order_key = order_key
-        record = SentRecord(self.stream, partition, order_key, tracking_id, assigned)
+        record = sent_record(self.stream, partition, order_key, tracking_id, assigned)
         self._write_one(record, value, key, payload)
         return record
 
@@ -638,7 +638,8 @@ class Publisher:
     ) -> None:
         """One checked record into the open transaction, with what the hooks and the commit
         cadence make of it."""
-        self._begin_write()
+        if not self._in_txn or self._full_at is not None:  # else nothing to begin
+            self._begin_write()
         if self._sent:
             one = (record,)
             for sent in self._sent:

@@ -68,7 +68,9 @@ def test_zigzag_long_matches_fastavro(n: int) -> None:
 @pytest.mark.parametrize(
     "n",
     [0, 1, -1, 63, -64, 64, -65, 8191, 8192, -8193, 2**62, 2**63 - 1, -(2**63),
-     2**55 - 1, 2**55, -(2**55), -(2**55) - 1, 2**59, -(2**59) - 1],  # the unrolled branch
+     2**55 - 1, 2**55, -(2**55), -(2**55) - 1, 2**59, -(2**59) - 1,  # 5 digit pairs
+     2**27 - 1, 2**27, -(2**27), -(2**27) - 1,  # 2 and 3 pairs
+     2**41 - 1, 2**41, -(2**41), -(2**41) - 1, 1_700_000_000_000],  # 3 and 4 pairs
 )
 def test_zigzag_long_at_varint_boundaries(n: int) -> None:
     assert zigzag_long(n) == fastavro_long(n)
