@@ -30,10 +30,9 @@ import json
 import operator
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import fastavro
-import numpy as np
 from fastavro.schema import parse_schema
 
 from substreams.frontier import Time, time_to_wire
@@ -45,6 +44,9 @@ from substreams.streams.schemas import (
     fingerprint,
     raw_schema,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _CACHE_LIMIT = 4096
 _MIN_LONG = -(1 << 63)
@@ -87,13 +89,20 @@ def zigzag_long(n: int) -> bytes:
 
 _DIGITS = 10
 """Base-128 digits of a 64-bit value, at most."""
-_SHIFTS = np.arange(0, 7 * _DIGITS, 7, dtype=np.uint64)
-_MORE_DIGITS = np.uint64(1) << _SHIFTS[1:]
-"""``u >= _MORE_DIGITS[k]``: u has more than k + 1 digits."""
-_DIGIT_INDEX = np.arange(_DIGITS)
 COLUMNAR_MIN_ROWS = 16
 """Fewer rows than this are framed value by value: numpy's fixed cost per call (some
 microseconds) is more than a few ``zigzag_long`` calls."""
+
+
+@functools.cache
+def _digit_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The shift of every digit, the least value with more than k + 1 digits
+    (``more[k]``), the digits' indexes.  numpy is imported here and where it is used, not
+    with the module: only a process that frames a batch pays its import (~0.1 s)."""
+    import numpy as np
+
+    shifts = np.arange(0, 7 * _DIGITS, 7, dtype=np.uint64)
+    return shifts, np.uint64(1) << shifts[1:], np.arange(_DIGITS)
 
 
 def _varint_digits(column: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -101,12 +110,15 @@ def _varint_digits(column: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.nd
     per digit (as many as the largest value has), the mask of each value's own digits and
     their count.  Digits are rows, values columns: numpy's inner loops run along the batch,
     not along a varint's few digits."""
+    import numpy as np
+
+    shifts, more, digit_index = _digit_tables()
     x = np.asarray(column, dtype=np.int64)
     u = ((x << 1) ^ (x >> 63)).view(np.uint64)  # zigzag (numpy's >> on int64 is arithmetic)
-    width = 1 + int(np.searchsorted(_MORE_DIGITS, u.max(), side="right"))
-    length = 1 + np.searchsorted(_MORE_DIGITS[: width - 1], u, side="right")
-    digits = ((u >> _SHIFTS[:width, None]) & np.uint64(0x7F)).astype(np.uint8)
-    index = _DIGIT_INDEX[:width, None]
+    width = 1 + int(np.searchsorted(more, u.max(), side="right"))
+    length = 1 + np.searchsorted(more[: width - 1], u, side="right")
+    digits = ((u >> shifts[:width, None]) & np.uint64(0x7F)).astype(np.uint8)
+    index = digit_index[:width, None]
     digits |= (index < length - 1).view(np.uint8) << np.uint8(7)  # the "more" bits
     return digits, index < length, length
 
@@ -118,6 +130,8 @@ _SPLIT_MAX = 4096
 def _split_items() -> np.ndarray:
     """Row ``n``: struct's format item for ``n`` bytes, ``"%4ds" % n`` (struct skips the
     spaces), so that the format of a whole batch's pieces is one table lookup."""
+    import numpy as np
+
     table = "".join(f"{n:4d}s" for n in range(_SPLIT_MAX)).encode()
     return np.frombuffer(table, np.uint8).reshape(_SPLIT_MAX, 5)
 
@@ -125,6 +139,8 @@ def _split_items() -> np.ndarray:
 def _split(flat: bytes, lengths: np.ndarray) -> Sequence[bytes]:
     """``flat`` cut into pieces of ``lengths`` bytes, by one ``struct`` call (a few times
     cheaper than a slice per piece)."""
+    import numpy as np
+
     if int(lengths.max()) >= _SPLIT_MAX:
         ends: list[int] = np.cumsum(lengths).tolist()
         return list(map(flat.__getitem__, map(slice, [0, *ends[:-1]], ends)))
@@ -185,6 +201,8 @@ def _frame_longs(parts: Sequence[bytes | Sequence[int]], rows: int) -> Sequence[
     """:func:`frame_rows` of constants and int columns: a matrix of every row's bytes (the
     constants, each column's digits; a column per row) and the mask of the ones to keep,
     kept row after row into one buffer and cut into rows."""
+    import numpy as np
+
     blocks: list[np.ndarray] = []
     masks: list[np.ndarray] = []
     lengths = np.zeros(rows, dtype=np.intp)
