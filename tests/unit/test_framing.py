@@ -453,3 +453,16 @@ def test_a_batch_of_right_values_is_framed_by_column_and_an_odd_one_is_not() -> 
     assert payload_parts(plan, [*batch, {**batch[0], "i": 2**31}]) is None
     assert payload_parts(plan, [*batch, {**batch[0], "s": "\ud800"}]) is None
     assert column_plan(WIDE) is None  # a double: record by record
+
+
+def test_equal_columns_framed_once_each_in_its_place() -> None:
+    """An order key column equal to a payload field's (framed once) still lands in both
+    places, and a tuple or a different column is not taken for it."""
+    keys = [2**40 + k for k in range(COLUMNAR_MIN_ROWS)]
+    other = [-k for k in range(COLUMNAR_MIN_ROWS)]
+    parts: list[bytes | list[int] | tuple[int, ...]] = [
+        b"<", keys, b"|", list(keys), tuple(other), other, list(reversed(keys)), b">"]
+    assert frame_rows(parts, COLUMNAR_MIN_ROWS) == [
+        b"".join(p if isinstance(p, bytes) else zigzag_long(p[r]) for p in parts)
+        for r in range(COLUMNAR_MIN_ROWS)
+    ]
