@@ -20,6 +20,13 @@ primitive fields (and nullable primitives) gets a compiled writer (:func:`payloa
 that checks each value's exact Python type and frames it; any value it is not sure about
 (a bool where a long is due, an out-of-range int, a missing field) sends the whole record
 to fastavro, so odd inputs are encoded -- or refused -- exactly as fastavro does.
+
+A batch (``encode_many``, from ``Publisher.publish_many``) is framed a column at a time
+(:func:`frame_rows`): every long of the batch -- order keys, tracking ids, int times, and
+the payload's own longs and string lengths when its schema allows (:func:`payload_parts`)
+-- is written by numpy a column at once, and the rows are cut out of one buffer; a batch
+with a value the compiled writer would not frame goes record by record, so a batch's bytes
+are always what ``encode`` gives each record (property tests hold the two together).
 """
 
 from __future__ import annotations
