@@ -104,8 +104,9 @@ microseconds) is more than a few ``zigzag_long`` calls."""
 @functools.cache
 def _digit_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The shift of every digit, the least value with more than k + 1 digits
-    (``more[k]``), the digits' indexes.  numpy is imported here and where it is used, not
-    with the module: only a process that frames a batch pays its import (~0.1 s)."""
+    (``more[k]``), the digits' indexes.  numpy is imported here (first called when an
+    encoder is built) and where it is used, not with the module: a process that imports
+    the package and publishes nothing does not pay its import (~0.1 s)."""
     import numpy as np
 
     shifts = np.arange(0, 7 * _DIGITS, 7, dtype=np.uint64)
@@ -521,6 +522,9 @@ class EnvelopeEncoder:
         self._times_cache: dict[tuple[tuple[str, Time], ...], bytes] = {}
         self._names: dict[str, bytes] = {}
         self._heads: dict[str, bytes] = {}
+        # numpy's import (~0.1 s, once per process) with the publisher's set-up, not in
+        # its first batch
+        _digit_tables()
 
     def _name(self, name: str) -> bytes:
         out = self._names.get(name)
