@@ -20,6 +20,13 @@ primitive fields (and nullable primitives) gets a compiled writer (:func:`payloa
 that checks each value's exact Python type and frames it; any value it is not sure about
 (a bool where a long is due, an out-of-range int, a missing field) sends the whole record
 to fastavro, so odd inputs are encoded -- or refused -- exactly as fastavro does.
+
+A batch (``encode_many``, from ``Publisher.publish_many``) is framed a column at a time
+(:func:`frame_rows`): every long of the batch -- order keys, tracking ids, int times, and
+the payload's own longs and string lengths when its schema allows (:func:`payload_parts`)
+-- is written by numpy a column at once, and the rows are cut out of one buffer; a batch
+with a value the compiled writer would not frame goes record by record, so a batch's bytes
+are always what ``encode`` gives each record (property tests hold the two together).
 """
 
 from __future__ import annotations
@@ -27,9 +34,10 @@ from __future__ import annotations
 import functools
 import io
 import json
+import operator
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import fastavro
 from fastavro.schema import parse_schema
@@ -43,6 +51,9 @@ from substreams.streams.schemas import (
     fingerprint,
     raw_schema,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _CACHE_LIMIT = 4096
 _MIN_LONG = -(1 << 63)
@@ -58,11 +69,14 @@ _PAIR_LAST = [
 
 
 def zigzag_long(n: int) -> bytes:
-    """Avro's encoding of a ``long``: zigzag, then little-endian base-128 varint."""
+    """Avro's encoding of a ``long``: zigzag, then little-endian base-128 varint (a case
+    per number of digit pairs, unrolled: no loop on a path run for every long written)."""
     u = ((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF
     if u < 0x4000:
         return _PAIR_LAST[u]
-    if u >= 0x100000000000000:  # >= 2**56: nearly every random tracking id; unrolled
+    if u < 0x10000000:  # < 2**28: counters, epochs, sizes
+        return _PAIR_MORE[u & 0x3FFF] + _PAIR_LAST[u >> 14]
+    if u >= 0x100000000000000:  # >= 2**56: nearly every random tracking id
         return (
             _PAIR_MORE[u & 0x3FFF]
             + _PAIR_MORE[(u >> 14) & 0x3FFF]
@@ -70,11 +84,158 @@ def zigzag_long(n: int) -> bytes:
             + _PAIR_MORE[(u >> 42) & 0x3FFF]
             + _PAIR_LAST[u >> 56]
         )
-    out = b""
-    while u >= 0x4000:
-        out += _PAIR_MORE[u & 0x3FFF]
-        u >>= 14
-    return out + _PAIR_LAST[u]
+    if u < 0x40000000000:  # < 2**42: millisecond timestamps
+        return _PAIR_MORE[u & 0x3FFF] + _PAIR_MORE[(u >> 14) & 0x3FFF] + _PAIR_LAST[u >> 28]
+    return (
+        _PAIR_MORE[u & 0x3FFF]
+        + _PAIR_MORE[(u >> 14) & 0x3FFF]
+        + _PAIR_MORE[(u >> 28) & 0x3FFF]
+        + _PAIR_LAST[u >> 42]
+    )
+
+
+_DIGITS = 10
+"""Base-128 digits of a 64-bit value, at most."""
+COLUMNAR_MIN_ROWS = 16
+"""Fewer rows than this are framed value by value: numpy's fixed cost per call (some
+microseconds) is more than a few ``zigzag_long`` calls."""
+
+
+@functools.cache
+def _digit_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The shift of every digit, the least value with more than k + 1 digits
+    (``more[k]``), the digits' indexes.  numpy is imported here (first called when an
+    encoder is built) and where it is used, not with the module: a process that imports
+    the package and publishes nothing does not pay its import (~0.1 s)."""
+    import numpy as np
+
+    shifts = np.arange(0, 7 * _DIGITS, 7, dtype=np.uint64)
+    return shifts, np.uint64(1) << shifts[1:], np.arange(_DIGITS)
+
+
+def _varint_digits(column: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``zigzag_long`` of every value as a matrix of bytes, a column per value and a row
+    per digit (as many as the largest value has), the mask of each value's own digits and
+    their count.  Digits are rows, values columns: numpy's inner loops run along the batch,
+    not along a varint's few digits."""
+    import numpy as np
+
+    shifts, more, digit_index = _digit_tables()
+    x = np.asarray(column, dtype=np.int64)
+    u = ((x << 1) ^ (x >> 63)).view(np.uint64)  # zigzag (numpy's >> on int64 is arithmetic)
+    width = 1 + int(np.searchsorted(more, u.max(), side="right"))
+    length = 1 + np.searchsorted(more[: width - 1], u, side="right")
+    digits = ((u >> shifts[:width, None]) & np.uint64(0x7F)).astype(np.uint8)
+    index = digit_index[:width, None]
+    digits |= (index < length - 1).view(np.uint8) << np.uint8(7)  # the "more" bits
+    return digits, index < length, length
+
+
+_SPLIT_MAX = 4096
+
+
+@functools.cache
+def _split_items() -> np.ndarray:
+    """Row ``n``: struct's format item for ``n`` bytes, ``"%4ds" % n`` (struct skips the
+    spaces), so that the format of a whole batch's pieces is one table lookup."""
+    import numpy as np
+
+    table = "".join(f"{n:4d}s" for n in range(_SPLIT_MAX)).encode()
+    return np.frombuffer(table, np.uint8).reshape(_SPLIT_MAX, 5)
+
+
+def _split(flat: bytes, lengths: np.ndarray) -> Sequence[bytes]:
+    """``flat`` cut into pieces of ``lengths`` bytes, by one ``struct`` call (a few times
+    cheaper than a slice per piece)."""
+    import numpy as np
+
+    if int(lengths.max()) >= _SPLIT_MAX:
+        ends: list[int] = np.cumsum(lengths).tolist()
+        return list(map(flat.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+    fmt = _split_items()[lengths].tobytes().decode()
+    pieces: tuple[bytes, ...] = struct.Struct(fmt).unpack(flat)
+    return pieces
+
+
+class Pieces(list[bytes]):
+    """A column of byte strings for :func:`frame_rows`: each row's own, written as it is."""
+
+
+Part = bytes | Pieces | Sequence[int]
+"""A part of every row of a batch: the same bytes, each row's own bytes, or an int column
+(each row's value as an Avro long)."""
+
+
+def frame_rows(parts: Sequence[Part], rows: int) -> list[bytes]:
+    """Row ``i`` of a batch: its ``parts`` concatenated -- ``bytes`` as they are,
+    ``Pieces`` as ``pieces[i]``, an int column as ``zigzag_long(column[i])``, each column's
+    varints computed at once.
+
+    Why: a random 64-bit tracking id is a 9 or 10 byte varint, so ``zigzag_long`` per record
+    is a Python call with five lookups and four concatenations, and a record's other longs
+    (order key, time, payload fields, string lengths) each cost a call more; numpy writes a
+    whole column's digits in a few array operations, the rows are cut out of one buffer and
+    joined with the byte columns in C.  Every value must fit a long (numpy raises
+    ``OverflowError`` for one that does not)."""
+    for part in parts:
+        if not isinstance(part, bytes) and len(part) != rows:
+            raise ValueError(f"a column of {len(part)} values for {rows} rows")
+    if rows < COLUMNAR_MIN_ROWS:
+        return [
+            b"".join([
+                p if isinstance(p, bytes) else p[i] if isinstance(p, Pieces) else zigzag_long(p[i])
+                for p in parts
+            ])
+            for i in range(rows)
+        ]
+    columns: list[Sequence[bytes]] = []
+    longs: list[bytes | Sequence[int]] = []  # the run of parts since the last Pieces
+    for part in parts:
+        if isinstance(part, Pieces):
+            if longs:
+                columns.append(_frame_longs(longs, rows))
+                longs = []
+            columns.append(part)
+        else:
+            longs.append(part)
+    if longs:
+        columns.append(_frame_longs(longs, rows))
+    if len(columns) == 1:
+        return list(columns[0])
+    return list(map(b"".join, zip(*columns, strict=True)))
+
+
+def _frame_longs(parts: Sequence[bytes | Sequence[int]], rows: int) -> Sequence[bytes]:
+    """:func:`frame_rows` of constants and int columns: a matrix of every row's bytes (the
+    constants, each column's digits; a column per row) and the mask of the ones to keep,
+    kept row after row into one buffer and cut into rows."""
+    import numpy as np
+
+    blocks: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    lengths = np.zeros(rows, dtype=np.intp)
+    done: list[tuple[Sequence[int], tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
+    for part in parts:
+        if isinstance(part, bytes):
+            const = np.frombuffer(part, np.uint8)[:, None]
+            blocks.append(np.broadcast_to(const, (len(part), rows)))
+            masks.append(np.ones((len(part), rows), dtype=bool))
+            lengths += len(part)
+        else:
+            # A column equal to one already framed is framed once: an envelope's order
+            # key is its payload's order key field (and an epoch's time a field too).
+            # Lists only: their == is one C-level pass, stopping at the first difference.
+            same = (v for c, v in done if type(c) is list and type(part) is list and c == part)
+            framed = next(same, None)
+            if framed is None:
+                framed = _varint_digits(part)
+                done.append((part, framed))
+            digits, mask, length = framed
+            blocks.append(digits)
+            masks.append(mask)
+            lengths += length
+    kept = np.concatenate(blocks).T[np.concatenate(masks).T]  # row after row
+    return _split(kept.tobytes(), lengths)
 
 
 def avro_string(s: str) -> bytes:
@@ -286,19 +447,68 @@ def _generated_writer(
     return write
 
 
+_COLUMN_TYPES = {"long": int, "int": int, "string": str, "bytes": bytes, "boolean": bool}
+_COLUMN_RANGES = {"long": (_MIN_LONG, _MAX_LONG), "int": (_MIN_INT, _MAX_INT)}
+_BOOLEAN = {True: b"\x01", False: b"\x00"}
+ColumnPlan = tuple[tuple[str, str], ...]
+"""A payload record's fields as (name, Avro type), for :func:`payload_parts`."""
+
+
+def column_plan(schema: Mapping[str, Any]) -> ColumnPlan | None:
+    """The plan of a record (self-contained) whose every field is a long, int, string,
+    bytes or boolean -- what :func:`payload_parts` frames a column at a time -- else None."""
+    if schema.get("type") != "record":
+        return None
+    plan = tuple((f["name"], _primitive(f["type"])) for f in schema.get("fields", ()))
+    if not all(kind in _COLUMN_TYPES for _, kind in plan):
+        return None
+    return cast(ColumnPlan, plan)
+
+
+def payload_parts(plan: ColumnPlan, payloads: Sequence[Mapping[str, Any]]) -> list[Part] | None:
+    """A batch's payloads as :func:`frame_rows` parts, a field at a time: its column's
+    values checked at once (exact type, range) and its longs (values, string lengths) left
+    to ``frame_rows``.  None -- encode record by record -- if a value of the batch is one
+    the compiled writer would not frame (a missing field, a bool for a long, an int out of
+    range, a surrogate), so the bytes are always the compiled writer's or fastavro's.
+
+    Why: the compiled writer is a Python call per record and a ``zigzag_long`` call per
+    long field; here the Python work is per field, the per-value work in C (``map``) and
+    numpy."""
+    parts: list[Part] = []
+    try:
+        for name, kind in plan:
+            column = list(map(operator.itemgetter(name), payloads))
+            if set(map(type, column)) != {_COLUMN_TYPES[kind]}:
+                return None
+            if kind in _COLUMN_RANGES:
+                lo, hi = _COLUMN_RANGES[kind]
+                if not (lo <= min(column) and max(column) <= hi):
+                    return None
+                parts.append(column)
+            elif kind == "boolean":
+                parts.append(Pieces(map(_BOOLEAN.__getitem__, column)))
+            else:
+                raw = list(map(str.encode, column)) if kind == "string" else column
+                parts += (list(map(len, raw)), Pieces(raw))
+    except Exception:  # a missing field, a payload that is no mapping, a surrogate
+        return None
+    return parts
+
+
 @functools.lru_cache(maxsize=256)
 def _compiled(
     payload_schema: str,
-) -> tuple[Any, Callable[[Mapping[str, Any]], bytes] | None, Any, bytes]:
-    """A payload schema's (given as canonical JSON) parsed form, generated writer, the
-    parsed times schema and the envelope's single-object prefix, once per process: an
-    encoder is built per publisher, and a publisher per source incarnation and task
-    attempt.  All are used read-only."""
+) -> tuple[Any, Callable[[Mapping[str, Any]], bytes] | None, ColumnPlan | None, Any, bytes]:
+    """A payload schema's (given as canonical JSON) parsed form, generated writer, column
+    plan, the parsed times schema and the envelope's single-object prefix, once per
+    process: an encoder is built per publisher, and a publisher per source incarnation and
+    task attempt.  All are used read-only."""
     payload = json.loads(payload_schema)
     full = expanded(payload)
     times = parse_schema(expanded({"type": "map", "values": raw_schema("time")}))
     prefix = SINGLE_OBJECT_MARKER + fingerprint(envelope_schema(payload))
-    return parse_schema(full), payload_writer(full), times, prefix
+    return parse_schema(full), payload_writer(full), column_plan(full), times, prefix
 
 
 class EnvelopeEncoder:
@@ -306,12 +516,15 @@ class EnvelopeEncoder:
     module docstring)."""
 
     def __init__(self, payload_schema: Mapping[str, Any], source: str) -> None:
-        self._payload, self._fast, self._times_schema, self.prefix = _compiled(
+        self._payload, self._fast, self._plan, self._times_schema, self.prefix = _compiled(
             json.dumps(payload_schema, sort_keys=True))
         self._source = avro_string(source)
         self._times_cache: dict[tuple[tuple[str, Time], ...], bytes] = {}
         self._names: dict[str, bytes] = {}
         self._heads: dict[str, bytes] = {}
+        # numpy's import (~0.1 s, once per process) with the publisher's set-up, not in
+        # its first batch
+        _digit_tables()
 
     def _name(self, name: str) -> bytes:
         out = self._names.get(name)
@@ -392,6 +605,27 @@ class EnvelopeEncoder:
         fastavro.schemaless_writer(buf, self._payload, payload)
         return buf.getvalue()
 
+    def payloads(self, payloads: Sequence[Mapping[str, Any]]) -> list[bytes]:
+        """``payload`` of every record: the compiled writer mapped over the batch (no
+        Python loop around it) unless it declines one, then record by record."""
+        fast = self._fast
+        if fast is not None:
+            try:
+                return list(map(fast, payloads))
+            except _NotFast:
+                pass
+        return list(map(self.payload, payloads))
+
+    def _payload_parts(self, payloads: Sequence[Mapping[str, Any]]) -> list[Part]:
+        """A batch's payloads as :func:`frame_rows` parts: a field at a time
+        (:func:`payload_parts`) where the schema and the values allow it, else each
+        record's bytes (:meth:`payloads`)."""
+        if self._plan is not None and len(payloads) >= COLUMNAR_MIN_ROWS:
+            parts = payload_parts(self._plan, payloads)
+            if parts is not None:
+                return parts
+        return [Pieces(self.payloads(payloads))]
+
     def encode_many(
         self,
         order_keys: Sequence[int],
@@ -401,23 +635,29 @@ class EnvelopeEncoder:
     ) -> list[bytes]:
         """``encode`` of every record, byte for byte, with the per-record costs that need
         not be per record paid once: the order keys' range is checked at the ends (the
-        caller passes them sorted, or checks each: see ``Publisher.publish_many``), a run of
-        records with equal times shares one ``times`` encoding, and the method lookups are
-        hoisted.  Raises as ``encode`` does, before returning anything."""
+        caller passes them sorted, or checks each: see ``Publisher.publish_many``), the
+        batch is framed a column at a time (:func:`frame_rows`) and a run of records with
+        equal times shares one ``times`` encoding.  Raises as ``encode`` does, before
+        returning anything."""
         if not order_keys:
             return []
         _check_longs(order_keys, "order key")
         encode_times = self.times
         prev: Mapping[str, Time] | None = None
-        encoded: list[bytes] = []
+        encoded = Pieces()
         append = encoded.append
         prev_bytes = b""
+        runs = 0
         for t in times:
             if t is not prev and t != prev:
                 prev_bytes = encode_times(t)
                 prev = t
+                runs += 1
             append(prev_bytes)
-        return self._frame(order_keys, tracking_ids, encoded, payloads)
+        # one times map for the whole batch: a constant, with the source before it
+        head: list[Part] = [self._source, encoded] if runs > 1 else [self._source + prev_bytes]
+        parts = [self.prefix, order_keys, tracking_ids, *head, *self._payload_parts(payloads)]
+        return frame_rows(parts, len(order_keys))
 
     def encode_many_int_times(
         self,
@@ -429,74 +669,17 @@ class EnvelopeEncoder:
     ) -> list[bytes]:
         """``encode_many`` of records whose ``times`` are ``{name: times[i]}``, ints (one
         epoch or tumbling substream, the publisher's usual case), without a dict per record:
-        the map is the name's cached head, ``zigzag(t)`` (the order key's own bytes when the
-        time equals it, as for an epoch of the order key at granularity 1) and a constant
-        tail, built once per run of equal times.  A time outside a long raises ValueError,
-        as an order key does."""
+        the map is the name's cached head, ``zigzag(t)`` and a constant tail, each a part of
+        :func:`frame_rows`.  A time outside a long raises ValueError, as an order key does."""
         if not order_keys:
             return []
         _check_longs(order_keys, "order key")
         _check_longs(times, "time")
-        zz = zigzag_long
-        join = b"".join
-        prefix = self.prefix
         # source ++ times: the source and the map's head are adjacent constants: one piece.
         source_head = self._source + self._int_time_head(name)
-        tail = _INT_TIME_TAIL_END
-        fast = self._fast
-        slow = self.payload
-        out: list[bytes] = []
-        append = out.append
-        prev: int | None = None
-        time_bytes = b""
-        for order_key, tracking_id, t, p in zip(
-            order_keys, tracking_ids, times, payloads, strict=True
-        ):
-            key_bytes = zz(order_key)
-            if prev is None or t != prev:
-                time_bytes = key_bytes if t == order_key else zz(t)
-                prev = t
-            # self.payload(p) inlined (here and in _frame): one Python call less per record
-            if fast is not None:
-                try:
-                    body = fast(p)
-                except _NotFast:
-                    body = slow(p)
-            else:
-                body = slow(p)
-            # one join, not four concatenations (cheaper for these short pieces)
-            append(join((prefix, key_bytes, zz(tracking_id), source_head, time_bytes, tail,
-                         body)))
-        return out
-
-    def _frame(
-        self,
-        order_keys: Sequence[int],
-        tracking_ids: Sequence[int],
-        times: Sequence[bytes],
-        payloads: Sequence[Mapping[str, Any]],
-    ) -> list[bytes]:
-        """The envelopes from already encoded ``times`` maps (one per record)."""
-        zz = zigzag_long
-        join = b"".join
-        prefix = self.prefix
-        source = self._source
-        fast = self._fast
-        slow = self.payload
-        out: list[bytes] = []
-        append = out.append
-        for order_key, tracking_id, times_bytes, p in zip(
-            order_keys, tracking_ids, times, payloads, strict=True
-        ):
-            if fast is not None:
-                try:
-                    body = fast(p)
-                except _NotFast:
-                    body = slow(p)
-            else:
-                body = slow(p)
-            append(join((prefix, zz(order_key), zz(tracking_id), source, times_bytes, body)))
-        return out
+        parts = [self.prefix, order_keys, tracking_ids, source_head, times, _INT_TIME_TAIL_END,
+                 *self._payload_parts(payloads)]
+        return frame_rows(parts, len(order_keys))
 
 
 def _check_longs(values: Sequence[int], what: str) -> None:

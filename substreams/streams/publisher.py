@@ -22,7 +22,6 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Concatenate, Literal, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -42,7 +41,7 @@ from substreams.kafka.write import is_fenced, produce, produce_batch
 from substreams.streams.evolution import register_stream
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.policy import PolicySeal, SealClock
-from substreams.streams.records import SentRecord
+from substreams.streams.records import SentRecord, sent_record, sent_records
 from substreams.streams.schemas import Codec, envelope_schema
 from substreams.streams.ticker import Ticker
 from substreams.streams.times import TimeAssigner
@@ -596,7 +595,7 @@ class Publisher:
             raise self._schema_error(exc) from exc
         if check_order:
             self._last_order_key = order_key
-        record = SentRecord(self.stream, partition, order_key, tracking_id, assigned)
+        record = sent_record(self.stream, partition, order_key, tracking_id, assigned)
         self._write_one(record, value, key, payload)
         return record
 
@@ -639,7 +638,8 @@ class Publisher:
     ) -> None:
         """One checked record into the open transaction, with what the hooks and the commit
         cadence make of it."""
-        self._begin_write()
+        if not self._in_txn or self._full_at is not None:  # else nothing to begin
+            self._begin_write()
         if self._sent:
             one = (record,)
             for sent in self._sent:
@@ -715,9 +715,7 @@ class Publisher:
         if check_order:
             self._last_order_key = order_keys[-1]
         self._rr = rr
-        records = list(
-            map(partial(SentRecord, self.stream), parts, order_keys, tracking_ids, assigned)
-        )
+        records = sent_records(self.stream, parts, order_keys, tracking_ids, assigned)
         self._write_batch(records, values, parts, keys, int_times)
         if self._clocks:
             self._published(payloads)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from substreams.acker.table import OpenEntry, new_entry
 from substreams.control.messages import Completion, OffsetRange, completion, offset_range
 from substreams.frontier import Keyed
+from substreams.streams.records import SentRecord, sent_record, sent_records
 
 offsets = st.integers(0, 2**40)
 ranges = st.builds(offset_range, st.text(max_size=5), st.integers(0, 9), offsets, offsets)
@@ -54,3 +55,25 @@ def test_the_fast_constructors_set_every_field() -> None:
     entry = new_entry(5)
     for f in dataclasses.fields(OpenEntry):
         getattr(entry, f.name)  # AttributeError if the fast constructor left a slot unset
+
+
+@given(st.text(max_size=5),
+       st.lists(st.tuples(st.integers(0, 64), st.integers(-(2**63), 2**63 - 1),
+                          st.integers(-(2**63), 2**63 - 1),
+                          st.dictionaries(st.text(max_size=3), times, max_size=2)), max_size=20))
+def test_sent_records_are_the_dataclass(
+    stream: str, rows: list[tuple[int, int, int, dict[str, int | Keyed]]]
+) -> None:
+    """The publisher's constructors (a batch's, one record's): the same records, field by
+    field."""
+    fast = sent_records(stream, [r[0] for r in rows], [r[1] for r in rows],
+                        [r[2] for r in rows], [r[3] for r in rows])
+    slow = [SentRecord(stream, *r) for r in rows]
+    assert fast == slow and [repr(r) for r in fast] == [repr(r) for r in slow]
+    one = [sent_record(stream, *r) for r in rows]
+    assert one == slow and [repr(r) for r in one] == [repr(r) for r in slow]
+    fast += one
+    for record in fast:
+        for f in dataclasses.fields(SentRecord):
+            getattr(record, f.name)  # AttributeError if a slot was left unset
+        assert record.dead_lettered is False

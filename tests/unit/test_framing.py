@@ -11,7 +11,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from substreams.frontier import Keyed, Time
-from substreams.streams.framing import EnvelopeEncoder, payload_writer, zigzag_long
+from substreams.streams.framing import (
+    COLUMNAR_MIN_ROWS,
+    EnvelopeEncoder,
+    column_plan,
+    frame_rows,
+    payload_parts,
+    payload_writer,
+    zigzag_long,
+)
 from substreams.streams.records import times_to_wire
 from substreams.streams.schemas import Codec, envelope_schema
 
@@ -60,7 +68,9 @@ def test_zigzag_long_matches_fastavro(n: int) -> None:
 @pytest.mark.parametrize(
     "n",
     [0, 1, -1, 63, -64, 64, -65, 8191, 8192, -8193, 2**62, 2**63 - 1, -(2**63),
-     2**55 - 1, 2**55, -(2**55), -(2**55) - 1, 2**59, -(2**59) - 1],  # the unrolled branch
+     2**55 - 1, 2**55, -(2**55), -(2**55) - 1, 2**59, -(2**59) - 1,  # 5 digit pairs
+     2**27 - 1, 2**27, -(2**27), -(2**27) - 1,  # 2 and 3 pairs
+     2**41 - 1, 2**41, -(2**41), -(2**41) - 1, 1_700_000_000_000],  # 3 and 4 pairs
 )
 def test_zigzag_long_at_varint_boundaries(n: int) -> None:
     assert zigzag_long(n) == fastavro_long(n)
@@ -309,3 +319,150 @@ def test_an_int_time_outside_long_is_refused_not_truncated(bad: int) -> None:
         encoder.encode(1, 0, {"ep": bad}, payload)
     with pytest.raises(OverflowError):
         encoder.encode(1, 0, {"ep": 0, "other": bad}, payload)
+
+
+# -- the columnar framing: a batch's longs framed a column at a time ---------------------------
+
+EXTREMES = [-(2**63), 2**63 - 1, -1, 0, 1, 63, -64, 64, 2**55, -(2**55) - 1, 2**62, -(2**62)]
+edge_longs = st.one_of(longs, st.sampled_from(EXTREMES), st.integers(-3, 3))
+"""Uniform longs (what tracking ids are), every varint length's edges and runs of small ones."""
+
+
+columnar_batches = st.lists(st.tuples(edge_longs, edge_longs, edge_longs, payloads),
+                            min_size=COLUMNAR_MIN_ROWS, max_size=3 * COLUMNAR_MIN_ROWS)
+"""(order key, tracking id, time, payload) rows, enough of them to be framed by column."""
+
+
+@given(columnar_batches, st.text(max_size=8), st.text(max_size=10), st.booleans())
+def test_a_columnar_batch_equals_encode_record_by_record(
+    batch: list[tuple[int, int, int, dict[str, Any]]], name: str, source: str, same_times: bool
+) -> None:
+    """Batches long enough for the columnar framing (numpy): both batch paths give, record by
+    record, what ``encode`` gives -- negative and extreme order keys, tracking ids and times,
+    one times map for the whole batch or one per record."""
+    keys = [r[0] for r in batch]
+    ids = [r[1] for r in batch]
+    column = [batch[0][2]] * len(batch) if same_times else [r[2] for r in batch]
+    bodies = [r[3] for r in batch]
+    one = EnvelopeEncoder(PAYLOAD, source)
+    expected = [
+        one.encode(k, i, {name: t}, p) for k, i, t, p in zip(keys, ids, column, bodies, strict=True)
+    ]
+    many = EnvelopeEncoder(PAYLOAD, source)
+    assert many.encode_many_int_times(keys, ids, name, column, bodies) == expected
+    assert many.encode_many(keys, ids, [{name: t} for t in column], bodies) == expected
+    empty = [one.encode(k, i, {}, p) for k, i, p in zip(keys, ids, bodies, strict=True)]
+    assert many.encode_many(keys, ids, [{}] * len(batch), bodies) == empty
+
+
+@given(
+    columns=st.lists(st.lists(edge_longs, min_size=40, max_size=40), min_size=1, max_size=4),
+    constants=st.lists(st.binary(max_size=6), min_size=5, max_size=5),
+    rows=st.sampled_from([0, 1, COLUMNAR_MIN_ROWS - 1, COLUMNAR_MIN_ROWS, 40]),
+)
+def test_frame_rows_is_the_parts_concatenated(
+    columns: list[list[int]], constants: list[bytes], rows: int
+) -> None:
+    parts: list[bytes | list[int]] = [constants[0]]
+    for i, column in enumerate(columns):
+        parts += [column[:rows], constants[i + 1]]
+    assert list(frame_rows(parts, rows)) == [
+        b"".join(p if isinstance(p, bytes) else zigzag_long(p[r]) for p in parts)
+        for r in range(rows)
+    ]
+
+
+def test_a_record_the_compiled_writer_declines_in_a_columnar_batch() -> None:
+    """A bool where a long is due: fastavro encodes that record (as ``encode`` does), the
+    others keep the compiled writer's bytes."""
+    encoder = EnvelopeEncoder(PAYLOAD, "s")
+    bodies = [{"ts": i, "batch": 0, "body": "x", "score": None} for i in range(40)]
+    bodies[7] = {**bodies[7], "batch": True}
+    keys = list(range(40))
+    got = encoder.encode_many_int_times(keys, keys, "ep", [0] * 40, bodies)
+    assert got == [encoder.encode(k, k, {"ep": 0}, p) for k, p in zip(keys, bodies, strict=True)]
+
+
+def test_a_column_of_the_wrong_length_is_refused() -> None:
+    with pytest.raises(ValueError, match="a column of 3 values for 20 rows"):
+        frame_rows((b"", [1, 2, 3]), 20)
+
+
+COLUMNAR = {**WIDE, "name": "Columnar", "fields": WIDE["fields"][:5]}
+"""long, int, string, bytes, boolean: a schema whose batches are framed a field at a time."""
+good_payloads = st.fixed_dictionaries({
+    "l": edge_longs,
+    "i": st.one_of(st.integers(-(2**31), 2**31 - 1), st.sampled_from([-(2**31), 2**31 - 1])),
+    "s": st.text(max_size=20),
+    "b": st.binary(max_size=20),
+    "f": st.booleans(),
+})
+odd_values = st.one_of(anything, st.just("\ud800"), st.just(2**31), st.just(-(2**63) - 1))
+
+
+@given(
+    batch=st.lists(good_payloads, min_size=COLUMNAR_MIN_ROWS, max_size=3 * COLUMNAR_MIN_ROWS),
+    odd=st.one_of(st.none(), st.tuples(st.integers(0), st.sampled_from("lisbf"),
+                                       st.one_of(st.none(), odd_values))),
+    int_times=st.booleans(),
+)
+def test_a_columnar_payload_batch_equals_encode_or_fails_as_it_does(
+    batch: list[dict[str, Any]], odd: tuple[int, str, Any] | None, int_times: bool
+) -> None:
+    """The payloads framed a field at a time: the bytes ``encode`` gives each record, and
+    where one record has a value the compiled writer declines (a wrong type, a long out of
+    range, a surrogate; None: the field is missing) the batch gives what ``encode`` gives
+    for it -- fastavro's bytes, or the error ``encode`` raises."""
+    if odd is not None:
+        at, field, value = odd
+        bad = dict(batch[at % len(batch)])
+        if value is None:
+            del bad[field]
+        else:
+            bad[field] = value
+        batch[at % len(batch)] = bad
+    encoder = EnvelopeEncoder(COLUMNAR, "s")
+    assert column_plan(COLUMNAR) is not None  # this schema's batches are framed by column
+    keys = list(range(len(batch)))
+    expected: list[bytes] = []
+    error: type[BaseException] | None = None
+    for k, p in enumerate(batch):
+        try:
+            expected.append(encoder.encode(k, -k, {"ep": 0}, p))
+        except Exception as exc:  # compared by type below
+            error = type(exc)
+            break
+    try:
+        if int_times:
+            got = encoder.encode_many_int_times(keys, [-k for k in keys], "ep", [0] * len(keys),
+                                                batch)
+        else:
+            got = encoder.encode_many(keys, [-k for k in keys], [{"ep": 0}] * len(keys), batch)
+    except Exception as exc:
+        assert type(exc) is error
+    else:
+        assert error is None and got == expected
+
+
+def test_a_batch_of_right_values_is_framed_by_column_and_an_odd_one_is_not() -> None:
+    plan = column_plan(COLUMNAR)
+    assert plan is not None
+    batch = [{"l": k, "i": -k, "s": "é" * k, "b": b"x", "f": k % 2 == 0} for k in range(20)]
+    assert payload_parts(plan, batch) is not None
+    assert payload_parts(plan, [*batch, {**batch[0], "l": True}]) is None
+    assert payload_parts(plan, [*batch, {**batch[0], "i": 2**31}]) is None
+    assert payload_parts(plan, [*batch, {**batch[0], "s": "\ud800"}]) is None
+    assert column_plan(WIDE) is None  # a double: record by record
+
+
+def test_equal_columns_framed_once_each_in_its_place() -> None:
+    """An order key column equal to a payload field's (framed once) still lands in both
+    places, and a tuple or a different column is not taken for it."""
+    keys = [2**40 + k for k in range(COLUMNAR_MIN_ROWS)]
+    other = [-k for k in range(COLUMNAR_MIN_ROWS)]
+    parts: list[bytes | list[int] | tuple[int, ...]] = [
+        b"<", keys, b"|", list(keys), tuple(other), other, list(reversed(keys)), b">"]
+    assert frame_rows(parts, COLUMNAR_MIN_ROWS) == [
+        b"".join(p if isinstance(p, bytes) else zigzag_long(p[r]) for p in parts)
+        for r in range(COLUMNAR_MIN_ROWS)
+    ]
