@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from itertools import repeat
 from typing import Any
@@ -61,7 +61,9 @@ def sent_records(
     record's ids.  The same objects (the unit tests compare them field by field)."""
     n = len(partitions)
     records = list(map(object.__new__, repeat(SentRecord, n)))
-    columns = (repeat(stream, n), partitions, order_keys, tracking_ids, times, repeat(False, n))
+    columns: tuple[Iterable[object], ...] = (
+        repeat(stream, n), partitions, order_keys, tracking_ids, times, repeat(False, n)
+    )
     for setter, column in zip(_SENT_SLOTS, columns, strict=True):
         deque(map(setter, records, column), maxlen=0)  # consumes the map: sets the slots
     return records
