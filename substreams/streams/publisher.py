@@ -638,8 +638,7 @@ class Publisher:
     ) -> None:
         """One checked record into the open transaction, with what the hooks and the commit
         cadence make of it."""
-        if not self._in_txn or self._full_at is not None:  # else nothing to begin
-            self._begin_write()
+        self._begin_write()
         if self._sent:
             one = (record,)
             for sent in self._sent:
