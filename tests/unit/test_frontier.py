@@ -301,6 +301,8 @@ class TestAntichain:
         before = set(f.elements())
         assert f.insert(t) == (not any(b_le(x, t) for x in before))
         assert set(f.elements()) == b_min([*xs, t])
+        f.check()
+        assert (t in f) == (t in b_min([*xs, t])) and len(f) == len(b_min([*xs, t]))
 
     @SETTINGS
     @given(time_sets, time_sets)
@@ -357,6 +359,12 @@ class TestUpperAntichain:
         before = set(u.elements())
         assert u.insert(t) == (not any(b_le(t, x) for x in before))
         assert set(u.elements()) == b_max([*xs, t])
+        u.check()
+        # discard: a subset of an antichain is one; the others stay
+        for x in list(u.elements())[::2]:
+            assert u.discard(x) and not u.discard(x) and x not in u
+        u.check()
+        assert set(u.elements()) == set(list(sorted(b_max([*xs, t]), key=sort_key))[1::2])
 
     @SETTINGS
     @given(time_sets, time_sets, time_sets)
@@ -365,8 +373,11 @@ class TestUpperAntichain:
     ) -> None:
         a, b = UpperAntichain(xs), UpperAntichain(ys)
         assert set(a.union(b).elements()) == b_max([*xs, *ys])
+        a.union(b).check()
+        assert a.union(b) == UpperAntichain([*ys, *xs])  # equality is set equality
         lower = Antichain(ls)
         kept = a.retain_not_passed(lower)
+        kept.check()
         assert set(kept.elements()) == {x for x in b_max(xs) if any(b_le(m, x) for m in ls)}
 
 
