@@ -46,11 +46,14 @@ below the maximal terminated times) are protocol violations: the caller dead-let
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right, insort
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
+
+from sortedcontainers import SortedList
 
 from substreams.acker.protocol import SOURCE as SOURCE  # the roles are the protocol's
 from substreams.acker.protocol import STAGE as STAGE
@@ -66,7 +69,16 @@ from substreams.frontier import (
     time_from_wire,
     time_to_wire,
 )
+from substreams.frontier.antichain import chain_class
 from substreams.frontier.sessions import by_key, run_members
+
+_INT_CLASS = chain_class(0)
+
+
+def _the_int(elements: tuple[Time, ...]) -> int | None:
+    """The element of an antichain's int class (:meth:`UpperAntichain.of_class`), if any."""
+    e = elements[0] if elements else None
+    return e if type(e) is int else None
 
 # -- topology -------------------------------------------------------------------------------
 
@@ -193,6 +205,14 @@ class SourceState:
     keys_upto: int | None = None
     """The keyed seal: no more records at ``Keyed(k, t)``, ``t <= keys_upto``, for any ``k``."""
     keys_upto_ms: int = 0
+    waiting: list[tuple[int, str]] = field(default_factory=list, repr=False)
+    """A heap of (event time, key): keys whose next session (or time) waits for this
+    source's keyed seal to reach that time (:meth:`SegmentTable._close_key`).  Derived, not
+    in the checkpoint: a loaded table re-examines every key once."""
+    key_seals: list[tuple[int, str]] = field(default_factory=list, repr=False)
+    """A heap of the per-key seals ``Keyed(k, t)`` (int ``t``) as (t, k): what
+    :meth:`SegmentTable.prune` forgets once the keyed seal covers them, without a walk of
+    every key's seal.  Derived (may hold entries already gone from ``seals``)."""
 
     def _keyed_covers(self, t: Time) -> bool:
         return (
@@ -207,15 +227,27 @@ class SourceState:
 
     def int_seal(self) -> int | None:
         """The source's highest int seal (it covers the int times up to it), if any."""
-        els = self.seals.elements()
-        return els[0] if els and type(els[0]) is int else None  # ints sort first
+        return _the_int(self.seals.of_class(_INT_CLASS))
 
     def covered_at(self, t: Time) -> int:
-        """When this source's seals first covered ``t`` (as far as the antichain remembers)."""
-        times = [ms for s, ms in self.seal_ms.items() if less_equal(t, s)]
+        """When this source's seals first covered ``t`` (as far as the antichain remembers).
+        Only seals of ``t``'s chain class can cover it: looked up there, not in every key's."""
+        seal_ms = self.seal_ms
+        times = [
+            ms for s in self.seals.of_class(chain_class(t))
+            if (ms := seal_ms.get(s)) is not None and less_equal(t, s)
+        ]
         if self._keyed_covers(t):
             times.append(self.keys_upto_ms)
         return min(times) if times else 0
+
+    def index_seals(self) -> None:
+        """Rebuild :attr:`key_seals` from ``seals`` (after a load)."""
+        self.key_seals = [
+            (e.time, e.key) for e in self.seals
+            if type(e) is Keyed and type(e.time) is int
+        ]
+        heapq.heapify(self.key_seals)
 
 
 @dataclass(frozen=True)
@@ -268,6 +300,25 @@ class SegmentTable:
         self._ints: list[int] = []
         self._nonzero: set[int] = set()
         self._others = 0
+        # The keyed index (module doc, "keyed times at scale"): the open ``Keyed(k, int)``
+        # times per key, sorted (``_keyed``) and by event time over all keys
+        # (``_by_time``: what a keyed seal newly covers, by a range query); the keys to
+        # re-examine (``_kdirty``: a report, a per-key seal, a keyed seal reaching what
+        # the key waits for; ``_kall``: every key, after a load or a membership change);
+        # the terminated keyed times by event time (``_term_heap``, for prune).
+        # Invariants: ``_keyed[k]`` is the sorted inner times of the open ``Keyed(k, int)``
+        # times, no list is empty; ``_by_time`` holds exactly (t, k) for each of them;
+        # ``_nkeyed`` is their number.  A key none of whose open times terminates now is in
+        # ``_kdirty``, or ``_kall`` is set, or it waits in the heap of a source whose keyed
+        # seal does not cover its next bound, or its next time has a nonzero xor (a report
+        # dirties it), or a source without a keyed seal blocks it (a per-key seal or that
+        # source's first keyed seal dirties it).
+        self._keyed: dict[str, list[int]] = {}
+        self._by_time: SortedList = SortedList()
+        self._nkeyed = 0
+        self._kdirty: set[str] = set()
+        self._kall = False
+        self._term_heap: list[tuple[int, str]] = []
 
     # -- membership ----------------------------------------------------------------------
 
@@ -282,13 +333,16 @@ class SegmentTable:
         if role == SOURCE:
             self.had_source = True
         self.dirty = True
+        self._kall = True  # a role change may unblock a key: every key is looked at again
 
     def unregister(self, source: str) -> None:
         """A process leaves: as if it sealed everything (it no longer counts)."""
         state = self.sources.get(source)
         if state is not None:
             state.active = False
+            state.waiting = []
         self.dirty = True
+        self._kall = True
 
     def is_registered(self, source: str) -> bool:
         state = self.sources.get(source)
@@ -329,6 +383,29 @@ class SegmentTable:
         keyed times and per-key seals at or below the keyed floor / the source's own keyed
         seal.  Called after terminations; cheap when there is nothing keyed."""
         floor = self.keyed_floor()
+        if not self.int_runs:  # the reference: a walk of every terminated time and seal
+            self._prune_by_walk(floor)
+            return
+        if floor is not None and len(self.terminated) > 1:
+            # = retain(not _at_or_below(u, floor)): every keyed int element has a heap entry
+            heap, terminated = self._term_heap, self.terminated
+            while heap and heap[0][0] <= floor:
+                t, key = heapq.heappop(heap)
+                terminated.discard(Keyed(key, t))
+            if self.forgotten is None or floor > self.forgotten:
+                self.forgotten = floor
+        for state in self.sources.values():
+            upto = state.keys_upto
+            if upto is not None and len(state.seals) > 1:
+                heap, seals, seal_ms = state.key_seals, state.seals, state.seal_ms
+                while heap and heap[0][0] <= upto:
+                    t, key = heapq.heappop(heap)
+                    u = Keyed(key, t)
+                    if seals.discard(u):
+                        seal_ms.pop(u, None)
+
+    def _prune_by_walk(self, floor: int | None) -> None:
+        """:meth:`prune` as the reference: a walk of every terminated time and seal."""
         if floor is not None and len(self.terminated) > 1:
             self.terminated = self.terminated.retain(lambda u: not _at_or_below(u, floor))
             if self.forgotten is None or floor > self.forgotten:
@@ -373,12 +450,65 @@ class SegmentTable:
                 insort(ints, t)
         else:
             self._others += 1
+            if type(t) is Keyed and type(t.time) is int:
+                key, inner = t.key, t.time
+                times = self._keyed.get(key)
+                if times is None:
+                    self._keyed[key] = [inner]
+                elif inner > times[-1]:
+                    times.append(inner)
+                else:
+                    insort(times, inner)
+                self._by_time.add((inner, key))
+                self._nkeyed += 1
+                self._kdirty.add(key)
+
+    def _unindex_keyed(self, key: str, inners: Sequence[int]) -> None:
+        """Remove ``Keyed(key, t)``, t in ``inners`` (closed: no longer open), from the keyed
+        index (the caller removes them from ``open`` and counts ``_others``)."""
+        times = self._keyed[key]
+        if len(inners) == len(times):
+            del self._keyed[key]
+        elif list(inners) == times[:len(inners)]:  # the usual case: the key's first times
+            del times[:len(inners)]
+        else:
+            gone = set(inners)
+            self._keyed[key] = [x for x in times if x not in gone]
+        by_time = self._by_time
+        for inner in inners:
+            by_time.remove((inner, key))
+        self._nkeyed -= len(inners)
+
+    def _closed_keyed(self, t: Time) -> None:
+        """``t`` terminated: into ``terminated`` (with its prune-heap entry if keyed)."""
+        self.terminated.insert(t)
+        if type(t) is Keyed and type(t.time) is int:
+            heapq.heappush(self._term_heap, (t.time, t.key))
 
     def _reindex(self) -> None:
         """Rebuild the indexes from ``open`` (after a load or a generic termination)."""
         self._ints = sorted(t for t in self.open if type(t) is int)
         self._nonzero = {t for t in self._ints if self.open[t].xor}
         self._others = len(self.open) - len(self._ints)
+        keyed: dict[str, list[int]] = {}
+        for t in self.open:
+            if type(t) is Keyed and type(t.time) is int:
+                keyed.setdefault(t.key, []).append(t.time)
+        for times in keyed.values():
+            times.sort()
+        self._keyed = keyed
+        self._by_time = SortedList((x, k) for k, times in keyed.items() for x in times)
+        self._nkeyed = len(self._by_time)
+        self._kdirty = set()
+        self._kall = True
+        self._term_heap = [
+            (t.time, t.key) for t in self.terminated
+            if type(t) is Keyed and type(t.time) is int
+        ]
+        heapq.heapify(self._term_heap)
+        for state in self.sources.values():
+            state.index_seals()
+            state.waiting = []
 
     def report(
         self,
@@ -405,6 +535,8 @@ class SegmentTable:
                 self._nonzero.add(t)
             else:
                 self._nonzero.discard(t)
+        elif type(t) is Keyed:
+            self._kdirty.add(t.key)
         entry.records += records
         entry.reports += reports
         entry.add_ranges(ranges)
@@ -450,8 +582,7 @@ class SegmentTable:
         """Once per block, not per time (int times only meet int seals): the highest int
         terminated time (a report at or below it is late unless open) and the highest int
         seal of any SOURCE (a time above it is covered by none: sealed_at_ms 0)."""
-        els = self.terminated.elements()
-        done = els[0] if els and type(els[0]) is int else None
+        done = _the_int(self.terminated.of_class(_INT_CLASS))
         seals = [s.int_seal() for s in self.sources.values() if s.role == SOURCE]
         return done, max((b for b in seals if b is not None), default=None)
 
@@ -554,12 +685,15 @@ class SegmentTable:
             return False
         for entry in self._newly_covered(state, t):
             entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
+        # the seals ``t`` evicts are of its own chain class (one per key: not a walk of all)
+        for gone in state.seals.of_class(chain_class(t)):
+            if less_equal(gone, t):
+                state.seal_ms.pop(gone, None)
         state.seals.insert(t)
-        # a set, not ``in state.seals`` (a list scan): with per-key seals the antichain holds
-        # one element per key, and the scan made every seal quadratic in the keys
-        live = set(state.seals)
-        state.seal_ms = {s: ms for s, ms in state.seal_ms.items() if s in live}
         state.seal_ms[t] = sealed_at_ms
+        if type(t) is Keyed and type(t.time) is int:
+            heapq.heappush(state.key_seals, (t.time, t.key))
+            self._kdirty.add(t.key)
         self.dirty = True
         if (
             self.gap_ms is not None
@@ -580,14 +714,33 @@ class SegmentTable:
             raise Violation(
                 f"substream '{self.substream}': keyed seal from unregistered source '{source}'"
             )
-        if state.keys_upto is not None and upto <= state.keys_upto:
+        old = state.keys_upto
+        if old is not None and upto <= old:
             return
-        for t, entry in self.open.items():
-            if type(t) is Keyed and type(t.time) is int and t.time <= upto and not state.covers(t):
-                entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
+        if not self.int_runs:  # the reference: a walk of every open time
+            newly = [
+                entry for t, entry in self.open.items()
+                if type(t) is Keyed and type(t.time) is int and t.time <= upto
+                and not state.covers(t)
+            ]
+        else:  # the open keyed times in (old, upto], by a range query
+            open_ = self.open
+            newly = [
+                open_[t] for inner, key in self._by_time.irange(
+                    None if old is None else (old + 1,), (upto + 1,), inclusive=(True, False)
+                )
+                if not state.covers(t := Keyed(key, inner))
+            ]
+        for entry in newly:
+            entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
         state.keys_upto = upto
         state.keys_upto_ms = sealed_at_ms
         self.dirty = True
+        if old is None:
+            self._kall = True  # keys this source blocked were not waiting on its keyed seal
+        waiting = state.waiting
+        while waiting and waiting[0][0] <= upto:
+            self._kdirty.add(heapq.heappop(waiting)[1])
 
     def _newly_covered(self, state: SourceState, t: Time) -> list[OpenEntry]:
         """The open entries at times ``<= t`` that ``state``'s seals did not cover yet.
@@ -596,11 +749,18 @@ class SegmentTable:
         every open time per seal, quadratic in the epochs of one acks message.  For plain
         int times the source's seals are one int ``s``, and the answer is the open times in
         ``(s, t]``: looked up one by one when that interval is shorter than the table."""
-        seals = state.seals.elements()
-        if type(t) is int and len(seals) == 1 and type(seals[0]) is int:
-            lo = seals[0] + 1
+        seal = _the_int(state.seals.of_class(_INT_CLASS)) if type(t) is int else None
+        if type(t) is int and seal is not None:  # only the int seal covers int times
+            lo = seal + 1
             if t - lo < len(self.open):
                 return [e for x in range(lo, t + 1) if (e := self.open.get(x)) is not None]
+        if type(t) is Keyed and type(t.time) is int and self.int_runs:
+            # only the key's own times can be below t: its index, not every open time
+            key, open_ = t.key, self.open
+            return [
+                open_[u] for x in self._keyed.get(t.key, ())
+                if x <= t.time and not state.covers(u := Keyed(key, x))
+            ]
         return [
             entry
             for open_t, entry in self.open.items()
@@ -639,18 +799,126 @@ class SegmentTable:
             return [], [], []
         sources = [s for s in self.sources.values() if s.role == SOURCE and s.active]
         if self.gap_ms is not None:
-            return [], [], self._session_terminations(sources, self.gap_ms)
+            if not self.int_runs:
+                return [], [], self._session_terminations(sources, self.gap_ms)
+            out = self._keyed_terminations(sources, self.gap_ms)
+            if out:
+                self.prune()
+            return [], [], out
         if not self.int_runs:
             return [], [], self._generic_terminations(sources, list(self.open))
         run, entries = self._int_run(sources)
         rest: list[Termination] = []
-        if self._others:
+        if self._others > self._nkeyed:  # tuples (or keyed tuples): the generic path
             rest = self._generic_terminations(
-                sources, [t for t in self.open if type(t) is not int], prune=False
+                sources,
+                [t for t in self.open
+                 if type(t) is not int and not (type(t) is Keyed and type(t.time) is int)],
+                prune=False,
             )
+        if self._keyed:
+            keyed = self._keyed_terminations(sources, None)
+            if keyed:
+                rest.extend(keyed)
+                rest.sort(key=lambda term: sort_key(term.time))
         if run or rest:
             self.prune()
         return run, entries, rest
+
+    def _keyed_terminations(
+        self, sources: list[SourceState], gap: int | None
+    ) -> list[Termination]:
+        """The ``Keyed(k, int)`` times (``gap`` None) or sessions (``gap`` set) that
+        terminate now, removed, in :func:`sort_key` order: the same as the reference
+        (:meth:`_generic_terminations`, :meth:`_session_terminations`), but only the keys
+        that may have changed are looked at (the keyed index's invariant), so a step costs
+        what changed, not one look per open key."""
+        if self._kall:
+            keys: Iterable[str] = list(self._keyed)
+            self._kall = False
+            self._kdirty = set()
+        else:
+            keys, self._kdirty = self._kdirty, set()
+        out: list[Termination] = []
+        for key in keys:
+            if key in self._keyed:
+                self._close_key(key, sources, gap, out)
+        out.sort(key=lambda term: sort_key(term.time))
+        return out
+
+    def _blocker(self, bound: Keyed, sources: list[SourceState]) -> SourceState | bool | None:
+        """False if every source covers ``bound``; else a source whose keyed seal is what
+        is missing (the key waits in its heap), or None if some source without a keyed seal
+        does not cover it (only its per-key seal or first keyed seal can: both dirty the key)."""
+        waits_on: SourceState | None = None
+        for s in sources:
+            if not s.covers(bound):
+                if s.keys_upto is None:
+                    return None
+                waits_on = waits_on or s
+        return False if waits_on is None else waits_on
+
+    def _close_key(
+        self, key: str, sources: list[SourceState], gap: int | None, out: list[Termination]
+    ) -> None:
+        """Terminate the leading times (``gap`` None) or sessions of ``key`` that may
+        terminate; register what the next one waits for."""
+        times = self._keyed[key]
+        open_ = self.open
+        sub = self.substream
+        closed = 0
+        n = len(times)
+        while closed < n:
+            last = closed
+            if gap is not None:
+                while last + 1 < n and times[last + 1] - times[last] <= gap:
+                    last += 1
+            start, end = times[closed], times[last]
+            at = end + (gap or 0)
+            blocker = self._blocker(Keyed(key, at), sources)
+            if blocker is not False:
+                if blocker is not None:
+                    heapq.heappush(blocker.waiting, (at, key))  # type: ignore[union-attr]
+                break
+            members = [Keyed(key, t) for t in times[closed:last + 1]]
+            entries = [open_[m] for m in members]
+            if any(e.xor != 0 for e in entries):
+                break  # a report for it dirties the key
+            if gap is None:
+                e = entries[0]
+                out.append(Termination(sub, members[0], e.offset_ranges(), e.records,
+                                       e.sealed_at_ms, e.first_seen_ms))
+            else:
+                out.append(self._session_termination(key, start, end, gap, members, entries,
+                                                     sources))
+            for m in members:
+                del open_[m]
+            self._closed_keyed(members[-1])
+            closed = last + 1
+        if closed:
+            self._others -= closed
+            self._unindex_keyed(key, times[:closed])
+
+    def _session_termination(
+        self, key: str, start: int, end: int, gap: int, members: Sequence[Time],
+        entries: list[OpenEntry], sources: list[SourceState],
+    ) -> Termination:
+        """What the session ``[start, end]`` of ``key`` announces (its entries merged)."""
+        hull = OpenEntry()
+        for e in entries:
+            hull.add_ranges(e.offset_ranges())
+        bound = Keyed(key, end + gap)
+        sealed_at = max((s.covered_at(bound) for s in sources), default=0)
+        return Termination(
+            self.substream,
+            Keyed(key, start),
+            hull.offset_ranges(),
+            sum(e.records for e in entries),
+            sealed_at or max(e.sealed_at_ms for e in entries),
+            min(e.first_seen_ms for e in entries),
+            until=Keyed(key, end),
+            members=tuple(members),
+        )
 
     def _int_run(self, sources: list[SourceState]) -> tuple[list[int], list[OpenEntry]]:
         """The open int times that terminate now, removed, with their entries.
@@ -724,12 +992,16 @@ class SegmentTable:
                 blocked_other.append(t)
         for term in out:
             del self.open[term.time]
-            self.terminated.insert(term.time)
+            self._closed_keyed(term.time)
         if out:
             if any(type(term.time) is int for term in out):
                 self._reindex()
             else:
                 self._others -= len(out)
+                for term in out:
+                    t = term.time
+                    if type(t) is Keyed and type(t.time) is int:
+                        self._unindex_keyed(t.key, [t.time])
             if prune:
                 self.prune()
         return out
@@ -749,26 +1021,13 @@ class SegmentTable:
                 entries = [self.open[m] for m in members]
                 if any(e.xor != 0 for e in entries):
                     break
-                hull = OpenEntry()
-                for e in entries:
-                    hull.add_ranges(e.offset_ranges())
-                sealed_at = max((s.covered_at(bound) for s in sources), default=0)
-                out.append(
-                    Termination(
-                        self.substream,
-                        Keyed(key, start),
-                        hull.offset_ranges(),
-                        sum(e.records for e in entries),
-                        sealed_at or max(e.sealed_at_ms for e in entries),
-                        min(e.first_seen_ms for e in entries),
-                        until=Keyed(key, end),
-                        members=tuple(members),
-                    )
-                )
+                out.append(self._session_termination(key, start, end, gap, members, entries,
+                                                     sources))
                 for m in members:
                     del self.open[m]
                 self._others -= len(members)
-                self.terminated.insert(Keyed(key, end))
+                self._unindex_keyed(key, run)
+                self._closed_keyed(Keyed(key, end))
         out.sort(key=lambda term: sort_key(term.time))
         if out:
             self.prune()

@@ -74,9 +74,9 @@ ops = st.one_of(
 class Side:
     """One path: a table and its tracker, driven as the acker service drives them."""
 
-    def __init__(self, fast: bool) -> None:
+    def __init__(self, fast: bool, gap: int | None = None) -> None:
         self.fast = fast
-        self.table = SegmentTable("x")
+        self.table = SegmentTable("x", gap)
         self.tracker = ProgressTracker("x", 3)
         self.table.int_runs = self.tracker.int_runs = fast
 
@@ -126,8 +126,8 @@ class Side:
         return state
 
 
-def check_equivalent(steps: list[tuple[Any, ...]]) -> None:
-    fast, ref = Side(True), Side(False)
+def check_equivalent(steps: list[tuple[Any, ...]], gap: int | None = None) -> None:
+    fast, ref = Side(True, gap), Side(False, gap)
     for i, op in enumerate(steps):
         now = 1000 + i
         got, want = fast.apply(op, now), ref.apply(op, now)
@@ -138,6 +138,22 @@ def check_equivalent(steps: list[tuple[Any, ...]]) -> None:
         assert table._ints == sorted(t for t in table.open if type(t) is int)
         assert table._nonzero == {t for t in table._ints if table.open[t].xor}
         assert table._others == sum(1 for t in table.open if type(t) is not int)
+        check_keyed_index(table)
+
+
+def check_keyed_index(table: SegmentTable) -> None:
+    """The keyed index's invariants (SegmentTable.__init__): per key the sorted open
+    ``Keyed(k, int)`` times, the same pairs by event time, their count."""
+    keyed: dict[str, list[int]] = {}
+    for t in table.open:
+        if type(t) is Keyed and type(t.time) is int:
+            keyed.setdefault(t.key, []).append(t.time)
+    assert table._keyed == {k: sorted(v) for k, v in keyed.items()}
+    assert list(table._by_time) == sorted((x, k) for k, v in keyed.items() for x in v)
+    assert table._nkeyed == len(table._by_time)
+    for t in table.terminated:  # every keyed int terminated time can be pruned by its heap
+        if type(t) is Keyed and type(t.time) is int:
+            assert (t.time, t.key) in table._term_heap
 
 
 @settings(max_examples=300, deadline=None)
@@ -216,3 +232,53 @@ def test_update_ints_equals_update_iter(batches: list[tuple[list[int], int]]) ->
         assert fast.frontier() == ref.frontier()
         assert all(fast.count_for(t) == ref.count_for(t) for t in range(31))
         assert fast.is_empty() == ref.is_empty()
+
+
+KEYS = ["k", "j", "m"]
+keyed_times = st.builds(Keyed, st.sampled_from(KEYS), st.integers(0, 12))
+kxors = st.sampled_from([0, 0, 1])  # an xor of 1 twice cancels: a time blocked, then not
+KEYED_SOURCES = ["a", "a", "b"]
+
+
+@st.composite
+def session_op(draw: st.DrawFn) -> tuple[Any, ...]:
+    """Weighted towards what moves a key (reports, seals, announcements): membership changes
+    and reloads re-examine every key, which would hide a key the index forgot to look at."""
+    kind = draw(st.sampled_from(
+        ["report"] * 6 + ["announce"] * 4 + ["seal_keys"] * 3
+        + ["seal", "register", "unregister", "reload"]
+    ))
+    if kind == "report":
+        return (kind, draw(keyed_times), draw(kxors), draw(st.integers(0, 2)),
+                draw(st.lists(ranges, max_size=2)))
+    if kind == "seal_keys":
+        return (kind, draw(st.sampled_from(KEYED_SOURCES)), draw(st.integers(0, 16)))
+    if kind == "seal":
+        return (kind, draw(st.sampled_from(KEYED_SOURCES)), draw(keyed_times),
+                draw(st.integers(0, 9)))
+    if kind == "register":
+        return (kind, draw(st.sampled_from(SOURCES)), draw(st.sampled_from([SOURCE, STAGE])))
+    if kind == "unregister":
+        return (kind, draw(st.sampled_from(SOURCES)))
+    return (kind,)
+
+
+session_ops = session_op()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 6), st.lists(session_ops, min_size=15, max_size=60))
+def test_keyed_index_equals_reference_for_sessions(gap: int, steps: list[tuple[Any, ...]]) -> None:
+    """Sessions: the keyed index (only the keys that may have changed are looked at)
+    against the reference (every open time grouped by key at every step); several sources
+    mixing keyed and per-key seals, stages, leaving and returning, reloads."""
+    with mock.patch.object(core, "MAX_COMPLETIONS_PER_RECORD", 3):
+        check_equivalent([("register", "a", SOURCE), ("register", "b", SOURCE), *steps], gap)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(session_ops, min_size=15, max_size=60))
+def test_keyed_index_equals_reference_for_keyed_times(steps: list[tuple[Any, ...]]) -> None:
+    """Per-key substreams (keyed times, no gap): the same."""
+    with mock.patch.object(core, "MAX_COMPLETIONS_PER_RECORD", 3):
+        check_equivalent([("register", "a", SOURCE), ("register", "b", SOURCE), *steps])
