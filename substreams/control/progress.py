@@ -12,6 +12,7 @@ or less: :meth:`ProgressTracker.complete_many` announces a run of times in one
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -52,6 +53,10 @@ class ProgressTracker:
         self.data_end: dict[tuple[str, int], int] = {}
         self.int_runs = True
         """Runs of int times are retired in bulk (False: one time at a time, the reference)."""
+        self._keyed_upper: list[tuple[int, str]] = []
+        """A heap of the retired ``Keyed(k, int)`` times that were elements of ``upper``, as
+        (t, k): what :meth:`prune_keyed` may forget, found without a walk of every key (an
+        active time is never in it; it may hold entries already gone from ``upper``)."""
 
     def activate(self, time: Time) -> None:
         """``time`` was seen (a record or a seal of it): it is active until completed."""
@@ -181,6 +186,8 @@ class ProgressTracker:
         for t in retired:
             self.activate(t)
             self.active.discard(t)
+            if type(t) is Keyed and type(t.time) is int and t in self.upper:
+                heapq.heappush(self._keyed_upper, (t.time, t.key))
         self._pending.extend(self.lower.update_iter([(t, -1) for t in retired]))
         merged = merge_ranges(list(ranges))
         for r in merged:
@@ -196,14 +203,20 @@ class ProgressTracker:
         them to filter; without this the upper frontier grows with every key ever seen."""
         if floor is None or len(self.upper) < 2:
             return
-        self.upper = self.upper.retain(
-            lambda u: not (
-                type(u) is Keyed
-                and type(u.time) is int
-                and u.time <= floor
-                and u not in self.active
+        if not self.int_runs:  # the reference: a walk of every element
+            self.upper = self.upper.retain(
+                lambda u: not (
+                    type(u) is Keyed
+                    and type(u.time) is int
+                    and u.time <= floor
+                    and u not in self.active
+                )
             )
-        )
+            return
+        heap, upper = self._keyed_upper, self.upper
+        while heap and heap[0][0] <= floor:
+            t, key = heapq.heappop(heap)
+            upper.discard(Keyed(key, t))
 
     def pending_update(self) -> FrontierUpdate | None:
         """Lower-frontier changes not yet published (for a heartbeat tick), if any."""
@@ -246,7 +259,11 @@ class ProgressTracker:
             tracker.active.add(t)
             tracker.lower.update_iter([(t, 1)])
         for wire in state["upper"]:
-            tracker.upper.insert(time_from_wire(wire))
+            t = time_from_wire(wire)
+            tracker.upper.insert(t)
+            if type(t) is Keyed and type(t.time) is int and t not in tracker.active:
+                tracker._keyed_upper.append((t.time, t.key))
+        heapq.heapify(tracker._keyed_upper)
         tracker.completed = int(state["completed"])
         lc = state.get("last_completed")
         tracker.last_completed = None if lc is None else time_from_wire(lc)

@@ -102,7 +102,10 @@ class Side:
             elif kind == "seal_keys":
                 table.seal_keys(op[1], op[2], now)
             elif kind == "announce":
-                return announce(table, tracker, now)
+                result = announce(table, tracker, now)
+                if result[2] is not None:  # as the core does after every notifying step
+                    tracker.prune_keyed(table.keyed_floor())
+                return result
             elif kind == "terminations":
                 return table.terminations()
             elif kind == "reload":
