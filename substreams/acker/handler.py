@@ -72,6 +72,7 @@ from substreams.control.messages import (
     EpochComplete,
     EpochsComplete,
 )
+from substreams.control.progress import event_time
 from substreams.errors import BrokerError, ProtocolError
 from substreams.frontier import Time, sort_key
 from substreams.kafka import client
@@ -552,7 +553,8 @@ class CommandHandler:
                 ),
             )
         done = self.completed.get(peek.substream, {}).get(t)
-        if done is None and (sub.lower.less_equal(t) or not sub.upper.covers(t)):
+        seen = event_time(t) if sub.keyed_floor else t  # what the frontiers are made of
+        if done is None and (sub.lower.less_equal(seen) or not sub.upper.covers(seen)):
             return PeekResponse(peek.uuid, peek.substream, PeekRows(()))  # not seen yet
         row = PeekRow(
             t,

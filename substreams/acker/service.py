@@ -53,12 +53,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Protocol
 
 from confluent_kafka import OFFSET_END, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from substreams import metrics
+from substreams.acker.changelog import StateLog, base_of, is_changelog, is_first_chunk, restore
 from substreams.acker.core import (
     AckerCore,
     Effects,
@@ -85,7 +87,7 @@ from substreams.control.messages import (
     WriterHeartbeat,
 )
 from substreams.control.traffic import CONTROL_WRITTEN, TRAFFIC
-from substreams.errors import PublisherFencedError, SubstreamsError
+from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
 from substreams.kafka import client
 from substreams.kafka.client import fence
 from substreams.kafka.clock import SYSTEM, Clock
@@ -156,14 +158,82 @@ def latest_state(
 
     name = name or config.acker.name
     server = client.resolve_bootstrap(config, bootstrap)
-    found = latest_checkpoint(server, config, name)
+    loaded = load_state(server, config, name)
+    if loaded is None:
+        return None
+    return loaded.state, loaded.record.written_at_ms
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """An acker's state as its checkpoint topic holds it."""
+
+    state: AckerState
+    base: int | None
+    """The changelog snapshot it was restored from (None: a version-3 checkpoint)."""
+    offset: int
+    """Where its latest checkpoint record is."""
+    record: ControlRecord
+    read_bytes: int
+    """The state bytes read to restore it."""
+
+
+def _first_chunk(bootstrap: str, config: Config, name: str, last: bytes) -> int:
+    """The offset of the first chunk of the snapshot that changelog record ``last`` names."""
+    base = base_of(last)
+    topic = checkpoint_topic(config, name)
+    first = find_last(
+        bootstrap, topic,
+        lambda r: r.writer == name and isinstance(r.body, Checkpoint)
+        and is_first_chunk(r.body.state, base),  # type: ignore[arg-type]
+        config,
+    )
+    if first is None:
+        raise ProtocolError(
+            f"acker '{name}': the first chunk of checkpoint snapshot {base} is not on "
+            f"'{topic}' (deleted by retention? raise acker.checkpoint_retention_bytes)"
+        )
+    return first[0]
+
+
+def changelog_start(bootstrap: str, config: Config, name: str) -> int | None:
+    """Where a follower of acker ``name``'s changelog starts reading (None: its latest
+    checkpoint is not a changelog record, or there is none)."""
+    found = latest_checkpoint(bootstrap, config, name)
     if found is None:
         return None
-    _, rec = found
-    assert isinstance(rec.body, Checkpoint)
+    body = found[1].body
+    assert isinstance(body, Checkpoint)
+    if not is_changelog(body.state):
+        return None
+    return _first_chunk(bootstrap, config, name, body.state)
+
+
+def load_state(
+    bootstrap: str, config: Config, name: str, last: tuple[int, ControlRecord] | None = None
+) -> Loaded | None:
+    """The state of acker ``name``: its latest checkpoint record, and if that is a changelog
+    delta (:mod:`substreams.acker.changelog`), the records from the first chunk of the
+    snapshot it names to it.  None: the acker never wrote one."""
+    found = latest_checkpoint(bootstrap, config, name, last)
+    if found is None:
+        return None
+    at, rec = found
     body = rec.body
-    state = AckerState.loads(body.state, dict(body.acks_offsets), config.acker.snapshot_every)
-    return state, rec.written_at_ms
+    assert isinstance(body, Checkpoint)
+    offsets = dict(body.acks_offsets)
+    every = config.acker.snapshot_every
+    if not is_changelog(body.state):  # a version-3 checkpoint: the whole state
+        return Loaded(AckerState.loads(body.state, offsets, every), None, at, rec,
+                      len(body.state))
+    topic = checkpoint_topic(config, name)
+    start = _first_chunk(bootstrap, config, name, body.state)
+    data = [
+        r.body.state for o, r in read_control(bootstrap, topic, config, start=start)
+        if o <= at and r.writer == name and isinstance(r.body, Checkpoint)
+    ]
+    state, base = restore(data, offsets, every)
+    return Loaded(state, base, at, rec, sum(len(d) for d in data))
 
 
 def is_checkpoint_of(name: str) -> Callable[[ControlRecord], bool]:
@@ -232,6 +302,8 @@ class AckerService:
         self._writer: ControlWriter | None = None
         self._reader: Reader | None = None
         self._letters: DeadLetterWriter | None = None
+        self._log: StateLog | None = None
+        """What the checkpoint records of the next transaction hold (the changelog writer)."""
         self._heartbeat_s = config.acker.heartbeat_ms / 1000.0
         self._open_gauges = metrics.OpenTimes(self.name)
         self._hold_gauges = metrics.UnsealedAges(self.name)
@@ -353,35 +425,40 @@ class AckerService:
     def _recover(self, heads: dict[str, tuple[int, ControlRecord] | None]) -> bool:
         """Load the state the core's start-up rule picks (:func:`~substreams.acker.core.
         recovery`); True if it was taken over from the previous layout's shards."""
-        found = latest_checkpoint(
+        began = self.clock.monotonic()
+        loaded = load_state(
             self.bootstrap, self.config, self.name, heads.get(self.checkpoint_topic)
         )
         chains = ", ".join(
             f"{t}: {'genesis' if h is None else f'seq {h[1].seq} at offset {h[0]}'}"
             for t, h in heads.items()
         )
-        own = None if found is None else self._load(found[1])
+        own = None if loaded is None else loaded.state
         decided = recovery(self.name, own, self.partitions, self.from_shards,
                            f"shard {self.shard} of {self.shards}")
         if decided == "take_over":
             self.state = self._take_over()
+            self._log = StateLog(self.state)  # its first checkpoint is a whole snapshot
             log.info("acker '%s' took acks partitions %s over from the %d-shard layout; "
                      "chain heads: %s", self.name, list(self.partitions), self.from_shards,
                      chains)
             return True
-        if decided == "empty" or found is None or own is None:
+        if decided == "empty" or loaded is None or own is None:
+            self._log = StateLog(self.state)
             log.info("acker '%s' recovery: no checkpoint, empty state; chain heads: %s",
                      self.name, chains)
             return False
-        at, rec = found
-        assert isinstance(rec.body, Checkpoint)
         self.state = own
+        self._log = StateLog.adopt(own, loaded.base)
         metrics.RESTARTS.labels("acker", self.name).inc()
         log.info(
-            "acker '%s' recovery: checkpoint #%d (%d bytes, offset %d of '%s', written at "
-            "%d ms): %d open times, %d sources; chain heads: %s", self.name,
-            self.state.checkpoints, len(rec.body.state), at, self.checkpoint_topic,
-            rec.written_at_ms, sum(len(t.open) for t in self.state.tables.values()),
+            "acker '%s' recovery: checkpoint #%d (%s, %d bytes read in %.3f s, offset %d "
+            "of '%s', written at %d ms): %d open times, %d sources; chain heads: %s",
+            self.name, self.state.checkpoints,
+            "version 3" if loaded.base is None else f"changelog from snapshot {loaded.base}",
+            loaded.read_bytes, self.clock.monotonic() - began, loaded.offset,
+            self.checkpoint_topic, loaded.record.written_at_ms,
+            sum(len(t.open) for t in self.state.tables.values()),
             len(self.state.sessions), chains,
         )
         return False
@@ -396,12 +473,6 @@ class AckerService:
         lows = {p: int(self._reader.watermarks(self.acks_topic, p)[0]) for p in self.partitions}
         start_offsets(self.state.acks_offsets, lows, self.acks_topic)
         self._assign()
-
-    def _load(self, rec: ControlRecord) -> AckerState:
-        assert isinstance(rec.body, Checkpoint)
-        body = rec.body
-        every = self.config.acker.snapshot_every
-        return AckerState.loads(body.state, dict(body.acks_offsets), every)
 
     def _take_over(self) -> AckerState:
         """The state of this shard's partitions, taken from the shards of the
@@ -451,13 +522,18 @@ class AckerService:
             fenced = False
             try:
                 heads = writer.recover_heads()
-                found = latest_checkpoint(self.bootstrap, self.config, pred, heads.get(topic))
-                full = AckerState() if found is None else self._load(found[1])
+                loaded = load_state(self.bootstrap, self.config, pred, heads.get(topic))
+                full = AckerState() if loaded is None else loaded.state
                 check_retirable(pred, full, self.shards)
-                retired = self._load(found[1]) if found is not None else AckerState()
-                retired.retired = {"to_shards": self.shards, "by": self.name}
-                offsets = tuple(sorted(retired.acks_offsets.items()))
-                writer.write([(topic, Checkpoint(offsets, retired.dumps()))])
+                # The retired mark: one more delta of its changelog (head only), or a whole
+                # snapshot for a predecessor that never wrote one.
+                marked = StateLog.adopt(full, None if loaded is None else loaded.base)
+                full.retired = {"to_shards": self.shards, "by": self.name}
+                full.checkpoints += 1
+                offsets = tuple(sorted(full.acks_offsets.items()))
+                writer.write([(topic, Checkpoint(offsets, data)) for data in marked.records()])
+                full.retired = None  # what is taken over is the state, not the mark
+                found = None if loaded is None else (loaded.offset, loaded.record)
                 return full, found
             except (PublisherFencedError, KafkaException) as exc:
                 # Fenced: a sibling shard retiring it too, or its standby.  Kafka 4 may say
@@ -803,11 +879,16 @@ class AckerService:
             items.append((self.checkpoint_topic, WriterHeartbeat(None)))
         self.state.checkpoints += 1
         offsets = tuple(sorted(self.state.acks_offsets.items()))
-        items.append((self.checkpoint_topic, Checkpoint(offsets, self.state.dumps())))
+        if self._log is None or self._log.state is not self.state:
+            self._log = StateLog(self.state)  # a state from elsewhere: written whole
+        items.extend(
+            (self.checkpoint_topic, Checkpoint(offsets, data)) for data in self._log.records()
+        )
         try:
             self._writer.write(items)
         except PublisherFencedError as exc:
             raise self._fenced() from exc
+        self._log.committed()
         self.core.committed(now)
         by_topic = {t: s for s, t in self.control_topics.items()}
         notes = self.committed_notes

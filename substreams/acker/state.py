@@ -45,6 +45,9 @@ class SubstreamView:
     lower: Antichain
     upper: UpperAntichain
     open_times: list[OpenTime]
+    keyed_floor: bool = False
+    """The frontiers hold event times, not keyed times (a session substream:
+    :class:`~substreams.control.progress.ProgressTracker`)."""
 
 
 @dataclass(frozen=True)
@@ -181,9 +184,13 @@ class AckerState:
         """Tables and trackers for ``substream`` (``gap_ms`` for a session substream)."""
         if substream in self.tables:
             self.tables[substream].gap_ms = gap_ms  # the configuration decides, not the past
+            if gap_ms is not None:
+                self.trackers[substream].use_keyed_floor()
         else:
             self.tables[substream] = SegmentTable(substream, gap_ms)
-            self.trackers[substream] = ProgressTracker(substream, snapshot_every)
+            self.trackers[substream] = ProgressTracker(
+                substream, snapshot_every, keyed_floor=gap_ms is not None
+            )
             self.last_notification.setdefault(substream, None)
 
     # -- views ---------------------------------------------------------------------------
@@ -196,7 +203,8 @@ class AckerState:
                 OpenTime(t, e.xor, e.records, table.unsealed_sources(t), e.first_seen_ms)
                 for t, e in table.open.items()
             ]
-            subs[sub] = SubstreamView(sub, tracker.lower.frontier(), tracker.upper.copy(), opens)
+            subs[sub] = SubstreamView(sub, tracker.lower.frontier(), tracker.upper.copy(), opens,
+                                      tracker.keyed_floor)
         return AckerView(name, subs, dict(self.acks_offsets), None, dict(self.last_notification))
 
     # -- checkpoint encoding -------------------------------------------------------------
@@ -204,20 +212,22 @@ class AckerState:
     def dumps(self) -> bytes:
         return self.encode(self._doc(share=True))
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self, light: bool = False) -> dict[str, Any]:
         """The checkpoint's JSON document.  It shares no mutable object with the state, so
         it can be encoded later (:meth:`encode`) and still be the state of now: the
         simulator keeps the document of each commit and encodes one only when it restarts
-        from it."""
-        return self._doc(share=False)
+        from it.  ``light``: without the open times, terminated times, seals and upper
+        frontiers, which the changelog writes as entries (:mod:`substreams.acker.
+        changelog`)."""
+        return self._doc(share=False, light=light)
 
-    def _doc(self, *, share: bool) -> dict[str, Any]:
+    def _doc(self, *, share: bool, light: bool = False) -> dict[str, Any]:
         """``share``: the handler's documents by reference (encoded at once)."""
         doc: dict[str, Any] = {
             "version": STATE_VERSION,
             "checkpoints": self.checkpoints,
-            "tables": {s: t.to_state() for s, t in self.tables.items()},
-            "trackers": {s: t.to_state() for s, t in self.trackers.items()},
+            "tables": {s: t.to_state(light) for s, t in self.tables.items()},
+            "trackers": {s: t.to_state(light) for s, t in self.trackers.items()},
             "sessions": [[k[0], k[1], *v.to_state()] for k, v in self.sessions.items()],
             "last_notification": {
                 s: None if v is None else [time_to_wire(v[0]), v[1]]
@@ -251,6 +261,16 @@ class AckerState:
                 f"acker checkpoint has version {version!r}; this acker reads "
                 f"versions 2 and {STATE_VERSION}"
             )
+        try:
+            return cls._from_doc(doc, acks_offsets, snapshot_every)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ProtocolError(f"acker checkpoint is malformed: {exc!r}") from exc
+
+    @classmethod
+    def from_doc(
+        cls, doc: dict[str, Any], acks_offsets: dict[int, int], snapshot_every: int
+    ) -> AckerState:
+        """:meth:`loads` of a decoded document (a changelog's head)."""
         try:
             return cls._from_doc(doc, acks_offsets, snapshot_every)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:

@@ -319,6 +319,14 @@ class SegmentTable:
         self._kdirty: set[str] = set()
         self._kall = False
         self._term_heap: list[tuple[int, str]] = []
+        self.touched: set[Time] | None = None
+        """With :meth:`track_open`: the times whose entry was added, changed or removed
+        since the changelog last drained it (:mod:`substreams.acker.changelog`)."""
+
+    def track_open(self) -> None:
+        """Record from now on which open times change (:attr:`touched`)."""
+        if self.touched is None:
+            self.touched = set()
 
     # -- membership ----------------------------------------------------------------------
 
@@ -438,7 +446,13 @@ class SegmentTable:
         entry.sealed_at_ms = max(sealed, default=0)
         self.open[t] = entry
         self._index(t)
+        if self.touched is not None:
+            self.touched.add(t)
         return entry, True
+
+    def _touch(self, times: Iterable[Time]) -> None:
+        if self.touched is not None:
+            self.touched.update(times)
 
     def _index(self, t: Time) -> None:
         """Add a new open time to the indexes (its xor is still 0)."""
@@ -484,6 +498,12 @@ class SegmentTable:
         self.terminated.insert(t)
         if type(t) is Keyed and type(t.time) is int:
             heapq.heappush(self._term_heap, (t.time, t.key))
+
+    def reindexed(self) -> None:
+        """Rebuild every index from ``open``, ``terminated`` and the seals (after they were
+        filled in from a changelog)."""
+        self._reindex()
+        self.dirty = True
 
     def _reindex(self) -> None:
         """Rebuild the indexes from ``open`` (after a load or a generic termination)."""
@@ -541,6 +561,8 @@ class SegmentTable:
         entry.reports += reports
         entry.add_ranges(ranges)
         self.dirty = True
+        if self.touched is not None:
+            self.touched.add(t)
         return new
 
     def report_block(
@@ -607,6 +629,8 @@ class SegmentTable:
         ints = self._ints
         nonzero = self._nonzero
         done, sealed_hi = self._int_block_bounds()
+        if self.touched is not None:
+            self.touched.update(times)  # a refused one is not open: written as absent
         at = 0
         for i, t in enumerate(times):
             n = range_counts[i]
@@ -683,8 +707,10 @@ class SegmentTable:
             )
         if state.covers(t):
             return False
-        for entry in self._newly_covered(state, t):
+        for u, entry in self._newly_covered(state, t):
             entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
+            if self.touched is not None:
+                self.touched.add(u)
         # the seals ``t`` evicts are of its own chain class (one per key: not a walk of all)
         for gone in state.seals.of_class(chain_class(t)):
             if less_equal(gone, t):
@@ -717,22 +743,25 @@ class SegmentTable:
         old = state.keys_upto
         if old is not None and upto <= old:
             return
+        newly: list[Time]
         if not self.int_runs:  # the reference: a walk of every open time
             newly = [
-                entry for t, entry in self.open.items()
+                t for t in self.open
                 if type(t) is Keyed and type(t.time) is int and t.time <= upto
                 and not state.covers(t)
             ]
         else:  # the open keyed times in (old, upto], by a range query
-            open_ = self.open
             newly = [
-                open_[t] for inner, key in self._by_time.irange(
+                t for inner, key in self._by_time.irange(
                     None if old is None else (old + 1,), (upto + 1,), inclusive=(True, False)
                 )
                 if not state.covers(t := Keyed(key, inner))
             ]
-        for entry in newly:
+        open_ = self.open
+        for u in newly:
+            entry = open_[u]
             entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
+        self._touch(newly)
         state.keys_upto = upto
         state.keys_upto_ms = sealed_at_ms
         self.dirty = True
@@ -742,7 +771,7 @@ class SegmentTable:
         while waiting and waiting[0][0] <= upto:
             self._kdirty.add(heapq.heappop(waiting)[1])
 
-    def _newly_covered(self, state: SourceState, t: Time) -> list[OpenEntry]:
+    def _newly_covered(self, state: SourceState, t: Time) -> list[tuple[Time, OpenEntry]]:
         """The open entries at times ``<= t`` that ``state``'s seals did not cover yet.
 
         Why the fast path: a source sealing epoch after epoch (granularity 1) would scan
@@ -753,16 +782,16 @@ class SegmentTable:
         if type(t) is int and seal is not None:  # only the int seal covers int times
             lo = seal + 1
             if t - lo < len(self.open):
-                return [e for x in range(lo, t + 1) if (e := self.open.get(x)) is not None]
+                return [(x, e) for x in range(lo, t + 1) if (e := self.open.get(x)) is not None]
         if type(t) is Keyed and type(t.time) is int and self.int_runs:
             # only the key's own times can be below t: its index, not every open time
             key, open_ = t.key, self.open
             return [
-                open_[u] for x in self._keyed.get(t.key, ())
+                (u, open_[u]) for x in self._keyed.get(t.key, ())
                 if x <= t.time and not state.covers(u := Keyed(key, x))
             ]
         return [
-            entry
+            (open_t, entry)
             for open_t, entry in self.open.items()
             if less_equal(open_t, t) and not state.covers(open_t)
         ]
@@ -893,6 +922,7 @@ class SegmentTable:
                                                      sources))
             for m in members:
                 del open_[m]
+            self._touch(members)
             self._closed_keyed(members[-1])
             closed = last + 1
         if closed:
@@ -948,6 +978,7 @@ class SegmentTable:
         del ints[:k]
         pop = self.open.pop
         entries = [pop(t) for t in run]
+        self._touch(run)
         if k >= 1024 and k > len(self.open):
             # A dict never shrinks on pop: every later walk of the open times (snapshots'
             # starts, gauges, checkpoints) would step over the k emptied slots (at g=1 a
@@ -993,6 +1024,7 @@ class SegmentTable:
         for term in out:
             del self.open[term.time]
             self._closed_keyed(term.time)
+        self._touch(term.time for term in out)
         if out:
             if any(type(term.time) is int for term in out):
                 self._reindex()
@@ -1025,6 +1057,7 @@ class SegmentTable:
                                                      sources))
                 for m in members:
                     del self.open[m]
+                self._touch(members)
                 self._others -= len(members)
                 self._unindex_keyed(key, run)
                 self._closed_keyed(Keyed(key, end))
@@ -1094,7 +1127,27 @@ class SegmentTable:
 
     # -- checkpoint form -----------------------------------------------------------------
 
-    def to_state(self) -> dict[str, Any]:
+    def to_state(self, light: bool = False) -> dict[str, Any]:
+        """The checkpoint form; ``light``: without what grows with the times and keys (open
+        entries, terminated times, seals), which a changelog writes as it changes."""
+        if light:
+            return {
+                "open": [],
+                "sources": {
+                    name: {
+                        "role": s.role,
+                        "active": s.active,
+                        "seals": [],
+                        "keys_upto": (None if s.keys_upto is None
+                                      else [s.keys_upto, s.keys_upto_ms]),
+                    }
+                    for name, s in self.sources.items()
+                },
+                "had_source": self.had_source,
+                "gap_ms": self.gap_ms,
+                "terminated": [],
+                "forgotten": self.forgotten,
+            }
         return {
             "open": [
                 [

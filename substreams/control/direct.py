@@ -34,7 +34,9 @@ class DirectProgress(PublishHook):
         self.substreams = list(substreams)
         self.topics = {s: config.acker.control_topic(s) for s in self.substreams}
         self.trackers = {
-            s: ProgressTracker(s, config.acker.snapshot_every) for s in self.substreams
+            s: ProgressTracker(s, config.acker.snapshot_every,
+                               keyed_floor=config.substream(s).gap_ms is not None)
+            for s in self.substreams
         }
         self.writer = ControlWriter(
             publisher.bootstrap,

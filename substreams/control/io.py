@@ -42,12 +42,14 @@ def decode_control(msg: Message) -> ControlRecord:
 
 
 def read_control(
-    bootstrap: str, topic: str, config: Config | None = None, timeout: float = 10.0
+    bootstrap: str, topic: str, config: Config | None = None, timeout: float = 10.0,
+    start: int = 0,
 ) -> list[tuple[int, ControlRecord]]:
-    """All records of a control topic, from offset 0 (an undecodable one is a ProtocolError
-    naming its offset: a start-up that replays the topic must not pass over a record)."""
+    """All records of a control topic, from offset ``start`` (an undecodable one is a
+    ProtocolError naming its offset: a start-up that replays the topic must not pass over a
+    record)."""
     out: list[tuple[int, ControlRecord]] = []
-    with Reader(bootstrap, config, [TopicPartition(topic, 0, 0)],
+    with Reader(bootstrap, config, [TopicPartition(topic, 0, start)],
                 name=f"control topic '{topic}'") as reader:
         for msg in reader.iter_to_end(timeout):
             try:

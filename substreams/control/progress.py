@@ -38,12 +38,32 @@ from substreams.frontier import (
 )
 
 
-class ProgressTracker:
-    """Frontiers of one substream as its writer publishes them."""
+def event_time(t: Time) -> Time:
+    """A keyed time's event time (``Keyed(k, t)`` -> ``t``); any other time itself: what a
+    session substream's published frontiers are made of (:class:`ProgressTracker`)."""
+    return t.time if type(t) is Keyed else t
 
-    def __init__(self, substream: str, snapshot_every: int = 100) -> None:
+
+class ProgressTracker:
+    """Frontiers of one substream as its writer publishes them.
+
+    ``keyed_floor`` (session substreams): the published frontiers hold *event times*, not
+    keyed times -- the lower frontier is the lowest event time of any open keyed time ("every
+    key is complete below T"), the upper the highest event time seen.  Why: keyed times of
+    different keys are incomparable, so their exact frontiers hold one element per open key,
+    and a snapshot or update listed them all (1 MB at ~28k keys, O(keys) work per change for
+    the writer and every reader).  The floor is exact as a statement about all keys and
+    costs O(1) per change; a reader that needs one session's completion has its
+    ``EpochComplete``.  Notifications still name keyed times; ``active`` holds them (so a
+    time is activated and retired once), and the lower frontier counts them per event time.
+    """
+
+    def __init__(
+        self, substream: str, snapshot_every: int = 100, *, keyed_floor: bool = False
+    ) -> None:
         self.substream = substream
         self.snapshot_every = snapshot_every
+        self.keyed_floor = keyed_floor
         self.lower = MutableAntichain()
         self.upper = UpperAntichain()
         self.active: set[Time] = set()
@@ -58,11 +78,43 @@ class ProgressTracker:
         (t, k): what :meth:`prune_keyed` may forget, found without a walk of every key (an
         active time is never in it; it may hold entries already gone from ``upper``)."""
 
+    def restore_active(self, times: Iterable[Time]) -> None:
+        """The active times are ``times`` (the acker's open times, after a restore from its
+        changelog, which does not write them twice): the lower frontier and the prune heap
+        rebuilt from them and ``upper``."""
+        self.active = set(times)
+        self.lower = MutableAntichain()
+        floor = self.keyed_floor
+        self.lower.update_iter([(event_time(t) if floor else t, 1) for t in self.active])
+        self._keyed_upper = [
+            (t.time, t.key) for t in self.upper
+            if type(t) is Keyed and type(t.time) is int and t not in self.active
+        ]
+        heapq.heapify(self._keyed_upper)
+
+    def use_keyed_floor(self) -> None:
+        """Switch a tracker loaded from a checkpoint written before session substreams
+        published event-time frontiers to :attr:`keyed_floor`: the per-key lower elements
+        readers know are retired and the floor announced, in the next published change
+        (readers apply changes idempotently, so unpublished ones consolidate away)."""
+        if self.keyed_floor:
+            return
+        old = list(self.lower.frontier())
+        self.keyed_floor = True
+        self.lower = MutableAntichain()
+        self.lower.update_iter([(event_time(t), 1) for t in self.active])
+        self.upper = UpperAntichain(event_time(t) for t in self.upper)
+        self._keyed_upper = []
+        self._pending.extend([(t, -1) for t in old])
+        self._pending.extend([(t, 1) for t in self.lower.frontier()])
+
     def activate(self, time: Time) -> None:
         """``time`` was seen (a record or a seal of it): it is active until completed."""
         if time in self.active:
             return
         self.active.add(time)
+        if self.keyed_floor:
+            time = event_time(time)
         self._pending.extend(self.lower.update_iter([(time, 1)]))
         self.upper.insert(time)
 
@@ -188,6 +240,8 @@ class ProgressTracker:
             self.active.discard(t)
             if type(t) is Keyed and type(t.time) is int and t in self.upper:
                 heapq.heappush(self._keyed_upper, (t.time, t.key))
+        if self.keyed_floor:
+            retired = [event_time(t) for t in retired]
         self._pending.extend(self.lower.update_iter([(t, -1) for t in retired]))
         merged = merge_ranges(list(ranges))
         for r in merged:
@@ -237,27 +291,32 @@ class ProgressTracker:
 
     # -- recovery ------------------------------------------------------------------------
 
-    def to_state(self) -> dict[str, Any]:
+    def to_state(self, light: bool = False) -> dict[str, Any]:
+        """The checkpoint form; ``light``: without the active times and the upper frontier
+        (the acker's changelog derives the first from its table and writes the second as it
+        changes)."""
         return {
-            "active": [time_to_wire(t) for t in self.active],
-            "upper": [time_to_wire(t) for t in self.upper.elements()],
+            "active": [] if light else [time_to_wire(t) for t in self.active],
+            "upper": [] if light else [time_to_wire(t) for t in self.upper.elements()],
             "completed": self.completed,
             "last_completed": None
             if self.last_completed is None
             else time_to_wire(self.last_completed),
             "pending": [[time_to_wire(t), d] for t, d in self._pending.iter()],
             "data_end": [[s, p, o] for (s, p), o in self.data_end.items()],
+            "keyed_floor": self.keyed_floor,
         }
 
     @classmethod
     def from_state(
         cls, substream: str, state: Mapping[str, Any], snapshot_every: int = 100
     ) -> ProgressTracker:
-        tracker = cls(substream, snapshot_every)
+        floor = bool(state.get("keyed_floor", False))
+        tracker = cls(substream, snapshot_every, keyed_floor=floor)
         for wire in state["active"]:
             t = time_from_wire(wire)
             tracker.active.add(t)
-            tracker.lower.update_iter([(t, 1)])
+            tracker.lower.update_iter([(event_time(t) if floor else t, 1)])
         for wire in state["upper"]:
             t = time_from_wire(wire)
             tracker.upper.insert(t)

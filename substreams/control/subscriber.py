@@ -41,6 +41,7 @@ from substreams.control.messages import (
     merge_ranges,
 )
 from substreams.control.notes import EpochNote
+from substreams.control.progress import event_time
 from substreams.control.ranges import EpochIndex, read_ranges
 from substreams.control.subscription import SubscriptionFrontiers
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
@@ -190,6 +191,10 @@ class Subscriber:
         self.read_records = read_records
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.topics = {config.acker.control_topic(s): s for s in self.substreams}
+        self._floors = {
+            t for t, s in self.topics.items() if config.substream(s).gap_ms is not None
+        }
+        """The topics of session substreams: event-time frontiers (:meth:`_admits`)."""
         self.frontiers = SubscriptionFrontiers()
         self._pending: deque[_Pending] = deque()
         self._data_from: dict[str, dict[tuple[str, int], int]] = {}
@@ -351,7 +356,7 @@ class Subscriber:
                 out.extend(
                     Data(sub, note.time, records.get(j, []), _note(sub, offset, j, note, now))
                     for j, note in enumerate(notes)
-                    if self.frontiers.admits(note.time)
+                    if self._admits(topic, note.time, note.ranges)
                 )
             # A run's frontier changes hold after its last time (see complete_many).
             moved = self.frontiers.complete_many(
@@ -391,6 +396,26 @@ class Subscriber:
                         out[key].append(entry)
         return out
 
+    def _admits(
+        self, topic: str, t: Time, ranges: Sequence[OffsetRange] | None
+    ) -> bool:
+        """Seed 000's filter for time ``t`` of ``topic``'s substream.  A session substream
+        publishes event-time frontiers (``ProgressTracker.keyed_floor``), so its keyed times
+        are filtered by their event time; a completion whose offset ``ranges`` all start
+        where this subscriber's data reading began or later was seen whole whatever its
+        time, so it is admitted too (firm mode: a session of a key that started after the
+        join below the snapshot's highest event time)."""
+        if topic not in self._floors:
+            return self.frontiers.admits(t)
+        if self.frontiers.admits(event_time(t)):
+            return True
+        if ranges is None:
+            return False
+        starts = self._data_from[topic]
+        return bool(ranges) and all(
+            r.start >= starts.get((r.stream, r.partition), 0) for r in ranges
+        )
+
     def _read_data(self, timeout: float) -> list[Event]:
         assert self._data is not None
         batches: dict[tuple[str, Time], list[Entry]] = {}
@@ -403,7 +428,7 @@ class Subscriber:
                 t = entry.times.get(sub)
                 if t is None or entry.index < self._data_from[topic].get(key, 0):
                     continue
-                if self.frontiers.admits(t):
+                if self._admits(topic, t, None):
                     batches.setdefault((sub, t), []).append(entry)
         return [Data(sub, t, recs) for (sub, t), recs in batches.items()]
 

@@ -48,14 +48,33 @@ def chain_class(t: Time) -> ChainClass:
 class _AntichainBase:
     """Shared container behaviour: storage by class, deterministic order, equality."""
 
-    __slots__ = ("_classes", "_len", "_sorted")
+    __slots__ = ("_classes", "_len", "_sorted", "_touched")
 
     def __init__(self, iterable: Iterable[Time] = ()) -> None:
         self._classes: dict[ChainClass, list[Time]] = {}
         self._len = 0
         self._sorted: tuple[Time, ...] | None = ()
+        self._touched: set[ChainClass] | None = None
         for t in iterable:
             self.insert(t)
+
+    # -- change tracking (what a changelog writes: the classes that changed) -------------
+
+    def track(self) -> None:
+        """Record from now on which chain classes change (:meth:`drain_touched`)."""
+        if self._touched is None:
+            self._touched = set()
+
+    def drain_touched(self) -> set[ChainClass]:
+        """The classes changed since the last drain (tracking must be on); forgotten."""
+        touched = self._touched
+        assert touched is not None, "change tracking is off"
+        self._touched = set()
+        return touched
+
+    def classes(self) -> list[ChainClass]:
+        """Every chain class that has elements."""
+        return list(self._classes)
 
     def insert(self, t: Time) -> bool:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -77,6 +96,7 @@ class _AntichainBase:
         result._classes = classes
         result._len = n
         result._sorted = None
+        result._touched = None
         return result
 
     def _store(self, c: ChainClass, kept: list[Time], t: Time) -> None:
@@ -86,6 +106,8 @@ class _AntichainBase:
         self._len += len(kept) - (0 if old is None else len(old))
         self._classes[c] = kept
         self._sorted = None
+        if self._touched is not None:
+            self._touched.add(c)
 
     def discard(self, t: Time) -> bool:
         """Remove ``t`` if it is an element (a subset of an antichain is one); True iff it
@@ -100,6 +122,8 @@ class _AntichainBase:
             lst.remove(t)
         self._len -= 1
         self._sorted = None
+        if self._touched is not None:
+            self._touched.add(c)
         return True
 
     def of_class(self, c: ChainClass) -> tuple[Time, ...]:
@@ -130,6 +154,8 @@ class _AntichainBase:
 
     def clear(self) -> None:
         """Remove all elements."""
+        if self._touched is not None:
+            self._touched.update(self._classes)
         self._classes = {}
         self._len = 0
         self._sorted = ()
@@ -140,6 +166,7 @@ class _AntichainBase:
         result._classes = {c: list(lst) for c, lst in self._classes.items()}
         result._len = self._len
         result._sorted = self._sorted
+        result._touched = None  # a copy starts untracked
         return result
 
     def check(self) -> None:

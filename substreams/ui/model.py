@@ -27,7 +27,9 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from substreams.acker.changelog import ChangelogView, is_changelog
 from substreams.acker.commands import format_time, format_times
+from substreams.acker.service import changelog_start
 from substreams.acker.state import AckerState, source_liveness
 from substreams.config import Config
 from substreams.control.follower import LOG, ControlFollower
@@ -60,9 +62,20 @@ class _Shard:
 
     name: str
     topic: str
-    state: AckerState | None = None
+    loaded: AckerState | None = None
     checkpoint_ms: int = 0
     seen_ms: int = 0
+    view: ChangelogView | None = None
+    """The acker's changelog as followed (built into a state when one is asked for)."""
+    offsets: dict[int, int] | None = None
+    """The acks offsets of the latest delta not built into ``loaded`` yet."""
+    snapshot_every: int = 100
+
+    @property
+    def state(self) -> AckerState | None:
+        if self.offsets is not None and self.view is not None and self.view.ready():
+            self.loaded, self.offsets = self.view.state(self.offsets), None
+        return self.loaded
 
 
 @dataclass
@@ -113,7 +126,10 @@ class DashboardModel:
             self.bootstrap, self.config, name="dashboard", on_bad=LOG,
             resume=ResumeLookup(self.bootstrap, self.config),
         )
-        starts = {t: self._position_checkpoints(follower.reader, t) for t in self.shards}
+        starts = {
+            t: self._position_checkpoints(follower.reader, t, shard.name)
+            for t, shard in self.shards.items()
+        }
         for sub in self.subs.values():
             found = find_latest_snapshot(self.bootstrap, sub.topic, self.config)
             starts[sub.topic] = 0
@@ -132,13 +148,16 @@ class DashboardModel:
         )
         self._thread.start()
 
-    @staticmethod
-    def _position_checkpoints(reader: Reader, topic: str) -> int:
+    def _position_checkpoints(self, reader: Reader, topic: str, name: str) -> int:
+        """Where to follow an acker's checkpoint topic from: the first chunk of the snapshot
+        its latest changelog record names, else (a version-3 checkpoint) a few records
+        back from the end."""
         try:
             low, high = reader.watermarks(topic, 0, timeout=5)
         except (SubstreamsError, KafkaException):  # no acker ran yet: no topic either
             return 0
-        return int(max(low, high - CHECKPOINT_LOOKBACK))
+        start = changelog_start(self.bootstrap, self.config, name)
+        return int(max(low, high - CHECKPOINT_LOOKBACK)) if start is None else start
 
     def close(self) -> None:
         self._stop.set()
@@ -213,14 +232,20 @@ class DashboardModel:
                 sub.upper.insert(t)
 
     def _load_checkpoint(self, shard: _Shard, body: Checkpoint, written_ms: int) -> None:
+        every = self.config.acker.snapshot_every
         try:
-            state = AckerState.loads(
-                body.state, dict(body.acks_offsets), self.config.acker.snapshot_every
-            )
+            if is_changelog(body.state):
+                if shard.view is None:
+                    shard.view = ChangelogView(every)
+                header = shard.view.feed(body.state)
+                if header.kind == "delta" and header.last and shard.view.ready():
+                    shard.offsets, shard.checkpoint_ms = dict(body.acks_offsets), written_ms
+                return
+            state = AckerState.loads(body.state, dict(body.acks_offsets), every)
         except ProtocolError as exc:
             self.error = f"acker '{shard.name}' checkpoint: {exc}"
             return
-        shard.state, shard.checkpoint_ms = state, written_ms
+        shard.loaded, shard.checkpoint_ms = state, written_ms
 
     def _tracking(self, substream: str) -> AckerState | None:
         """The checkpointed state of the shard that tracks ``substream`` (None: none yet)."""

@@ -201,7 +201,7 @@ class _ScanningTable(SegmentTable):
     """The reference: every seal scans every open time (the definition of the fast path)."""
 
     def _newly_covered(self, state, t):  # type: ignore[no-untyped-def]
-        return [e for o, e in self.open.items() if less_equal(o, t) and not state.covers(o)]
+        return [(o, e) for o, e in self.open.items() if less_equal(o, t) and not state.covers(o)]
 
 
 @given(
