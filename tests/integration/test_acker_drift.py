@@ -29,7 +29,7 @@ def old_and_new(make_config: ConfigFactory, tmp_path: Path) -> tuple[Config, Con
     )
     doc = yaml.safe_load(new.path.read_text())
     doc["substreams"] = doc["substreams"][:1]
-    old_path = tmp_path / "old.yaml"
+    old_path = new.path.with_name(f"old-{new.path.name}")
     old_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_config(old_path), new
 
