@@ -108,7 +108,12 @@ class Application:
         mechanisms (see :class:`~substreams.streams.publisher.Publisher`).
         ``seal_policies`` replaces the configured seal policy of the named substreams for
         this publisher (None: manual); late records under ``late: dead_letter`` go to the
-        dead-letter topic (:func:`~substreams.streams.deadletter.write_late_record`)."""
+        dead-letter topic (:func:`~substreams.streams.deadletter.write_late_record`).
+
+        Refused (:class:`~substreams.acker.served.AckerDriftError`) before it registers
+        when the stream has an acker substream that the acker serving it does not serve
+        (its latest checkpoint says which: see :mod:`substreams.acker.served`)."""
+        self._check_served(stream, bootstrap)
         return Publisher(
             self.config,
             stream,
@@ -123,6 +128,18 @@ class Application:
             schemas=self.schemas,
             clock=self.clock,
         )
+
+    def _check_served(self, stream: str, bootstrap: str | None) -> None:
+        """The drift check, for a publisher the acker tracks on a real broker (an
+        in-memory log has no acker checkpoint to read; its tests build their own)."""
+        if self.mechanisms.get("acker") is None or self.producers is not client.producer:
+            return
+        subs = [s.name for s in self.config.substreams_of(stream) if s.mechanism == "acker"]
+        if subs:
+            from substreams.acker.served import check_served
+
+            server = client.resolve_bootstrap(self.config, bootstrap or self.bootstrap)
+            check_served(self.config, server, stream, subs)
 
     def acker(
         self,

@@ -304,11 +304,14 @@ class TrackingAgent:
     def report_sent(self, substream: str, records: Sequence[SentRecord]) -> None:
         """SND of every record of a batch (``Publisher.publish_many``) at its time in
         ``substream``: one table lookup per run of records with equal times, not per
-        record (a batch of an epoch is one run)."""
+        record (a batch of an epoch is one run).  A record without a time there (late for
+        it, see ``Publisher.publish``) is not reported."""
         agg: _Agg | None = None
         prev: object = _NO_TIME
         for record in records:
-            t = record.times[substream]
+            t = record.times.get(substream)
+            if t is None:  # late for this substream (kept out of it): no report
+                continue
             if agg is None or t != prev:
                 agg = self._agg(substream, t)
                 prev = t

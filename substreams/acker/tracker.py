@@ -82,7 +82,9 @@ class Tracker:
         """All terminal (the common publisher): nothing to report when a record is sent."""
         self.wants_delivery = bool(self.terminal)
         self.exact = not inherited_times
-        """Every record carries a time in every tracked substream (its writer's own)."""
+        """Every record carries a time in every tracked substream (its writer's own) but
+        one late for a substream under ``late: dead_letter``, which has none there (found
+        when a column is built: the common batch pays no check per record)."""
         self.agent = TrackingAgent(config, source, incarnation)
         self.agent.register(self.substreams, role, writer, evict_when_silent)
         self.on_release: Callable[[], None] | None = None
@@ -119,11 +121,16 @@ class Tracker:
             parts, offs = partitions, offsets
             if column is None:
                 keep = None if self.exact else [i for i, r in enumerate(records) if s in r.times]
+                if keep is None:
+                    try:
+                        column = [r.times[s] for r in records]
+                    except KeyError:  # a record late for s (kept out of it): not reported
+                        keep = [i for i, r in enumerate(records) if s in r.times]
                 if keep is not None and len(keep) < len(records):
                     parts = [partitions[i] for i in keep]
                     offs = [offsets[i] for i in keep]
                     column = [records[i].times[s] for i in keep]
-                else:
+                elif column is None:
                     column = [r.times[s] for r in records]
             self.agent.sent_and_delivered_columns(s, stream, column, parts, offs)
 

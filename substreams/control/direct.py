@@ -56,8 +56,9 @@ class DirectProgress(PublishHook):
         for s in self.substreams:
             sent = self.counts[s]
             for record in records:
-                t = record.times[s]
-                sent[t] = sent.get(t, 0) + 1
+                t = record.times.get(s)
+                if t is not None:  # None: late for s, kept out of it
+                    sent[t] = sent.get(t, 0) + 1
 
     def delivered(
         self,
@@ -69,7 +70,10 @@ class DirectProgress(PublishHook):
         for s in self.substreams:
             by_time = self.spans[s]
             for record, offset in zip(records, offsets, strict=True):
-                spans = by_time.setdefault(record.times[s], {})
+                t = record.times.get(s)
+                if t is None:  # late for s, kept out of it
+                    continue
+                spans = by_time.setdefault(t, {})
                 lo, hi = spans.get(record.partition, (offset, offset + 1))
                 spans[record.partition] = (min(lo, offset), max(hi, offset + 1))
 

@@ -4,9 +4,10 @@ Why not crash: one malformed or late message (a foreign producer on the acks top
 source that reports after its time terminated) must not stop progress for every other
 substream.  Every service writes them through :class:`DeadLetterWriter`, in one format: a
 JSON value ``{"service", "reason", "detail", "topic", "partition", "offset", "source",
-"raw"}`` -- who wrote it, why, where the message was read (``offset`` -1: a record that
-never got one), the source that sent it when known, and the message's bytes base64-encoded
-in ``raw``.  One self-describing JSON document, readable with any consumer.
+"raw", "substreams"}`` -- who wrote it, why, where the message was read (``offset`` -1: a
+record that never got one), the source that sent it when known, the message's bytes
+base64-encoded in ``raw``, and the substreams it is about when known (a late record's).
+One self-describing JSON document, readable with any consumer.
 
 Durability follows the service's own commit.  A writer on a publisher's open transaction
 (late records, a stage) makes its letters visible exactly with that transaction.  A plain
@@ -66,9 +67,15 @@ class DeadLetter:
     raw: bytes
     detail: str = ""
     source: str | None = None
+    substreams: tuple[str, ...] = ()
+    """The substreams it is about, when known: a late record's letter names each
+    substream it was kept out of (late is per substream)."""
 
     def to_json(self) -> bytes:
-        return json.dumps({**asdict(self), "raw": base64.b64encode(self.raw).decode()}).encode()
+        return json.dumps({
+            **asdict(self), "raw": base64.b64encode(self.raw).decode(),
+            "substreams": list(self.substreams),
+        }).encode()
 
     @staticmethod
     def from_json(value: bytes) -> DeadLetter:
@@ -77,7 +84,7 @@ class DeadLetter:
             return DeadLetter(
                 str(d.get("service", "")), d["reason"], d["topic"], int(d["partition"]),
                 int(d["offset"]), base64.b64decode(d.get("raw", "")), d.get("detail", ""),
-                d.get("source"),
+                d.get("source"), tuple(str(s) for s in d.get("substreams") or ()),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ProtocolError(f"not a dead letter: {exc!r}") from exc
@@ -198,21 +205,28 @@ class DeadLetterWriter:
 def write_late_record(publisher: Publisher, late: LateRecord) -> None:
     """A late record's dead letter, in the publisher's open transaction: it becomes visible
     exactly when the records written around it do (never for an aborted batch, never
-    twice).  ``topic``/``partition`` say where the record would have gone (``offset`` -1:
-    it never got one), ``raw`` holds its payload as JSON, ``detail`` each substream time it
-    missed and why."""
+    twice).  One letter per late record, naming in ``substreams`` every substream it was
+    kept out of; ``topic``/``partition`` say where the record went or would have gone
+    (``offset`` -1: the letter is written before the record gets one), ``raw`` holds its
+    payload as JSON (UTF-8, base64-encoded like every letter's ``raw``), ``detail`` each
+    substream time it missed and why, and whether the record was written for the others."""
     writer = DeadLetterWriter(
         publisher.config, f"publisher:{late.stream}/{late.source}", publisher=publisher
     )
+    detail = "; ".join(why for _, _, why in late.missed)
+    if late.written:
+        names = ", ".join(f"'{name}'" for name, _, _ in late.missed)
+        detail += f" (kept out of {names} only: written to the stream, on time in the others)"
     writer.write(late_letter(writer.service, late.stream, late.partition, -1, late.source,
-                             late.payload, "; ".join(why for _, _, why in late.missed)),
+                             late.payload, detail, tuple(name for name, _, _ in late.missed)),
                  key=late.key.encode() if isinstance(late.key, str) else late.key)
 
 
 def late_letter(
     service: str, topic: str, partition: int, offset: int, source: str,
-    payload: Any, detail: str,
+    payload: Any, detail: str, substreams: tuple[str, ...] = (),
 ) -> DeadLetter:
     """A record refused for lateness: its payload, as JSON, is the letter's ``raw``."""
     raw = json.dumps(dict(payload), default=str, sort_keys=True).encode()
-    return DeadLetter(service, REASON_LATE, topic, partition, offset, raw, detail, source)
+    return DeadLetter(service, REASON_LATE, topic, partition, offset, raw, detail, source,
+                      substreams)

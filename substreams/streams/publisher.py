@@ -103,7 +103,8 @@ def _locked(
 @dataclass(frozen=True)
 class LateRecord:
     """A record at a time its publisher already sealed, under a ``late: dead_letter`` rule:
-    where it would have gone, and every substream time it missed with the reason."""
+    where it would have gone, and every substream time it missed with the reason (late is
+    per substream: it is kept out of those only)."""
 
     stream: str
     source: str
@@ -112,6 +113,9 @@ class LateRecord:
     payload: Mapping[str, Any]
     missed: tuple[tuple[str, Time, str], ...]
     """(substream, the record's time there, why it is late)."""
+    written: bool = False
+    """Whether the record itself went to the stream, on time (with its time) in the
+    stream's other substreams; False: late for every one of them, written nowhere else."""
 
 
 LateWriter = Callable[["Publisher", "LateRecord"], None]
@@ -565,9 +569,12 @@ class Publisher:
         the times of its input); ``check_order=False`` is for such derived records, whose order
         keys follow the input's interleaving rather than one source's clock.
 
-        A record late only in substreams whose seal policy says ``late: dead_letter`` is
-        written to the dead-letter topic instead (in this transaction) and returned with
-        ``dead_lettered`` set."""
+        Late is per substream: a record at a time this source sealed in substream A raises
+        :class:`SealedTimeError` naming A when A's rule is ``raise`` (or A is sealed by hand);
+        under ``late: dead_letter`` it is kept out of A only -- written with no time in A (so
+        A's acker accounting and A's readers never see it) and on time in the others, with a
+        copy in the dead-letter topic naming A, in this transaction.  A record late for every
+        substream of its stream is not written to it: returned with ``dead_lettered`` set."""
         if self._closed:
             raise SubstreamsError("publish() on a closed publisher")
         order_key = self._order_key_of(payload, check_order)
@@ -577,17 +584,17 @@ class Publisher:
             raise SubstreamsError(
                 f"stream '{self.stream}' has partitions 0..{self.partitions - 1}, not {partition}"
             )
+        missed: tuple[tuple[str, Time, str], ...] = ()
         try:
             if times:
                 assigned = self._times_with(payload, times)
             else:
                 assigned = {name: a.time_of(payload) for name, a in self._assigner_items}
         except SealedTimeError:
-            missed = self._missed(payload, times)
-            if not self._dead_letters(missed):
-                raise
-            self._write_late(payload, key, partition, missed)
-            return SentRecord(self.stream, partition, order_key, 0, {}, dead_lettered=True)
+            assigned, missed = self._late_times(payload, times)
+            if not assigned:  # late for every substream: in none of them, not written
+                self._write_late(payload, key, partition, missed)
+                return SentRecord(self.stream, partition, order_key, 0, {}, dead_lettered=True)
         tracking_id = self._rand.getrandbits(64) - (1 << 63)
         try:
             value = self._encoder.encode(order_key, tracking_id, assigned, payload)
@@ -596,6 +603,9 @@ class Publisher:
         if check_order:
             self._last_order_key = order_key
         record = sent_record(self.stream, partition, order_key, tracking_id, assigned)
+        if missed:  # its copy for the substreams it missed, in the record's transaction
+            self._begin_write()
+            self._write_late(payload, key, partition, missed)
         self._write_one(record, value, key, payload)
         return record
 
@@ -684,9 +694,11 @@ class Publisher:
         for a publisher that seals with the next write or seal, see ``_batch_full``).  ``keys``,
         ``partitions`` and ``times`` are per record (as ``publish``'s ``key``,
         ``partition`` and ``times``); hooks see the batch once (``sent``,
-        ``delivered``).  Records late only under ``late: dead_letter`` policies go
-        to the dead-letter topic and the others are written (the returned list keeps the
-        input's order; the late ones have ``dead_lettered`` set)."""
+        ``delivered``).  Late is per substream, as in ``publish``: a record late
+        under ``late: dead_letter`` rules is written without a time in the substreams it
+        missed and dead-lettered naming them; one late for every substream is only
+        dead-lettered (the returned list keeps the input's order; those have
+        ``dead_lettered`` set)."""
         if self._closed:
             raise SubstreamsError("publish_many() on a closed publisher")
         n = len(payloads)
@@ -704,10 +716,7 @@ class Publisher:
         except SealedTimeError:
             if not self._late_rules:
                 raise
-            missed = [self._missed(p, times[i] if times else None) for i, p in enumerate(payloads)]
-            if not all(self._dead_letters(m) for m in missed if m):
-                raise
-            return self._publish_some(payloads, keys, parts, times, missed, check_order)
+            return self._publish_late(payloads, order_keys, keys, parts, rr, times, check_order)
         tracking_ids = struct.unpack(f"<{n}q", self._rand.randbytes(8 * n))
         values = self._encode_batch(order_keys, tracking_ids, assigned, int_times, payloads)
         # Nothing below raises for the batch's own sake: it is written from here on.
@@ -775,36 +784,52 @@ class Publisher:
             self._produce_batch(values, parts, keys, None)
         self._pending += len(values)
 
-    def _publish_some(
+    def _publish_late(
         self,
         payloads: Sequence[Mapping[str, Any]],
+        order_keys: list[int],
         keys: Sequence[str | bytes | None] | None,
         parts: list[int],
+        rr: int,
         times: Sequence[Mapping[str, Time] | None] | None,
-        missed: list[tuple[tuple[str, Time, str], ...]],
         check_order: bool,
     ) -> list[SentRecord]:
-        """A batch with late records: the others written as a batch, then the late ones
-        dead-lettered (after, so that a batch refused for another reason wrote nothing)."""
-        kept = [i for i, m in enumerate(missed) if not m]
-        written = self.publish_many(
-            [payloads[i] for i in kept],
-            keys=None if keys is None else [keys[i] for i in kept],
-            partitions=[parts[i] for i in kept],
-            times=None if times is None else [times[i] for i in kept],
-            check_order=check_order,
-        )
-        out: list[SentRecord] = []
+        """A batch with records late in some substream (see :meth:`publish`): each record
+        written with its on-time substreams' times only, those late for every substream
+        left out, then every late one's dead letter -- all checks (a ``raise`` rule's
+        substream, the schema) before anything is written, so a refused batch wrote nothing."""
+        n = len(payloads)
+        late = [self._late_times(p, times[i] if times else None) for i, p in enumerate(payloads)]
+        kept = [i for i in range(n) if late[i][0]]
+        tracking_ids = struct.unpack(f"<{len(kept)}q", self._rand.randbytes(8 * len(kept)))
+        k_keys = [order_keys[i] for i in kept]
+        k_times: list[Mapping[str, Time]] = [late[i][0] for i in kept]
+        k_payloads = [payloads[i] for i in kept]
+        k_parts = [parts[i] for i in kept]
+        values = self._encode_batch(k_keys, tracking_ids, k_times, None, k_payloads)
+        # Nothing below raises for the batch's own sake: it is written from here on.
+        written: list[SentRecord] = []
+        if kept:
+            if check_order:
+                self._last_order_key = k_keys[-1]
+            self._rr = rr
+            written = sent_records(self.stream, k_parts, k_keys, tracking_ids, k_times)
+            k_rec_keys = None if keys is None else [keys[i] for i in kept]
+            self._write_batch(written, values, k_parts, k_rec_keys, None)
         it = iter(written)
-        order_key = self.stream_config.order_key
-        for i, m in enumerate(missed):
-            if m:
-                key = None if keys is None else keys[i]
-                self._write_late(payloads[i], key, parts[i], m)
-                out.append(SentRecord(self.stream, parts[i], int(payloads[i][order_key]), 0,
-                                      {}, dead_lettered=True))
-            else:
+        out: list[SentRecord] = []
+        for i, (assigned, missed) in enumerate(late):
+            if missed:
+                self._write_late(payloads[i], None if keys is None else keys[i], parts[i], missed)
+            if assigned:
                 out.append(next(it))
+            else:
+                out.append(SentRecord(self.stream, parts[i], order_keys[i], 0, {},
+                                      dead_lettered=True))
+        if kept and self._clocks:
+            self._published(k_payloads)
+        if self._pending >= self.batch_size and self._in_txn:
+            self._batch_full()
         return out
 
     # -- seal policies ---------------------------------------------------------------------
@@ -821,11 +846,32 @@ class Publisher:
                 out.append((name, t, why))
         return tuple(out)
 
-    def _dead_letters(self, missed: tuple[tuple[str, Time, str], ...]) -> bool:
-        """Whether a record late in ``missed`` goes to the dead-letter topic (else: raise)."""
-        return bool(missed) and all(
-            self._late_rules.get(name) == "dead_letter" for name, _, _ in missed
-        )
+    def _late_times(
+        self, payload: Mapping[str, Any], times: Mapping[str, Time] | None
+    ) -> tuple[dict[str, Time], tuple[tuple[str, Time, str], ...]]:
+        """The times of a record found late somewhere, and the substreams it missed: late
+        is per substream.  A missed substream whose rule is not ``dead_letter`` (``raise``,
+        or sealed by hand) refuses the whole record, naming that substream; the others
+        keep the record out of them only (it gets no time there)."""
+        missed = self._missed(payload, times)
+        for name, _, why in missed:
+            if self._late_rules.get(name) != "dead_letter":
+                raise SealedTimeError(why)
+        out = self._raw_times(payload, times)
+        for name, _, _ in missed:
+            del out[name]
+        return out, missed
+
+    def _raw_times(
+        self, payload: Mapping[str, Any], times: Mapping[str, Time] | None
+    ) -> dict[str, Time]:
+        """The record's time in every substream (``times`` overriding), seals ignored."""
+        out: dict[str, Time] = {
+            name: a.raw_time_of(payload) for name, a in self._assigner_items
+        }
+        if times:
+            out.update(times)
+        return out
 
     def _write_late(
         self,
@@ -836,8 +882,10 @@ class Publisher:
     ) -> None:
         assert self._late_writer is not None  # checked with the policies
         self._begin()
+        written = len(missed) < len(self._assigner_items)
         self._late_writer(
-            self, LateRecord(self.stream, self.source_id, partition, key, payload, missed)
+            self,
+            LateRecord(self.stream, self.source_id, partition, key, payload, missed, written),
         )
 
     def _published(self, payloads: Sequence[Mapping[str, Any]]) -> None:

@@ -189,3 +189,49 @@ def test_punctuations_follow_the_policy(make_config: ConfigFactory, tmp_path: Pa
                 assert time.monotonic() < deadline
                 service.step()
     assert by_time(collect(config, sub, 2)) == {0: [5, 50], 1: [130]}
+
+
+def test_late_is_per_substream_a_record_late_for_sessions_stays_in_its_window(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """Issue 43's orders: a 1 s revenue window and per-user sessions of one stream.  A
+    record late only for the sessions (their keyed seal follows event time; the window
+    seals at its end) is counted in its window, kept out of the sessions only, and
+    dead-lettered once naming the sessions; one late for both is in neither."""
+    (tmp_path / "event.avsc").write_text(json.dumps(SCHEMA))
+    late = {"lateness_ms": 0, "late": "dead_letter"}
+    config = make_config(
+        [{"name": "events", "partitions": 2, "schema": "event.avsc", "order_key": "seq"}],
+        [{"name": "w", "stream": "events", "kind": "tumbling", "field": "ts",
+          "size_ms": 1000, "seal": late},
+         {"name": "s", "stream": "events", "kind": "session", "field": "ts", "key": "user",
+          "gap_ms": 100, "seal": late}],
+        acker=FAST,
+    )
+    stream = config.streams[0].name
+    window, session = config.substreams[0].name, config.substreams[1].name
+    ev = Events()
+    with acker(config):
+        with Application(config).publisher(stream, "web") as pub:
+            pub.publish(ev(100, "a"))
+            pub.publish(ev(300, "b"))  # sessions sealed up to 299, window 0 still open
+            kept = pub.publish(ev(200, "a"))  # late for the sessions only
+            assert not kept.dead_lettered and set(kept.times) == {window}
+            pub.publish(ev(1500, "a"))  # seals window 0
+            [both] = pub.publish_many([ev(50, "c")])  # late for the window and the sessions
+            assert both.dead_lettered
+        windows = collect(config, window, 2)
+        sessions = collect(config, session, 3)
+    assert by_time(windows) == {0: [100, 200, 300], 1: [1500]}
+    assert all(n.records == len(n.entries) for n in windows + sessions)
+    assert by_time(sessions) == {Keyed("a", 100): [100], Keyed("a", 1500): [1500],
+                                 Keyed("b", 300): [300]}
+    letters = {json.loads(d.raw)["ts"]: d for d in read_dead_letters(config)
+               if d.reason == REASON_LATE}
+    assert sorted(letters) == [50, 200]
+    assert letters[200].substreams == (session,)
+    assert f"substream '{session}'" in letters[200].detail and "kept out of" in letters[200].detail
+    assert set(letters[50].substreams) == {window, session}
+    with Listener(config, stream) as listener:  # the stream holds the record late for one
+        ts = sorted(e.payload["ts"] for e in listener.entries(idle_timeout=0.5))  # type: ignore[union-attr]
+    assert ts == [100, 200, 300, 1500]
