@@ -88,28 +88,48 @@ def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
 
 
 def _placed_unit_task(
-    plan: UnitPlan, notes: list[dict[str, Any]], schema: Any
+    plan: UnitPlan, notes: list[dict[str, Any]], schema: Any, bad: BadRowsTarget,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function of a one-unit JVM-read batch: the batch's decoded
-    records in (:func:`~substreams.spark.jvm_read.unplaced_records`), matched to ``notes``
-    and sorted here (:func:`~substreams.spark.jvm_read.placed_table`), then the same unit
-    as :func:`_unit_task`'s; summaries out."""
+    records in (:func:`~substreams.spark.jvm_read.unplaced_records`), those that did not
+    decode dead-lettered (``bad``: config, stream, reader name, bootstrap), the others
+    matched to ``notes`` and sorted here (:func:`~substreams.spark.jvm_read.placed_table`),
+    then the same unit as :func:`_unit_task`'s; summaries out."""
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
-        from substreams.spark.jvm_read import placed_table
+        from substreams.spark.jvm_read import bad_rows, dead_letter_rows, placed_table
 
         worker_logging()
         ctx = TaskContext.get()
         unit = ctx.partitionId() if ctx is not None else 0
-        table = placed_table(list(batches), notes, schema,
-                             sort_columns(plan.operator.group_by))
+        got = list(batches)
+        dead_letter_rows(*bad, bad_rows(got))
+        table = placed_table(got, notes, schema, sort_columns(plan.operator.group_by))
         if columnar(plan.operator):
             sums = run_unit_batches(plan, unit, table.to_batches())
         else:
             sums = run_unit(plan, unit, table.to_pylist())
         yield from _summary_batches(sums)
+
+    return task
+
+
+BadRowsTarget = tuple[Config, str, str, str]
+"""Where a task's undecodable records go: config, stream, reader name, bootstrap."""
+
+
+def _dead_letter_task(bad: BadRowsTarget) -> Callable[[Iterator[Any]], None]:
+    """The ``foreachPartition`` function that dead-letters a read's undecodable records
+    (the rows of :func:`~substreams.spark.jvm_read.unplaced_records` with ``_bad``)."""
+
+    def task(rows: Iterator[Any]) -> None:
+        from substreams.spark.jvm_read import dead_letter_rows
+
+        worker_logging()
+        dead_letter_rows(*bad, [(int(r["partition"]), int(r["offset"]), bytes(r["_raw"] or b""),
+                                 str(r["_bad"])) for r in rows])
 
     return task
 
@@ -143,6 +163,7 @@ class JvmRead:
         self.substream = substream
         self.stream = config.substream(substream).stream
         self.bootstrap = bootstrap
+        self.query = query
         self.group_id = f"substreams.spark.{query}.read"
         """Stable: Spark pools executor consumers by (group id, partition)."""
         self.layout = PayloadLayout(config.stream(self.stream))
@@ -261,6 +282,25 @@ class JvmRead:
         if self._arrow is None:
             self._arrow = to_arrow_schema(self.layout_struct)
         return recs, local, self._arrow, all(r.stream == self.stream for r in ranges)
+
+    @property
+    def bad_target(self) -> BadRowsTarget:
+        """Where the tasks send undecodable records (as the query's reader)."""
+        return (self.config, self.stream, f"spark.{self.query}", self.bootstrap)
+
+    def dead_letter(self, spark: SparkSession, marks: list[Any]) -> None:
+        """Dead-letter the undecodable records of the batch's ranges (a Spark job that
+        reads them: only a large batch's, whose units get rows joined to epochs)."""
+        from pyspark.sql import functions as F
+
+        ranges, _ = self._local(marks)
+        if not self._reads(ranges):
+            return
+        recs = unplaced_records(spark, self.config, self.stream, self.substream,
+                                self.bootstrap, ranges, self.decoding(), self.group_id)
+        recs.where(F.col("_bad").isNotNull()).select(
+            "partition", "offset", "_raw", "_bad").foreachPartition(
+                _dead_letter_task(self.bad_target))
 
     def batch_rows(self, spark: SparkSession, marks: list[Any]) -> tuple[DataFrame, bool]:
         """The batch's rows as the Python read would give them -- records read and decoded
@@ -486,10 +526,13 @@ class EpochBatchHandler:
             # one stage, a plan of the same shape every batch (no notes in it).
             recs, local, arrow, ours = unplaced
             plan = replace(self.plan(batch_id, units, sealed), verify=ours)
-            mapped = recs.coalesce(1).mapInArrow(_placed_unit_task(plan, local, arrow),
-                                                 SUMMARY_DDL)
+            mapped = recs.coalesce(1).mapInArrow(
+                _placed_unit_task(plan, local, arrow, jvm.bad_target), SUMMARY_DDL)
             t_plan = time.perf_counter()
         else:
+            # A large batch (a backlog): its undecodable records are found by a job of their
+            # own, before the units run (the join with the epochs drops them).
+            jvm.dead_letter(df.sparkSession, marks)
             rows, ours = jvm.batch_rows(df.sparkSession, marks)
             placed = rows.coalesce(1) if single else rows.repartition(
                 units, *partition_columns(op.group_by))

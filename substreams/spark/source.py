@@ -49,6 +49,7 @@ from substreams.spark.offsets import (
 )
 from substreams.spark.options import SourceOptions
 from substreams.spark.schema import PayloadLayout, row
+from substreams.streams.badrecords import BadRecords
 from substreams.streams.records import Entry
 
 SOURCE_NAME = "substreams"
@@ -376,7 +377,13 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         hull = merge_ranges([r for n in notes for r in n.ranges if r.stream == opts.stream])
         by_note: dict[int, list[Entry]] = {}
         t0 = _time.perf_counter()
-        entries_read = read_ranges(opts.bootstrap, opts.config, hull)
+        # undecodable records dead-lettered (delivered before the task returns: at least
+        # once, docs/design.md "Bad records"), or the task fails under on_bad_record: fail
+        bad = BadRecords(opts.config, f"spark.source:{opts.substream}", bootstrap=opts.bootstrap)
+        try:
+            entries_read = read_ranges(opts.bootstrap, opts.config, hull, bad=bad)
+        finally:
+            bad.close()
         log.debug("read task: %d epochs, %d records, consumer + read %.0f ms", len(notes),
                   len(entries_read), (_time.perf_counter() - t0) * 1000)
         for e in entries_read:
