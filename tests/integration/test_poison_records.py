@@ -12,6 +12,7 @@ import logging
 import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -77,13 +78,16 @@ def poison(config: Config, plan: Iterable[int | str], seal: str | None = None,
                 "truncated": template[: len(template) // 2],
                 "unregistered": SINGLE_OBJECT_MARKER + b"\x5a" * 8 + template[10:],
             }[step]
-            got: list[int] = []
-            producer.produce(stream, value, partition=0,
-                             on_delivery=lambda err, msg: got.append(msg.offset()))
+            offsets: list[int] = []
+            producer.produce(stream, value, partition=0, on_delivery=partial(_offset, offsets))
             producer.flush(10)
-            out.bad[got[0]] = reasons[step]
-            out.raw[got[0]] = value
+            out.bad[offsets[0]] = reasons[step]
+            out.raw[offsets[0]] = value
     return out
+
+
+def _offset(into: list[int], err: object, msg: Any) -> None:
+    into.append(msg.offset())
 
 
 PLAN: list[int | str] = [1, "json", 2, "truncated", "unregistered", 3, 4, "json", 5]
