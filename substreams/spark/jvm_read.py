@@ -21,7 +21,8 @@ log, so a replayed batch names the same epochs; only the records' read moves her
   schema as the reader schema (``avroSchema`` option: Avro resolution, so schema
   evolution keeps working).  A record that does not decode -- no single-object prefix
   (``foreign_bytes``), a fingerprint no registered schema has (``unknown_schema``), a body
-  ``from_avro`` cannot read (``undecodable``, its ``PERMISSIVE`` mode's null) -- is kept
+  ``from_avro`` cannot read (``undecodable``: its ``PERMISSIVE`` mode's struct of nulls)
+  -- is kept
   out of every epoch and carried in the ``_bad`` (reason) and ``_raw`` (bytes) columns to
   the task, which dead-letters it or, under the stream's ``on_bad_record: fail``, fails
   the batch naming its partition and offset (:func:`bad_rows`).  Headers are not read;
@@ -310,7 +311,10 @@ def _bad_columns() -> list[Any]:
     bad = (
         F.when(F.coalesce(~prefixed, F.lit(True)), F.lit(REASON_FOREIGN))
         .when(~F.col("_known"), F.lit(REASON_UNKNOWN_SCHEMA))
-        .when(F.col("env").isNull(), F.lit(REASON_UNDECODABLE))
+        # from_avro's PERMISSIVE mode gives a struct of nulls for a body it cannot read;
+        # a decoded envelope always has its order key
+        .when(F.col("env").isNull() | F.col("env.order_key").isNull(),
+              F.lit(REASON_UNDECODABLE))
     )
     return [bad.alias("_bad"), F.when(bad.isNotNull(), value).alias("_raw")]
 

@@ -68,6 +68,10 @@ shuffle (the latency of small steady-state batches); larger ones use the query's
 SUMMARY_DDL = ", ".join(f"{name} {kind}" for name, kind in SUMMARY_FIELDS)
 
 
+BadRowsTarget = tuple[Config, str, str, str]
+"""Where a task's undecodable records go: config, stream, reader name, bootstrap."""
+
+
 def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function of a batch: Arrow batches in, summaries out."""
 
@@ -105,31 +109,16 @@ def _placed_unit_task(
         ctx = TaskContext.get()
         unit = ctx.partitionId() if ctx is not None else 0
         got = list(batches)
-        dead_letter_rows(*bad, bad_rows(got))
+        # A dropped record may be one an epoch counted (an acknowledged record this reader
+        # cannot decode): the count check would then stop the batch the letter let go on.
+        checked = plan if not dead_letter_rows(*bad, bad_rows(got)) else replace(
+            plan, verify=False)
         table = placed_table(got, notes, schema, sort_columns(plan.operator.group_by))
         if columnar(plan.operator):
-            sums = run_unit_batches(plan, unit, table.to_batches())
+            sums = run_unit_batches(checked, unit, table.to_batches())
         else:
-            sums = run_unit(plan, unit, table.to_pylist())
+            sums = run_unit(checked, unit, table.to_pylist())
         yield from _summary_batches(sums)
-
-    return task
-
-
-BadRowsTarget = tuple[Config, str, str, str]
-"""Where a task's undecodable records go: config, stream, reader name, bootstrap."""
-
-
-def _dead_letter_task(bad: BadRowsTarget) -> Callable[[Iterator[Any]], None]:
-    """The ``foreachPartition`` function that dead-letters a read's undecodable records
-    (the rows of :func:`~substreams.spark.jvm_read.unplaced_records` with ``_bad``)."""
-
-    def task(rows: Iterator[Any]) -> None:
-        from substreams.spark.jvm_read import dead_letter_rows
-
-        worker_logging()
-        dead_letter_rows(*bad, [(int(r["partition"]), int(r["offset"]), bytes(r["_raw"] or b""),
-                                 str(r["_bad"])) for r in rows])
 
     return task
 
@@ -288,19 +277,25 @@ class JvmRead:
         """Where the tasks send undecodable records (as the query's reader)."""
         return (self.config, self.stream, f"spark.{self.query}", self.bootstrap)
 
-    def dead_letter(self, spark: SparkSession, marks: list[Any]) -> None:
-        """Dead-letter the undecodable records of the batch's ranges (a Spark job that
-        reads them: only a large batch's, whose units get rows joined to epochs)."""
+    def dead_letter(self, spark: SparkSession, marks: list[Any]) -> int:
+        """Dead-letter the undecodable records of the batch's ranges, found by a Spark job
+        of their own that reads the ranges (only those records reach the driver), or raise
+        :class:`~substreams.errors.BadRecordError` under ``on_bad_record: fail``; how many.
+        For the reads whose rows are joined to their epochs in the plan (a large batch's,
+        ``run_frames``'), where a record of no epoch is dropped."""
         from pyspark.sql import functions as F
+
+        from substreams.spark.jvm_read import dead_letter_rows
 
         ranges, _ = self._local(marks)
         if not self._reads(ranges):
-            return
+            return 0
         recs = unplaced_records(spark, self.config, self.stream, self.substream,
                                 self.bootstrap, ranges, self.decoding(), self.group_id)
-        recs.where(F.col("_bad").isNotNull()).select(
-            "partition", "offset", "_raw", "_bad").foreachPartition(
-                _dead_letter_task(self.bad_target))
+        bad = [(int(r["partition"]), int(r["offset"]), bytes(r["_raw"] or b""), str(r["_bad"]))
+               for r in recs.where(F.col("_bad").isNotNull())
+               .select("partition", "offset", "_raw", "_bad").collect()]
+        return dead_letter_rows(*self.bad_target, bad)
 
     def batch_rows(self, spark: SparkSession, marks: list[Any]) -> tuple[DataFrame, bool]:
         """The batch's rows as the Python read would give them -- records read and decoded
@@ -531,9 +526,11 @@ class EpochBatchHandler:
             t_plan = time.perf_counter()
         else:
             # A large batch (a backlog): its undecodable records are found by a job of their
-            # own, before the units run (the join with the epochs drops them).
-            jvm.dead_letter(df.sparkSession, marks)
+            # own, before the units run (the join with the epochs drops them); the count
+            # check cannot tell them from an epoch's records then.
+            dropped = jvm.dead_letter(df.sparkSession, marks)
             rows, ours = jvm.batch_rows(df.sparkSession, marks)
+            ours = ours and not dropped
             placed = rows.coalesce(1) if single else rows.repartition(
                 units, *partition_columns(op.group_by))
             part = placed.sortWithinPartitions(*sort_columns(op.group_by))
