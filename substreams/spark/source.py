@@ -418,7 +418,12 @@ class SubstreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _read_data(self, part: DataPartition) -> Iterator[tuple[Any, ...]]:
         opts = self.opts
         rng = OffsetRange(opts.stream, part.partition, part.start, part.end)
-        for e in read_ranges(opts.bootstrap, opts.config, [rng]):
+        bad = BadRecords(opts.config, f"spark.source:{opts.substream}", bootstrap=opts.bootstrap)
+        try:
+            read = read_ranges(opts.bootstrap, opts.config, [rng], bad=bad)
+        finally:
+            bad.close()
+        for e in read:
             t = e.times.get(opts.substream)
             if t is None:
                 continue
