@@ -100,6 +100,38 @@ class SchemaMismatchError(DecodeError):
     """
 
 
+class ForeignRecordError(SchemaMismatchError):
+    """Bytes on a data topic that are not a single-object encoded Avro record at all (no
+    ``C3 01`` marker and fingerprint: JSON from a plain producer, an empty value)."""
+
+
+class UnknownSchemaError(SchemaMismatchError):
+    """A single-object encoded record whose writer-schema fingerprint no registered schema
+    of the stream has."""
+
+
+class BadRecordError(SchemaMismatchError):
+    """A reader met a record it cannot decode on a stream whose ``on_bad_record`` is
+    ``fail``: the message names the topic, partition, offset and the reason."""
+
+    def __init__(self, topic: str, partition: int, offset: int, reason: str, detail: str) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.reason = reason
+        self.detail = detail
+        super().__init__(
+            f"undecodable record at {topic}[{partition}]@{offset} ({reason}): {detail} "
+            f"(stream '{topic}' has on_bad_record: fail; with dead_letter, the default, "
+            "readers dead-letter it and go on)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # crosses from Spark's Python workers to the driver intact
+        return (BadRecordError, (self.topic, self.partition, self.offset, self.reason,
+                                 self.detail))
+
+
 class OrderKeyRegressionError(SubstreamsError):
     """A publisher tried to write a record whose order key is below one already written.
 

@@ -43,7 +43,8 @@ from substreams.errors import DecodeError, SubstreamsError
 from substreams.kafka import client
 from substreams.kafka.clock import Deadline
 from substreams.kafka.read import Reader
-from substreams.streams.deadletter import REASON_MALFORMED, DeadLetterWriter
+from substreams.streams.badrecords import BadRecords
+from substreams.streams.deadletter import DeadLetterWriter
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
 
@@ -119,7 +120,9 @@ class Stage:
         self.emitted = 0
         self.dead_letters = 0
         # in the output's transaction: committed exactly with the input offsets past them
-        self._letters = DeadLetterWriter(config, self.source_id, publisher=self.output)
+        # (so a stage dead-letters a bad record exactly once, across restarts too)
+        self.bad = BadRecords(config, self.source_id, writer=DeadLetterWriter(
+            config, self.source_id, publisher=self.output))
         self._closed = False
 
     def step(self, timeout: float = 0.1) -> int:
@@ -131,10 +134,11 @@ class Stage:
             self._positions[msg.partition()] = msg.offset() + 1
             try:
                 entry = self.decoder.decode(msg)
-            except DecodeError as exc:
-                self._letters.write_message(msg, REASON_MALFORMED, str(exc))
+            except DecodeError as exc:  # on_bad_record: dead-lettered, or BadRecordError
+                self.bad.message(msg, exc)
                 self.dead_letters += 1
                 continue
+            self.bad.good()
             if not isinstance(entry, Entry):
                 continue
             n += 1

@@ -31,7 +31,10 @@ def command(
 ) -> None:
     """Print the entries of STREAM, decoded (old records in the current schema's shape),
     up to its end or, with --follow, as they arrive.  The same lines come from the
-    dashboard's /tail/STREAM endpoint (`substreams ui`)."""
+    dashboard's /tail/STREAM endpoint (`substreams ui`).  A record that does not decode
+    (foreign bytes, an unknown schema, truncated) is dead-lettered and passed over, and
+    the count is said on stderr at the end; under the stream's `on_bad_record: fail` it
+    stops the tail (exit code 2) naming its partition and offset."""
     if from_index is not None and from_order_key is not None:
         raise click.UsageError("give --from-index or --from-order-key, not both")
     config = load_config(config_path)
@@ -51,3 +54,8 @@ def command(
                     )
     finally:
         listener.close()
+    if listener.dead_lettered:
+        click.echo(
+            f"{listener.dead_lettered} undecodable record(s) of '{stream}' dead-lettered to "
+            f"'{config.acker.dead_letter_topic}' (not printed)", err=True,
+        )

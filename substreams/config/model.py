@@ -33,6 +33,8 @@ Kind = Literal["epoch", "tumbling", "hopping", "session", "per_key"]
 Mechanism = Literal["acker", "punctuations"]
 Bound = Literal["firm", "soft"]
 LateRule = Literal["raise", "dead_letter"]
+BadRecordRule = Literal["dead_letter", "fail"]
+"""What a reader of a stream does with a record it cannot decode (``on_bad_record``)."""
 ClientValue = str | int | float | bool
 
 EMBEDDED: str = "embedded"
@@ -223,6 +225,11 @@ class StreamConfig:
     """An int/long field, non-decreasing per partition: what firm bounds are built on."""
     retention_ms: RetentionMs | None = None
     """The data topic's retention.ms (-1: forever); None: ``kafka.data_retention_ms``."""
+    on_bad_record: BadRecordRule = "dead_letter"
+    """A record of the topic no reader can decode (foreign bytes, an unknown schema
+    fingerprint, a truncated body): ``dead_letter`` writes it to the dead-letter topic with
+    its topic, partition, offset and reason and reads on; ``fail`` stops the reader with an
+    error naming them (:mod:`substreams.streams.badrecords`)."""
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,11 @@ class EpochNote:
     """A session's last time (``time`` is its first); None otherwise."""
     entries: tuple[Entry, ...] = ()
     """The records of the time, when asked for (firm read); else empty."""
+    unreadable: int = 0
+    """Records inside ``ranges`` the reader could not decode (foreign bytes, an unknown
+    schema, truncated): dead-lettered, in no ``entries``.  An undecodable record's time
+    is unknown, so it counts for every note whose ranges hold it; a foreign record was
+    never acknowledged, so it is not in ``records`` either."""
 
     @property
     def ident(self) -> tuple[int, int]:

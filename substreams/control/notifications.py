@@ -7,7 +7,9 @@ are, when the last source sealed it and how long the announcement took -- not fr
 events.  The note is the same :class:`~substreams.control.notes.EpochNote` a Spark job's
 ``on_notification`` gets.  With ``records=True`` each note carries the time's records,
 read from exactly the ranges the notification names (the firm read: every record of the
-time and no other, whatever was written since).
+time and no other, whatever was written since); a record there that does not decode is
+dead-lettered and counted in ``note.unreadable`` (``on_bad_record: dead_letter``), or stops
+the reader with a :class:`~substreams.errors.BadRecordError` naming it (``fail``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class Notifications:
             start = from_
         self._subscriber = Subscriber(
             config, [sub.name], bootstrap=bootstrap, start=start, mode="firm",
-            read_records=records,
+            read_records=records, reader=f"notifications:{sub.name}",
         )
 
     def poll(self, timeout: float = 1.0) -> list[EpochNote]:
@@ -77,6 +79,7 @@ class Notifications:
             note.time, note.control_offset, note.control_index, note.records,
             note.sealed_at_ms, note.notified_at_ms, substream=note.substream,
             ranges=note.ranges, until=note.until, entries=tuple(event.records),
+            unreadable=note.unreadable,
         )
 
     def __iter__(self) -> Iterator[EpochNote]:

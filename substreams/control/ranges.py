@@ -14,10 +14,11 @@ from confluent_kafka import TopicPartition
 
 from substreams.config import Config
 from substreams.control.messages import OffsetRange, epoch_covers
-from substreams.errors import SubstreamsError
+from substreams.errors import DecodeError, SubstreamsError
 from substreams.frontier import Keyed, Time
 from substreams.kafka.clock import Deadline
 from substreams.kafka.read import Reader
+from substreams.streams.badrecords import BadRecords
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
 
@@ -61,10 +62,16 @@ def read_ranges(
     time: Time | None = None,
     timeout: float = 30.0,
     until: Time | None = None,
+    bad: BadRecords | None = None,
 ) -> list[Entry]:
     """Every data entry inside ``ranges`` (per partition in offset order), keeping only those
     whose time in ``substream`` belongs to the epoch ``time`` (a session: up to ``until``)
     when both are given.
+
+    A record that does not decode goes to ``bad`` (the caller's, which remembers where
+    its bad records were; else one of this read's, whose letters are delivered before it
+    returns): dead-lettered and passed over, or a
+    :class:`~substreams.errors.BadRecordError` under ``on_bad_record: fail``.
 
     ``timeout`` bounds a *stall*, not the read: it fails only when ``timeout`` seconds pass
     without a record of a wanted range arriving (an epoch of 500 000 records on a slow
@@ -74,6 +81,22 @@ def read_ranges(
         return []
     decoders: dict[str, StreamDecoder] = {}
     out: list[Entry] = []
+    own = bad is None
+    letters = bad if bad is not None else BadRecords(config, "read_ranges", bootstrap=bootstrap)
+    try:
+        _read(bootstrap, config, wanted, substream, time, timeout, until, letters, decoders, out)
+    finally:
+        if own:
+            letters.close()
+    return out
+
+
+def _read(
+    bootstrap: str, config: Config, wanted: list[OffsetRange], substream: str | None,
+    time: Time | None, timeout: float, until: Time | None, bad: BadRecords,
+    decoders: dict[str, StreamDecoder], out: list[Entry],
+) -> None:
+    """:func:`read_ranges`' read, into ``out``."""
     with Reader(bootstrap, config, name="read_ranges") as reader:
         remaining = {(r.stream, r.partition): r for r in wanted}
         reader.assign([TopicPartition(r.stream, r.partition, r.start) for r in wanted])
@@ -94,9 +117,14 @@ def read_ranges(
                 decoder = decoders.get(rng.stream) or decoders.setdefault(
                     rng.stream, StreamDecoder(config, rng.stream)
                 )
-                entry = decoder.decode(msg)
-                if isinstance(entry, Entry) and _in_epoch(entry, substream, time, until):
-                    out.append(entry)
+                try:
+                    entry = decoder.decode(msg)
+                except DecodeError as exc:
+                    bad.message(msg, exc)
+                else:
+                    bad.good()
+                    if isinstance(entry, Entry) and _in_epoch(entry, substream, time, until):
+                        out.append(entry)
                 if msg.offset() >= rng.end - 1:
                     _finish(reader, remaining, key)
             # A range ending in transaction markers: its end of partition is past its end.
@@ -106,7 +134,6 @@ def read_ranges(
             # Checked after a fetch, not before: a zero timeout still reads what is there.
             if remaining and not batch and deadline.passed:
                 raise _stalled(reader, remaining, timeout)
-    return out
 
 
 def _in_epoch(entry: Entry, substream: str | None, time: Time | None, until: Time | None) -> bool:

@@ -45,11 +45,12 @@ from substreams.control.progress import event_time
 from substreams.control.ranges import EpochIndex, read_ranges
 from substreams.control.subscription import SubscriptionFrontiers
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
-from substreams.errors import SubstreamsError
+from substreams.errors import DecodeError, SubstreamsError
 from substreams.frontier import Antichain, Time
 from substreams.kafka import client
 from substreams.kafka.clock import Deadline, until_idle
 from substreams.kafka.read import Reader
+from substreams.streams.badrecords import BadRecords
 from substreams.streams.listener import StreamDecoder
 from substreams.streams.records import Entry
 
@@ -89,10 +90,13 @@ class FrontierAdvanced:
 Event = Data | FrontierAdvanced
 
 
-def _note(substream: str, offset: int, index: int, note: EpochComplete, now_ms: int) -> EpochNote:
+def _note(
+    substream: str, offset: int, index: int, note: EpochComplete, now_ms: int,
+    unreadable: int = 0,
+) -> EpochNote:
     return EpochNote(
         note.time, offset, index, note.records, note.sealed_at_ms, now_ms,
-        substream=substream, ranges=note.ranges, until=note.until,
+        substream=substream, ranges=note.ranges, until=note.until, unreadable=unreadable,
     )
 
 
@@ -161,7 +165,11 @@ class Subscriber:
     (no data topic is read).
     Every control record read counts as one CONTROL_READ of its substream.  A corrupt record
     or a broken hash chain raises :class:`ProtocolError` naming the topic and offset (a break
-    an operator accepted with ``substreams control resume`` is passed, and logged).
+    an operator accepted with ``substreams control resume`` is passed, and logged).  A data
+    record that does not decode follows its stream's ``on_bad_record``
+    (:class:`~substreams.streams.badrecords.BadRecords`, named ``reader``): dead-lettered
+    and passed over (a firm note counts those inside its ranges, ``note.unreadable``), or
+    a :class:`~substreams.errors.BadRecordError`.
     """
 
     def __init__(
@@ -175,6 +183,7 @@ class Subscriber:
         mode: Mode | None = None,
         idle_timeout: float | None = None,
         read_records: bool = True,
+        reader: str = "subscriber",
     ) -> None:
         if not substreams:
             raise SubstreamsError("a subscriber needs at least one substream")
@@ -205,6 +214,7 @@ class Subscriber:
         )
         self._data: Reader | None = None
         self._decoders: dict[str, StreamDecoder] = {}
+        self.bad = BadRecords(config, reader, bootstrap=self.bootstrap)
         try:
             self._position()
             if self.mode == "soft":
@@ -318,12 +328,17 @@ class Subscriber:
         ready: list[_Pending] = []
         while self._pending and self._ready(self._pending[0][3]):
             ready.append(self._pending.popleft())
-        epochs = self._read_epochs(ready) if self._data is None and self.read_records else {}
+        epochs, unreadable = (
+            self._read_epochs(ready) if self._data is None and self.read_records else ({}, {})
+        )
         by_record: dict[int, dict[int, list[Entry]]] = defaultdict(dict)
         for (i, j), entries in epochs.items():
             by_record[i][j] = entries
+        bad_of: dict[int, dict[int, int]] = defaultdict(dict)
+        for (i, j), n in unreadable.items():
+            bad_of[i][j] = n
         for i, pending in enumerate(ready):
-            events.extend(self._handle(pending, by_record.get(i, {})))
+            events.extend(self._handle(pending, by_record.get(i, {}), bad_of.get(i, {})))
         return events
 
     def _take_control(self, followed: Followed) -> None:
@@ -343,9 +358,14 @@ class Subscriber:
             for r in note.ranges
         )
 
-    def _handle(self, pending: _Pending, records: Mapping[int, list[Entry]]) -> list[Event]:
+    def _handle(
+        self, pending: _Pending, records: Mapping[int, list[Entry]],
+        unreadable: Mapping[int, int] | None = None,
+    ) -> list[Event]:
         """The events of one control record: a Data per announced epoch (firm mode;
-        ``records`` by index in the record), then the frontier it moved to."""
+        ``records`` and ``unreadable`` by index in the record), then the frontier it moved
+        to."""
+        bad = unreadable or {}
         topic, offset, body, notes = pending
         sub = self.topics[topic]
         out: list[Event] = []
@@ -354,7 +374,8 @@ class Subscriber:
             if self._data is None:
                 now = int(_time.time() * 1000)
                 out.extend(
-                    Data(sub, note.time, records.get(j, []), _note(sub, offset, j, note, now))
+                    Data(sub, note.time, records.get(j, []),
+                         _note(sub, offset, j, note, now, bad.get(j, 0)))
                     for j, note in enumerate(notes)
                     if self._admits(topic, note.time, note.ranges)
                 )
@@ -368,10 +389,13 @@ class Subscriber:
             out.append(FrontierAdvanced(moved))
         return out
 
-    def _read_epochs(self, ready: Sequence[_Pending]) -> dict[tuple[int, int], list[Entry]]:
+    def _read_epochs(
+        self, ready: Sequence[_Pending]
+    ) -> tuple[dict[tuple[int, int], list[Entry]], dict[tuple[int, int], int]]:
         """Firm mode: the records of every epoch announced in ``ready``, by (position in
         ``ready``, index in its record), read in one pass over the hull of their ranges: one
-        consumer per batch, not per epoch."""
+        consumer per batch, not per epoch; and how many undecodable records each one's
+        ranges hold."""
         wanted: dict[tuple[int, int], tuple[OffsetRange, ...]] = {}
         index: dict[str, EpochIndex[tuple[int, int]]] = {}
         for i, (topic, _, _, notes) in enumerate(ready):
@@ -384,7 +408,13 @@ class Subscriber:
                 )
         out: dict[tuple[int, int], list[Entry]] = {k: [] for k in wanted}
         hull = merge_ranges([r for rs in wanted.values() for r in rs])
-        for entry in read_ranges(self.bootstrap, self.config, hull) if hull else ():
+        read = read_ranges(self.bootstrap, self.config, hull, bad=self.bad) if hull else []
+        self.bad.flush()
+        unreadable = {
+            k: self.bad.within((r.stream, r.partition, r.start, r.end) for r in rs)
+            for k, rs in wanted.items()
+        } if self.bad.dead_lettered else {}
+        for entry in read:
             for sub, epochs in index.items():
                 t = entry.times.get(sub)
                 for key in epochs.get(t) if t is not None else ():
@@ -394,7 +424,7 @@ class Subscriber:
                         for r in wanted[key]
                     ):
                         out[key].append(entry)
-        return out
+        return out, unreadable
 
     def _admits(
         self, topic: str, t: Time, ranges: Sequence[OffsetRange] | None
@@ -421,7 +451,12 @@ class Subscriber:
         batches: dict[tuple[str, Time], list[Entry]] = {}
         for msg in self._data.poll(timeout, 1000):
             key = (msg.topic(), msg.partition())
-            entry = self._decoders[msg.topic()].decode(msg)
+            try:
+                entry = self._decoders[msg.topic()].decode(msg)
+            except DecodeError as exc:
+                self.bad.message(msg, exc)
+                continue
+            self.bad.good()
             if not isinstance(entry, Entry):
                 continue
             for topic, sub in self.topics.items():
@@ -438,9 +473,12 @@ class Subscriber:
         if self._closed:
             return
         self._closed = True
-        self._control.close()
-        if self._data is not None:
-            self._data.close()
+        try:
+            self.bad.close()
+        finally:
+            self._control.close()
+            if self._data is not None:
+                self._data.close()
 
     def __enter__(self) -> Subscriber:
         return self

@@ -224,7 +224,10 @@ def decode_envelopes(kafka: Any, stream: StreamConfig, config: Config | None = N
     its writer schema looked up in the schema topic as a listener does
     (:class:`~substreams.streams.listener.StreamDecoder`); without, only ``stream``'s own
     schema decodes.  A record no schema decodes (an unknown fingerprint, no single-object
-    prefix) fails the query (``SchemaMismatchError``), as every substreams reader does.
+    prefix, a truncated body) follows the stream's ``on_bad_record`` with ``config``, as
+    every substreams reader does (dead-lettered from the task and left out, or a
+    ``BadRecordError`` naming topic, partition and offset); without a config (no
+    dead-letter topic known) it fails the query (``SchemaMismatchError``).
     Works on batch and streaming DataFrames.
 
     Why ``mapInPandas`` with the project's :class:`~substreams.streams.schemas.Codec` and
@@ -263,6 +266,8 @@ def _decoder(
     def decode(batches: Iterator[Any]) -> Iterator[Any]:
         import pandas as pd
 
+        from substreams.errors import DecodeError
+        from substreams.streams.badrecords import BadRecords
         from substreams.streams.listener import StreamDecoder
         from substreams.streams.schemas import Codec, envelope_schema, is_punctuation
 
@@ -270,18 +275,29 @@ def _decoder(
             Codec(envelope_schema(payload_schema), label=f"stream '{name}'") if config is None
             else StreamDecoder(config, name, bootstrap).codec
         )
-        for batch in batches:
-            rows: list[list[Any]] = []
-            for value, partition, offset in zip(
-                batch["value"], batch["partition"], batch["offset"], strict=True
-            ):
-                data = bytes(value)
-                if is_punctuation(data):
-                    continue
-                rec = codec.decode_single(data)
-                rows.append(
-                    [*layout.values(rec["payload"]), rec["order_key"], int(partition), int(offset)]
-                )
-            yield pd.DataFrame(rows, columns=columns)
+        bad = None if config is None else BadRecords(config, f"spark.decode:{name}",
+                                                     bootstrap=bootstrap)
+        try:
+            for batch in batches:
+                rows: list[list[Any]] = []
+                for value, partition, offset in zip(
+                    batch["value"], batch["partition"], batch["offset"], strict=True
+                ):
+                    data = bytes(value) if value is not None else b""
+                    if is_punctuation(data):
+                        continue
+                    try:
+                        rec = codec.decode_single(data)
+                    except DecodeError as exc:
+                        if bad is None:
+                            raise
+                        bad.bad(name, int(partition), int(offset), data, exc)
+                        continue
+                    rows.append([*layout.values(rec["payload"]), rec["order_key"],
+                                 int(partition), int(offset)])
+                yield pd.DataFrame(rows, columns=columns)
+        finally:
+            if bad is not None:
+                bad.close()  # the task's letters delivered before it ends
 
     return decode

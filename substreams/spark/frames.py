@@ -82,6 +82,9 @@ class FrameBatchHandler:
         self._last_batch = max(self._last_batch, batch_id)
         results: dict[tuple[int, int], int] = {}
         if marks and not sealed:
+            # its undecodable records: dead-lettered by a job of their own (the rows are
+            # joined to their epochs in the plan, which drops a record of no epoch)
+            self.jvm.dead_letter(df.sparkSession, marks)
             rows, _ = self.jvm.batch_rows(df.sparkSession, marks)
             out = self.transform(rows)
             for col in missing_note_columns(out.columns):

@@ -19,8 +19,13 @@ log, so a replayed batch names the same epochs; only the records' read moves her
   ...)``) is decoded with ``from_avro`` using the writer schema its prefix names (every
   schema the stream registered, :mod:`substreams.streams.evolution`) and the config's
   schema as the reader schema (``avroSchema`` option: Avro resolution, so schema
-  evolution keeps working); a prefix no registered schema has (or none) fails the batch
-  (``raise_error``), as every substreams reader refuses it.  Headers are not read;
+  evolution keeps working).  A record that does not decode -- no single-object prefix
+  (``foreign_bytes``), a fingerprint no registered schema has (``unknown_schema``), a body
+  ``from_avro`` cannot read (``undecodable``: its ``PERMISSIVE`` mode's struct of nulls)
+  -- is kept
+  out of every epoch and carried in the ``_bad`` (reason) and ``_raw`` (bytes) columns to
+  the task, which dead-letters it or, under the stream's ``on_bad_record: fail``, fails
+  the batch naming its partition and offset (:func:`bad_rows`).  Headers are not read;
 * a record belongs to the notification whose time its envelope's ``times[substream]``
   equals (a session's or a window's: between its ``time`` and ``until``).  A one-unit
   batch of ``run`` finds it in its unit task (:func:`placed_table`: the plan has no notes
@@ -247,13 +252,23 @@ class Decoding:
 def decoded(kafka: Any, decoding: Decoding, label: str) -> Any:
     """``kafka`` (a ``format("kafka")`` DataFrame) -> its data records as
     ``env`` (the envelope in the reader's shape), ``partition``, ``offset``; punctuations
-    dropped, an unknown fingerprint fails the query naming it."""
-    keep, decode = _decode_columns(decoding, label)
+    dropped, an unknown fingerprint fails the query naming it (the benchmarks' baseline
+    decode: the firm read keeps bad records instead, :func:`unplaced_records`)."""
+    keep, decode = _decode_columns(decoding, label, strict=True)
     return kafka.where(keep).select(*decode)
 
 
-def _decode_columns(decoding: Decoding, label: str) -> tuple[Any, list[Any]]:
-    """:func:`decoded`'s filter and columns."""
+REASON_FOREIGN = "foreign_bytes"
+REASON_UNKNOWN_SCHEMA = "unknown_schema"
+REASON_UNDECODABLE = "undecodable"
+"""The dead-letter reasons (:mod:`substreams.streams.deadletter`'s), as the JVM states them."""
+
+
+def _decode_columns(
+    decoding: Decoding, label: str, strict: bool = False
+) -> tuple[Any, list[Any]]:
+    """:func:`decoded`'s filter and columns; not ``strict``: a record that does not decode
+    gets a null ``env`` and its reason in ``_bad``, its bytes in ``_raw``."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
@@ -264,18 +279,44 @@ def _decode_columns(decoding: Decoding, label: str) -> tuple[Any, list[Any]]:
     # a prefix
     keep = F.coalesce(~head.isin(*(_binary(p) for p in punct)), F.lit(True))
     env: Any = None
-    options = {"avroSchema": decoding.reader, "mode": "FAILFAST"}
+    known: Any = None
+    options = {"avroSchema": decoding.reader, "mode": "FAILFAST" if strict else "PERMISSIVE"}
     for writer_fp, writer in sorted(decoding.writers.items()):
         branch = from_avro(body, writer, options)
         match = head == _binary(SINGLE_OBJECT_MARKER + bytes.fromhex(writer_fp))
         env = F.when(match, branch) if env is None else env.when(match, branch)
-    unknown = F.raise_error(F.concat(
-        F.lit(f"{label}: record whose single-object prefix (C3 01 marker, schema "
-              "fingerprint) is "),
-        F.coalesce(F.lower(F.hex(head)), F.lit("<none>")),
-        F.lit(", which no registered schema of the stream has; refusing to decode it"),
-    ))
-    return keep, [env.otherwise(unknown).alias("env"), F.col("partition"), F.col("offset")]
+        known = match if known is None else known | match
+    if strict:
+        unknown = F.raise_error(F.concat(
+            F.lit(f"{label}: record whose single-object prefix (C3 01 marker, schema "
+                  "fingerprint) is "),
+            F.coalesce(F.lower(F.hex(head)), F.lit("<none>")),
+            F.lit(", which no registered schema of the stream has; refusing to decode it"),
+        ))
+        return keep, [env.otherwise(unknown).alias("env"), F.col("partition"),
+                      F.col("offset")]
+    return keep, [env.alias("env"), F.col("partition"), F.col("offset"), F.col("value"),
+                  (known if known is not None else F.lit(False)).alias("_known")]
+
+
+def _bad_columns() -> list[Any]:
+    """Over the decode's projection (``env``, ``value``, ``_known``): ``_bad``, null when
+    the value decoded, else the reason it did not (the Python decoder's rule), and
+    ``_raw``, the bytes of a bad record (null for a good one: nothing else carries them)."""
+    from pyspark.sql import functions as F
+
+    value = F.col("value")
+    prefixed = (F.length(value) >= PREFIX_BYTES) & (
+        F.substring(value, 1, len(SINGLE_OBJECT_MARKER)) == _binary(SINGLE_OBJECT_MARKER))
+    bad = (
+        F.when(F.coalesce(~prefixed, F.lit(True)), F.lit(REASON_FOREIGN))
+        .when(~F.col("_known"), F.lit(REASON_UNKNOWN_SCHEMA))
+        # from_avro's PERMISSIVE mode gives a struct of nulls for a body it cannot read;
+        # a decoded envelope always has its order key
+        .when(F.col("env").isNull() | F.col("env.order_key").isNull(),
+              F.lit(REASON_UNDECODABLE))
+    )
+    return [bad.alias("_bad"), F.when(bad.isNotNull(), value).alias("_raw")]
 
 
 _TO_THE_END = 2**31 - 1
@@ -357,6 +398,7 @@ class _RecordColumns:
             F.col("partition").cast("int").alias("partition"),
             F.col("offset"),
             F.col("env.times")[substream].alias("_t"),
+            *_bad_columns(),
         ]
         to_seq = spark.sparkContext._jvm.PythonUtils.toSeq
         made = _RecordColumns(
@@ -507,6 +549,56 @@ def unplaced_records(
     return DataFrame(kafka.filter(keep).select(decode).filter(kept).select(fields), spark)
 
 
+_BAD_DETAIL = {
+    REASON_FOREIGN: "not a single-object encoded record (no C3 01 marker and 8-byte schema "
+                    "fingerprint before the body)",
+    REASON_UNKNOWN_SCHEMA: "written with a schema fingerprint no registered schema of the "
+                           "stream has",
+    REASON_UNDECODABLE: "its body does not decode with the writer schema its fingerprint "
+                        "names (truncated or garbled)",
+}
+
+
+def bad_rows(batches: Sequence[Any]) -> list[tuple[int, int, bytes, str]]:
+    """The records of :func:`unplaced_records`' Arrow ``batches`` that did not decode:
+    (partition, offset, raw bytes, reason) each."""
+    out: list[tuple[int, int, bytes, str]] = []
+    for batch in batches:
+        if "_bad" not in batch.schema.names or batch.column("_bad").null_count == len(batch):
+            continue
+        reasons = batch.column("_bad").to_pylist()
+        parts, offsets = batch.column("partition"), batch.column("offset")
+        raws = batch.column("_raw")
+        for i, why in enumerate(reasons):
+            if why is not None:
+                raw = raws[i].as_py()
+                out.append((int(parts[i].as_py()), int(offsets[i].as_py()), raw or b"", why))
+    return out
+
+
+def dead_letter_rows(
+    config: Config, stream: str, reader: str, bootstrap: str,
+    bad: Sequence[tuple[int, int, bytes, str]],
+) -> int:
+    """Dead-letter the :func:`bad_rows` of a task (their letters durable before it
+    returns), or raise :class:`~substreams.errors.BadRecordError` under the stream's
+    ``on_bad_record: fail``.  At least once: a retried task writes them again, with the
+    same topic, partition and offset (docs/design.md, "Bad records")."""
+    if not bad:
+        return 0
+    from substreams.streams.badrecords import BadRecords
+
+    letters = BadRecords(config, reader, bootstrap=bootstrap)
+    try:
+        for partition, offset, raw, why in sorted(bad, key=lambda b: (b[0], b[1])):
+            letters.bad(stream, partition, offset, raw,
+                        f"stream '{stream}': {_BAD_DETAIL.get(why, why)} (read by Spark)",
+                        reason=why)
+    finally:
+        letters.close()
+    return len(bad)
+
+
 def _covers(t: Mapping[str, Any], n: Mapping[str, Any]) -> bool:
     """Whether time ``t`` (a record's ``_t``) lies in span notification ``n``'s times:
     same key and kind, every coordinate between the notification's and its ``until``'s."""
@@ -623,5 +715,5 @@ def _joined_epochs(recs: Any, notes: Any, spans: bool) -> Any:
     return joined.drop("until_coords")
 
 
-__all__ = ["Decoding", "decoded", "jvm_unsupported", "kafka_options", "placed_table", "records",
-           "unplaced_records"]
+__all__ = ["Decoding", "bad_rows", "dead_letter_rows", "decoded", "jvm_unsupported",
+           "kafka_options", "placed_table", "records", "unplaced_records"]

@@ -68,6 +68,10 @@ shuffle (the latency of small steady-state batches); larger ones use the query's
 SUMMARY_DDL = ", ".join(f"{name} {kind}" for name, kind in SUMMARY_FIELDS)
 
 
+BadRowsTarget = tuple[Config, str, str, str]
+"""Where a task's undecodable records go: config, stream, reader name, bootstrap."""
+
+
 def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function of a batch: Arrow batches in, summaries out."""
 
@@ -88,27 +92,32 @@ def _unit_task(plan: UnitPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
 
 
 def _placed_unit_task(
-    plan: UnitPlan, notes: list[dict[str, Any]], schema: Any
+    plan: UnitPlan, notes: list[dict[str, Any]], schema: Any, bad: BadRowsTarget,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function of a one-unit JVM-read batch: the batch's decoded
-    records in (:func:`~substreams.spark.jvm_read.unplaced_records`), matched to ``notes``
-    and sorted here (:func:`~substreams.spark.jvm_read.placed_table`), then the same unit
-    as :func:`_unit_task`'s; summaries out."""
+    records in (:func:`~substreams.spark.jvm_read.unplaced_records`), those that did not
+    decode dead-lettered (``bad``: config, stream, reader name, bootstrap), the others
+    matched to ``notes`` and sorted here (:func:`~substreams.spark.jvm_read.placed_table`),
+    then the same unit as :func:`_unit_task`'s; summaries out."""
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
-        from substreams.spark.jvm_read import placed_table
+        from substreams.spark.jvm_read import bad_rows, dead_letter_rows, placed_table
 
         worker_logging()
         ctx = TaskContext.get()
         unit = ctx.partitionId() if ctx is not None else 0
-        table = placed_table(list(batches), notes, schema,
-                             sort_columns(plan.operator.group_by))
+        got = list(batches)
+        # A dropped record may be one an epoch counted (an acknowledged record this reader
+        # cannot decode): the count check would then stop the batch the letter let go on.
+        checked = plan if not dead_letter_rows(*bad, bad_rows(got)) else replace(
+            plan, verify=False)
+        table = placed_table(got, notes, schema, sort_columns(plan.operator.group_by))
         if columnar(plan.operator):
-            sums = run_unit_batches(plan, unit, table.to_batches())
+            sums = run_unit_batches(checked, unit, table.to_batches())
         else:
-            sums = run_unit(plan, unit, table.to_pylist())
+            sums = run_unit(checked, unit, table.to_pylist())
         yield from _summary_batches(sums)
 
     return task
@@ -143,6 +152,7 @@ class JvmRead:
         self.substream = substream
         self.stream = config.substream(substream).stream
         self.bootstrap = bootstrap
+        self.query = query
         self.group_id = f"substreams.spark.{query}.read"
         """Stable: Spark pools executor consumers by (group id, partition)."""
         self.layout = PayloadLayout(config.stream(self.stream))
@@ -261,6 +271,31 @@ class JvmRead:
         if self._arrow is None:
             self._arrow = to_arrow_schema(self.layout_struct)
         return recs, local, self._arrow, all(r.stream == self.stream for r in ranges)
+
+    @property
+    def bad_target(self) -> BadRowsTarget:
+        """Where the tasks send undecodable records (as the query's reader)."""
+        return (self.config, self.stream, f"spark.{self.query}", self.bootstrap)
+
+    def dead_letter(self, spark: SparkSession, marks: list[Any]) -> int:
+        """Dead-letter the undecodable records of the batch's ranges, found by a Spark job
+        of their own that reads the ranges (only those records reach the driver), or raise
+        :class:`~substreams.errors.BadRecordError` under ``on_bad_record: fail``; how many.
+        For the reads whose rows are joined to their epochs in the plan (a large batch's,
+        ``run_frames``'), where a record of no epoch is dropped."""
+        from pyspark.sql import functions as F
+
+        from substreams.spark.jvm_read import dead_letter_rows
+
+        ranges, _ = self._local(marks)
+        if not self._reads(ranges):
+            return 0
+        recs = unplaced_records(spark, self.config, self.stream, self.substream,
+                                self.bootstrap, ranges, self.decoding(), self.group_id)
+        bad = [(int(r["partition"]), int(r["offset"]), bytes(r["_raw"] or b""), str(r["_bad"]))
+               for r in recs.where(F.col("_bad").isNotNull())
+               .select("partition", "offset", "_raw", "_bad").collect()]
+        return dead_letter_rows(*self.bad_target, bad)
 
     def batch_rows(self, spark: SparkSession, marks: list[Any]) -> tuple[DataFrame, bool]:
         """The batch's rows as the Python read would give them -- records read and decoded
@@ -486,11 +521,16 @@ class EpochBatchHandler:
             # one stage, a plan of the same shape every batch (no notes in it).
             recs, local, arrow, ours = unplaced
             plan = replace(self.plan(batch_id, units, sealed), verify=ours)
-            mapped = recs.coalesce(1).mapInArrow(_placed_unit_task(plan, local, arrow),
-                                                 SUMMARY_DDL)
+            mapped = recs.coalesce(1).mapInArrow(
+                _placed_unit_task(plan, local, arrow, jvm.bad_target), SUMMARY_DDL)
             t_plan = time.perf_counter()
         else:
+            # A large batch (a backlog): its undecodable records are found by a job of their
+            # own, before the units run (the join with the epochs drops them); the count
+            # check cannot tell them from an epoch's records then.
+            dropped = jvm.dead_letter(df.sparkSession, marks)
             rows, ours = jvm.batch_rows(df.sparkSession, marks)
+            ours = ours and not dropped
             placed = rows.coalesce(1) if single else rows.repartition(
                 units, *partition_columns(op.group_by))
             part = placed.sortWithinPartitions(*sort_columns(op.group_by))

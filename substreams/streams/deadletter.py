@@ -45,6 +45,13 @@ REASON_TERMINATED = "terminated_time"
 REASON_STALE = "stale_incarnation"
 REASON_LATE = "late_record"
 """A record a publisher refused under its seal policy's ``late: dead_letter`` rule."""
+REASON_FOREIGN = "foreign_bytes"
+"""A data-topic record that is not single-object encoded Avro (JSON, empty, anything)."""
+REASON_UNKNOWN_SCHEMA = "unknown_schema"
+"""A data-topic record whose writer fingerprint no registered schema of its stream has."""
+REASON_UNDECODABLE = "undecodable"
+"""A data-topic record of a known fingerprint whose body does not decode (truncated,
+garbled, written with another schema under that fingerprint)."""
 
 Delivered = Callable[[KafkaError | None, Message], None]
 
@@ -131,15 +138,18 @@ class DeadLetterWriter:
         ))
 
     def write(
-        self, letter: DeadLetter, key: bytes | None = None, on_delivery: Delivered | None = None
+        self, letter: DeadLetter, key: bytes | None = None, on_delivery: Delivered | None = None,
+        *, quiet: bool = False,
     ) -> DeadLetter:
         """Write ``letter`` (``key``: a transactional writer's message key; ``on_delivery``:
-        a plain writer's delivery callback)."""
-        log.warning(
-            "dead letter: %s at %s[%d]@%d%s: %s", letter.reason, letter.topic, letter.partition,
-            letter.offset, "" if letter.source is None else f" (source '{letter.source}')",
-            letter.detail,
-        )
+        a plain writer's delivery callback; ``quiet``: no log line, the caller logs runs of
+        letters itself)."""
+        if not quiet:
+            log.warning(
+                "dead letter: %s at %s[%d]@%d%s: %s", letter.reason, letter.topic,
+                letter.partition, letter.offset,
+                "" if letter.source is None else f" (source '{letter.source}')", letter.detail,
+            )
         metrics.DEAD_LETTERS.labels(self.service, letter.reason).inc()
         self.written += 1
         if self._publisher is not None:

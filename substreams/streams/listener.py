@@ -18,10 +18,11 @@ from typing import Any, Literal
 from confluent_kafka import KafkaException, Message, TopicPartition
 
 from substreams.config import Config
-from substreams.errors import ProtocolError, SchemaMismatchError, SubstreamsError
+from substreams.errors import DecodeError, ProtocolError, SchemaMismatchError, SubstreamsError
 from substreams.kafka import client
 from substreams.kafka.clock import Deadline
 from substreams.kafka.read import Reader
+from substreams.streams.badrecords import BadRecords
 from substreams.streams.records import Entry, times_from_wire
 from substreams.streams.schemas import Codec, envelope_schema, is_punctuation, protocol_codec
 
@@ -111,7 +112,10 @@ class Listener:
     publisher per partition or publishers advancing together; entries below the key that a
     search skips over are filtered out as well).  End: after ``max_entries`` entries, or once
     every partition has passed ``until_order_key`` (entries with a larger order key are not
-    yielded), or never.
+    yielded), or never.  A record it cannot decode follows its stream's ``on_bad_record``
+    (:class:`~substreams.streams.badrecords.BadRecords`, named ``reader``): dead-lettered
+    and passed over (:attr:`dead_lettered` counts them), or a
+    :class:`~substreams.errors.BadRecordError`.
     """
 
     def __init__(
@@ -126,6 +130,7 @@ class Listener:
         until_order_key: int | None = None,
         include_punctuations: bool = False,
         bootstrap: str | None = None,
+        reader: str = "listener",
     ) -> None:
         if from_index is not None and from_order_key is not None:
             raise SubstreamsError("give from_index or from_order_key, not both")
@@ -139,6 +144,7 @@ class Listener:
         self.min_order_key = from_order_key
         self.include_punctuations = include_punctuations
         self.count = 0
+        self.bad = BadRecords(config, f"{reader}:{stream}", bootstrap=self.bootstrap)
         self._reader = Reader(self.bootstrap, config, name=f"stream '{stream}'")
         if from_order_key is not None:
             starts = {p: self._search(p, from_order_key) for p in self.partitions}
@@ -160,7 +166,10 @@ class Listener:
         """(offset, order key) of the first data entry at or after ``offset``, or None."""
         probe.assign([TopicPartition(self.stream, partition, offset)])
         for msg in probe.iter_to_end(10.0):
-            entry = self.decoder.decode(msg)
+            try:
+                entry = self.decoder.decode(msg)
+            except DecodeError:  # the read itself dead-letters it (or fails) when it gets there
+                continue
             if isinstance(entry, Entry):
                 return entry.index, entry.order_key
         return None
@@ -179,6 +188,11 @@ class Listener:
             return int(lo)
 
     # -- reading -------------------------------------------------------------------------
+
+    @property
+    def dead_lettered(self) -> int:
+        """Records this listener could not decode and dead-lettered."""
+        return self.bad.dead_lettered
 
     @property
     def state(self) -> ListenerState:
@@ -206,8 +220,14 @@ class Listener:
         return None
 
     def _accept(self, msg: Message) -> Entry | PunctuationEntry | None:
-        """The entry of ``msg`` if this listener yields it (None: skipped, counted as read)."""
-        entry = self.decoder.decode(msg)
+        """The entry of ``msg`` if this listener yields it (None: skipped, counted as read;
+        an undecodable record dead-lettered or, under ``on_bad_record: fail``, raised)."""
+        try:
+            entry = self.decoder.decode(msg)
+        except DecodeError as exc:
+            self.bad.message(msg, exc)
+            return None
+        self.bad.good()
         if isinstance(entry, PunctuationEntry):
             return entry if self.include_punctuations else None
         if self.min_order_key is not None and entry.order_key < self.min_order_key:
@@ -239,7 +259,10 @@ class Listener:
                     return
 
     def close(self) -> None:
-        self._reader.close()
+        try:
+            self.bad.close()  # its letters delivered
+        finally:
+            self._reader.close()
 
     def __enter__(self) -> Listener:
         return self

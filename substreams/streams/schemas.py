@@ -39,7 +39,7 @@ import fastavro
 from fastavro.schema import fingerprint as _fingerprint
 from fastavro.schema import parse_schema, to_parsing_canonical_form
 
-from substreams.errors import SchemaMismatchError
+from substreams.errors import ForeignRecordError, SchemaMismatchError, UnknownSchemaError
 
 SCHEMA_PACKAGE = "substreams"
 SCHEMA_FOLDER = "avro"
@@ -179,7 +179,7 @@ class Codec:
             return self._read(buf, None)
         found = prefix_fingerprint(data)
         if found is None:
-            raise SchemaMismatchError(
+            raise ForeignRecordError(
                 f"{self.label}: not a single-object encoded record (no C3 01 marker and "
                 f"8-byte schema fingerprint before the body; {len(data)} bytes starting "
                 f"{data[:PREFIX_BYTES].hex() or '<empty>'}); refusing to decode it"
@@ -217,7 +217,7 @@ class Codec:
             return parsed
         found = self._writers(fingerprint_hex) if self._writers is not None else None
         if found is None:
-            raise SchemaMismatchError(
+            raise UnknownSchemaError(
                 f"{self.label}: record written with schema fingerprint "
                 f"{fingerprint_hex.decode(errors='replace')}, this reader knows "
                 f"{self.fingerprint_hex.decode()}"

@@ -60,13 +60,17 @@ def open_listener(
     from_index: int | None = None,
     from_order_key: int | None = None,
     bootstrap: str | None = None,
+    reader: str = "tail",
 ) -> Listener:
-    """A listener for ``stream`` from an index (default 0) or an order key."""
+    """A listener for ``stream`` from an index (default 0) or an order key; a record it
+    cannot decode is dead-lettered and passed over (or stops it, under ``on_bad_record:
+    fail``), its letters written as ``reader``."""
     config.stream(stream)  # a ConfigError naming the known streams
     if from_index is not None and from_index < 0:
         raise SubstreamsError(f"--from-index must be >= 0, got {from_index}")
     return Listener(
-        config, stream, from_index=from_index, from_order_key=from_order_key, bootstrap=bootstrap
+        config, stream, from_index=from_index, from_order_key=from_order_key, bootstrap=bootstrap,
+        reader=reader,
     )
 
 

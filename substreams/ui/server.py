@@ -120,6 +120,7 @@ class _Handler(BaseHTTPRequestHandler):
                 from_index=from_index,
                 from_order_key=from_key,
                 bootstrap=self.server.model.bootstrap,
+                reader="ui.tail",
             )
         except SubstreamsError as exc:
             self._error(HTTPStatus.BAD_REQUEST, str(exc))
@@ -127,8 +128,11 @@ class _Handler(BaseHTTPRequestHandler):
         follow = one("follow") in ("1", "true", "yes")
         try:
             self._start_chunked("application/x-ndjson")
-            for entry in tail(listener, follow=follow, stop=self.server.stopping):
-                self._chunk(json_line(entry).encode() + b"\n")
+            try:
+                for entry in tail(listener, follow=follow, stop=self.server.stopping):
+                    self._chunk(json_line(entry).encode() + b"\n")
+            except SubstreamsError as exc:  # on_bad_record: fail -- said, not dropped
+                self._chunk(json.dumps({"error": str(exc)}).encode() + b"\n")
             self._end_chunked()
         finally:
             listener.close()

@@ -102,7 +102,7 @@ def test_stage_logs_start_from_committed_offsets_and_dead_letters(
         pub.publish({"user": "u", "url": "/0", "ts": 0})
     producer = Producer({"bootstrap.servers": config.kafka.bootstrap})
     # the stream's single-object prefix before a body that does not decode; then bytes
-    # without a prefix at all: both dead-lettered as malformed
+    # without a prefix at all: dead-lettered as undecodable and foreign_bytes
     prefix = Codec(envelope_schema(CLICK_SCHEMA)).prefix
 
     def run_stage(idle_s: float) -> tuple[int, int]:
@@ -125,9 +125,9 @@ def test_stage_logs_start_from_committed_offsets_and_dead_letters(
     assert has(said, f"stage '{name}' started", f"input '{clicks}' from offsets {{0: 3}}")
     assert has(said, f"stage '{name}' started", f"input '{clicks}' from offsets {{0: 4}}")
     assert has(said, f"stage '{name}' stopped after 1 records in, 1 out, 1 dead letters")
-    letters = lines(caplog, "substreams.streams.deadletter")
-    assert has(letters, f"dead letter: malformed at {clicks}[0]@2", "cannot decode")
-    assert has(letters, f"dead letter: malformed at {clicks}[0]@3",
+    letters = lines(caplog, "substreams.streams.badrecords")
+    assert has(letters, f"undecodable record at {clicks}[0]@2 (undecodable", "cannot decode")
+    assert has(letters, f"undecodable record at {clicks}[0]@3 (foreign_bytes",
                "not a single-object encoded record")
 
 

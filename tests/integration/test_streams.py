@@ -169,11 +169,18 @@ def test_reader_refuses_unknown_schema_fingerprint(make_config: ConfigFactory, t
     import dataclasses
 
     other = dict(CLICK_SCHEMA, fields=[*CLICK_SCHEMA["fields"], {"name": "extra", "type": "int"}])
-    sc = dataclasses.replace(writer_cfg.streams[0], schema=other)
+    sc = dataclasses.replace(writer_cfg.streams[0], schema=other, on_bad_record="fail")
     reader_cfg = dataclasses.replace(writer_cfg, streams=(sc,))
     with Listener(reader_cfg, stream) as listener, pytest.raises(SchemaMismatchError) as err:
         read_all(listener)
-    assert "fingerprint" in str(err.value) and stream in str(err.value)
+    assert "fingerprint" in str(err.value) and f"{stream}[0]@0 (undecodable)" in str(err.value)
+    # a registered writer schema this reader cannot resolve: undecodable.  The default,
+    # on_bad_record: dead_letter -- refused (not decoded into garbage), passed over
+    reader_cfg = dataclasses.replace(
+        writer_cfg, streams=(dataclasses.replace(sc, on_bad_record="dead_letter"),))
+    with Listener(reader_cfg, stream) as listener:
+        assert list(listener.entries(idle_timeout=0.5)) == []
+        assert listener.dead_lettered == 1
 
 
 def test_payload_not_matching_schema_is_a_clear_error(make_config: ConfigFactory) -> None:

@@ -5,6 +5,7 @@ same exactly-once write, and schema evolution across the writer schemas a stream
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -16,6 +17,7 @@ from pyspark.sql import functions as F
 
 from substreams.app import DIRECT, Application
 from substreams.control.messages import OffsetRange
+from substreams.kafka.read import drain
 from substreams.spark import ArrowEpochOperator
 from substreams.spark.frames import run_frames
 from substreams.spark.jvm_read import Decoding, jvm_unsupported, kafka_options
@@ -23,7 +25,8 @@ from substreams.spark.operator import EpochNote
 from substreams.spark.options import CONFIG_PICKLE, ship_config
 from substreams.spark.runner import JvmRead, run
 from substreams.streams.evolution import stream_fingerprint
-from tests.conftest import CLICK_SCHEMA, ConfigFactory
+from substreams.streams.schemas import Codec, envelope_schema
+from tests.conftest import CLICK_SCHEMA, ConfigFactory, read_dead_letters
 from tests.integration.test_schema_evolution import V1, V2, with_schema
 from tests.spark.conftest import running_acker, wait_for_epochs, window_clicks
 from tests.spark.jobs import out_stream
@@ -167,7 +170,7 @@ def test_dataframe_ops_and_arrow_operator_on_the_jvm_read(
     assert sum(n.results for n in op.notes) == len(truth)
 
 
-def test_the_jvm_read_decodes_every_writer_schema_and_refuses_an_unknown_one(
+def test_the_jvm_read_decodes_every_writer_schema_and_dead_letters_an_unknown_one(
     spark: SparkSession, make_config: ConfigFactory, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -211,9 +214,23 @@ def test_the_jvm_read_decodes_every_writer_schema_and_refuses_an_unknown_one(
     # a reader that never saw v3 registered (the schema topic read before it was)
     known = Decoding.of(v2, stream, {stream_fingerprint(V1): V1})
     monkeypatch.setattr(JvmRead, "decoding", lambda self: known)
-    with pytest.raises(Exception, match="no registered schema of the stream has"):
-        run_frames(refs, v2, w, name="jvm-evolve", spark=spark, once=True,
+    offsets = sorted(m.offset() for p in (0, 1)
+                     for m in drain(v2.kafka.bootstrap, v2, stream, partition=p)
+                     if m.value()[:10] == Codec(envelope_schema(odd)).prefix)
+    # on_bad_record: fail -- the query fails, naming topic, partition and offset
+    failing = dataclasses.replace(v2, streams=tuple(
+        dataclasses.replace(sc, on_bad_record="fail") for sc in v2.streams))
+    with pytest.raises(Exception, match=rf"{stream}\[\d\]@\d+ \(unknown_schema\)"):
+        run_frames(refs, failing, w, name="jvm-evolve", spark=spark, once=True,
                    checkpoint=tmp_path / "ev", on_results=collect)
+    # the default: its records are dead-lettered (never decoded into garbage), the query
+    # goes on and the epoch holds none of them
+    run_frames(refs, v2, w, name="jvm-evolve", spark=spark, once=True,
+               checkpoint=tmp_path / "ev", on_results=collect)
+    assert sorted(seen) == [(0, "-")] * 4 + [(1, "r")] * 3
+    letters = [d for d in read_dead_letters(v2) if d.service == "spark.jvm-evolve"]
+    assert {d.reason for d in letters} == {"unknown_schema"}
+    assert sorted(d.offset for d in letters) == offsets and len(offsets) == 2
 
 
 class EpochCount(ArrowEpochOperator):

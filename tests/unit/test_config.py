@@ -565,6 +565,15 @@ def test_bad_enumerations(project: Path, key: str, value: str, allowed: str) -> 
     assert f"'{value}' is not allowed; allowed: {allowed}" in str(err)
 
 
+def test_on_bad_record_defaults_to_dead_letter_and_names_a_bad_value(project: Path) -> None:
+    assert load(project, STREAM).streams[0].on_bad_record == "dead_letter"
+    assert load(project, STREAM + "    on_bad_record: fail\n").streams[0].on_bad_record == "fail"
+    err = fail(project, STREAM + "    on_bad_record: skip\n")
+    assert (err.line, err.key, err.value) == (5, "streams[0].on_bad_record", "skip")
+    assert err.allowed == "dead_letter, fail"
+    assert "'skip' is not allowed; allowed: dead_letter, fail" in str(err)
+
+
 @pytest.mark.parametrize(
     ("kind", "extra", "missing"),
     [
