@@ -734,7 +734,7 @@ def _jvm_read(
     why_not = jvm_unsupported(config, config.substream(substream).stream)
     if why_not is None and not jvm_read_available(spark):
         why_not = ("the session has no Spark Kafka connector and spark-avro (create it with "
-                   "substreams.spark.session(), or submit with substreams submit)")
+                   "substreams.spark.session.session(), or submit with substreams submit)")
     if why_not is not None:
         log.warning("spark runner: query '%s' reads in Python: %s", name, why_not)
         return None
