@@ -165,7 +165,7 @@ def run_frames(
     if not jvm_read_available(spark):
         raise SubstreamsError(
             "run_frames: the session has no Spark Kafka connector and spark-avro (create it "
-            "with substreams.spark.session(), or submit with substreams submit)"
+            "with substreams.spark.session.session(), or submit with substreams submit)"
         )
     quiet_group_id_warning(spark)
     writer = None

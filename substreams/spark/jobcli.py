@@ -43,14 +43,23 @@ def job_command(
         metrics_port: int | None,
         read: str,
     ) -> None:
+        from substreams.spark.lifecycle import die_with_parent, record_user_error
         from substreams.spark.runner import run
 
+        die_with_parent()
         driver_logging()
         path = config_path or os.environ.get(ENV_CONFIG) or "substreams.yaml"
         try:
             config = load_config(path)
+            operator = factory(config, substream)
+        except BaseException as exc:
+            record_user_error(exc)  # `run` records its own
+            if isinstance(exc, SubstreamsError):
+                raise click.ClickException(str(exc)) from exc
+            raise
+        try:
             run(
-                factory(config, substream),
+                operator,
                 config,
                 substream,
                 output or None,

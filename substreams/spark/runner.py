@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, replace
@@ -674,6 +675,36 @@ def run(
     in the source's Python read tasks.  ``jvm`` falls back to ``python``, with a warning,
     where the JVM cannot serve (:func:`substreams.spark.jvm_read.jvm_unsupported`).
     """
+    from substreams.spark.lifecycle import die_with_parent, record_user_error
+
+    die_with_parent()
+    try:
+        return _run(operator, config, substream, output_stream, checkpoint=checkpoint,
+                    trigger=trigger, once=once, spark=spark, bootstrap=bootstrap,
+                    query_name=query_name, block=block, options=options,
+                    metrics_port=metrics_port, read=read)
+    except BaseException as exc:
+        record_user_error(exc)  # for `substreams submit`, which prints it first
+        raise
+
+
+def _run(
+    operator: EpochOperator | EpochFunction,
+    config: Config | str | Path,
+    substream: str,
+    output_stream: str | None,
+    *,
+    checkpoint: str | Path | None,
+    trigger: str,
+    once: bool,
+    spark: SparkSession | None,
+    bootstrap: str | None,
+    query_name: str | None,
+    block: bool,
+    options: Mapping[str, str] | None,
+    metrics_port: int | None,
+    read: str,
+) -> EpochQuery:
     from substreams.spark.session import register, session
 
     op = as_operator(operator)
@@ -681,7 +712,15 @@ def run(
     server = client.resolve_bootstrap(config, bootstrap)
     name = query_name or f"{type(op).__name__}.{substream}"
     location = Path(checkpoint) if checkpoint else config.path.parent / ".checkpoints" / name
-    spark = register(spark) if spark is not None else session(f"substreams:{name}")
+    if spark is None:
+        log.info("spark runner: query '%s': starting Spark (the first start takes 10-60 s)",
+                 name)
+        began = time.monotonic()
+        spark = session(f"substreams:{name}")
+        log.info("spark runner: query '%s': Spark %s up in %.1f s (master %s)", name,
+                 spark.version, time.monotonic() - began, spark.sparkContext.master)
+    else:
+        spark = register(spark)
     handler = _handler(op, config, substream, output_stream, server, name, location, spark,
                        read, earliest=starts_earliest(options))
     if metrics_port is not None:
@@ -735,7 +774,7 @@ def _jvm_read(
     why_not = jvm_unsupported(config, config.substream(substream).stream)
     if why_not is None and not jvm_read_available(spark):
         why_not = ("the session has no Spark Kafka connector and spark-avro (create it with "
-                   "substreams.spark.session(), or submit with substreams submit)")
+                   "substreams.spark.session.session(), or submit with substreams submit)")
     if why_not is not None:
         log.warning("spark runner: query '%s' reads in Python: %s", name, why_not)
         return None
@@ -780,7 +819,10 @@ def start_firm_query(
     ``foreachBatch`` function with a ``close``), as :func:`run` and
     :func:`~substreams.spark.frames.run_frames` both do; ``notes_only``: the source hands
     over the epochs' notes and the handler reads their records itself (the JVM read).
-    With ``block`` or ``once``, wait for the query to end and release the handler."""
+    With ``block`` or ``once``, wait for the query to end and release the handler.
+    Until the first batch starts, what Spark is doing is logged every
+    ``WARM_UP_PROGRESS_S`` (a first batch takes 25-70 s to plan and start on 2 cores)."""
+    first = threading.Event()
     reader = (
         spark.readStream.format("substreams")
         .option(CONFIG_PICKLE, ship_config(config))
@@ -797,7 +839,7 @@ def start_firm_query(
         reader.load()
         .writeStream.queryName(name.replace(".", "_").replace("-", "_"))
         .option("checkpointLocation", str(location))
-        .foreachBatch(handler)
+        .foreachBatch(_first_batch_seen(handler, first))
     )
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=trigger)
     try:
@@ -805,6 +847,7 @@ def start_firm_query(
     except BaseException:
         handler.close()
         raise
+    _warm_up_progress(query.query, name, first)
     if block or once:
         try:
             query.awaitTermination()
@@ -814,6 +857,41 @@ def start_firm_query(
             handler.close()
             log.info("spark runner: query '%s' stopped", name)
     return query
+
+
+WARM_UP_PROGRESS_S = 5.0
+"""How often a query that has not started its first batch says what Spark is doing."""
+
+
+def _first_batch_seen(
+    handler: Callable[[DataFrame, int], None], first: threading.Event
+) -> Callable[[DataFrame, int], None]:
+    def call(df: DataFrame, batch_id: int) -> None:
+        first.set()
+        handler(df, batch_id)
+
+    return call
+
+
+def _warm_up_progress(query: StreamingQuery, name: str, first: threading.Event) -> None:
+    """Log, every ``WARM_UP_PROGRESS_S`` until the first batch starts (or the query ends),
+    how long it has waited and Spark's own word on it (``query.status``): between
+    ``start()`` and the first batch nothing else is printed."""
+    began = time.monotonic()
+
+    def watch() -> None:
+        while not first.wait(WARM_UP_PROGRESS_S):
+            try:
+                if not query.isActive:
+                    return
+                status = query.status.get("message", "")
+            except Exception:  # the JVM went away: the query's own error says why
+                return
+            log.info("spark runner: query '%s': waiting for its first batch (%.0f s; Spark: "
+                     "%s)", name, time.monotonic() - began, status)
+
+    log.info("spark runner: query '%s': started; planning its first batch", name)
+    threading.Thread(target=watch, name=f"warm-up {name}", daemon=True).start()
 
 
 def stop(query: EpochQuery | StreamingQuery) -> None:

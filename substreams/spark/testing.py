@@ -15,7 +15,11 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+from substreams.config import Config, load_config
+from substreams.errors import SubstreamsError
 from substreams.frontier import Time
 from substreams.spark.operator import (
     EpochFunction,
@@ -33,6 +37,7 @@ from substreams.spark.operator import (
     row_order,
     summaries,
 )
+from substreams.streams.validate import payload_mismatch
 
 Epochs = Mapping[Time, Sequence[Row]] | Sequence[tuple[Time, Sequence[Row]]]
 """Epochs in notification order, each with its records (payload dicts) in read order."""
@@ -101,12 +106,52 @@ def run_operator(
     *,
     units: int = 2,
     output_substreams: Sequence[str] = (),
+    config: Config | str | Path | None = None,
+    output_stream: str | None = None,
 ) -> HarnessResult:
     """Run ``operator`` over ``epochs`` (module doc) and return its results, the
-    notifications and the seals."""
+    notifications and the seals.
+
+    With ``output_stream`` (a stream of ``config``, a loaded config or its path) every
+    result is checked against that stream's schema, as the executors' publisher would
+    refuse it: an :class:`OperatorOutputError` names the stream, the epoch, the result,
+    the field and the value -- here, in a test, rather than in a Spark task's log."""
     op = as_operator(operator)
-    return run_rows(op, source_rows(epochs), units=units, output_substreams=output_substreams)
+    schema: Mapping[str, Any] | None = None
+    if output_stream is not None:
+        if config is None:
+            raise SubstreamsError("run_operator: output_stream needs the config that names it")
+        loaded = config if isinstance(config, Config) else load_config(config)
+        schema = loaded.stream(output_stream).schema
+    out = run_rows(op, source_rows(epochs), units=units, output_substreams=output_substreams)
+    if schema is not None:
+        assert output_stream is not None
+        check_results(output_stream, schema, out.results)
+    return out
 
 
-__all__ = ["HarnessResult", "run_operator", "run_rows", "source_rows"]
+class OperatorOutputError(SubstreamsError):
+    """An operator returned a result its output stream's schema does not accept."""
+
+
+def check_results(
+    stream: str, schema: Mapping[str, Any], results: Mapping[Time, Sequence[Row]]
+) -> None:
+    """Every result fits ``stream``'s ``schema``, or an :class:`OperatorOutputError`
+    naming the first that does not (epoch, index, field, value)."""
+    for epoch, rows in results.items():
+        for i, row in enumerate(rows):
+            why = payload_mismatch(schema, row) if isinstance(row, Mapping) else (
+                f"a result must be a dict of the output's fields, not {type(row).__name__}"
+            )
+            if why is not None:
+                raise OperatorOutputError(
+                    f"stream '{stream}': epoch {epoch!r}, result {i}: {why}"
+                )
+
+
+__all__ = [
+    "HarnessResult", "OperatorOutputError", "check_results", "run_operator", "run_rows",
+    "source_rows",
+]
 

@@ -45,6 +45,7 @@ from substreams.streams.records import SentRecord, sent_record, sent_records
 from substreams.streams.schemas import Codec, envelope_schema
 from substreams.streams.ticker import Ticker
 from substreams.streams.times import TimeAssigner
+from substreams.streams.validate import payload_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -538,10 +539,21 @@ class Publisher:
                 ) from exc
             raise
 
-    def _schema_error(self, exc: Exception) -> SubstreamsError:
+    def _schema_error(
+        self, exc: Exception, payloads: Sequence[Mapping[str, Any]] = ()
+    ) -> SubstreamsError:
+        """The encoding error, naming the field and the value at fault (found by validating
+        the payloads -- only now, once encoding failed: the hot path pays nothing)."""
+        name = self.stream_config.schema.get("name")
+        for i, payload in enumerate(payloads):
+            why = payload_mismatch(self.stream_config.schema, payload)
+            if why is not None:
+                which = f"record {i} of the batch: " if len(payloads) > 1 else ""
+                return SubstreamsError(
+                    f"stream '{self.stream}': {which}payload does not match schema {name}: {why}"
+                )
         return SubstreamsError(
-            f"stream '{self.stream}': payload does not match schema "
-            f"{self.stream_config.schema.get('name')}: {exc}"
+            f"stream '{self.stream}': payload does not match schema {name}: {exc}"
         )
 
     def partition_for(self, key: str | bytes | None) -> int:
@@ -599,7 +611,7 @@ class Publisher:
         try:
             value = self._encoder.encode(order_key, tracking_id, assigned, payload)
         except _ENCODE_ERRORS as exc:
-            raise self._schema_error(exc) from exc
+            raise self._schema_error(exc, (payload,)) from exc
         if check_order:
             self._last_order_key = order_key
         record = sent_record(self.stream, partition, order_key, tracking_id, assigned)
@@ -747,7 +759,7 @@ class Publisher:
                 order_keys, tracking_ids, int_times[0], int_times[1], payloads
             )
         except _ENCODE_ERRORS as exc:
-            raise self._schema_error(exc) from exc
+            raise self._schema_error(exc, payloads) from exc
 
     def _write_batch(
         self,

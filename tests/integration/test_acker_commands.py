@@ -3,6 +3,7 @@ stale commands, peeks, history replay after a restart, and the CLI."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -140,6 +141,12 @@ def test_status_and_epochs_show_an_unsealed_open_time(
         result = runner.invoke(cli, ["acker", "status", *args])
         assert result.exit_code == 0, result.output
         assert sub in result.output and "acks topic" in result.output
+        result = runner.invoke(cli, ["acker", "status", *args, "--json"])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.output)
+        [row] = doc["substreams"]
+        assert row["substream"] == sub and row["open_times"] == 1
+        assert doc["missing"] == [] and doc["acks"] and doc["acker"] == config.acker.name
         result = runner.invoke(cli, ["acker", "epochs", *args])
         assert result.exit_code == 0, result.output
         line = next(ln for ln in result.output.splitlines() if sub[:8] in ln)

@@ -44,7 +44,8 @@ def test_help_lists_commands_and_each_has_its_own_help() -> None:
     def invoke(*args: str) -> Any:
         return CliRunner().invoke(cli, list(args), prog_name="substreams")
 
-    for name in ("broker", "topics", "config", "demo", "tail", "ui", "spark-cluster"):
+    for name in ("broker", "topics", "config", "demo", "tail", "ui", "spark-cluster",
+                 "dead-letters"):
         assert name in top.stdout
         sub = invoke(name, "--help")
         assert sub.exit_code == 0 and "Usage:" in sub.output
@@ -56,6 +57,10 @@ def test_help_lists_commands_and_each_has_its_own_help() -> None:
         ("config", "check"),
         ("spark-cluster", "start"),
         ("spark-cluster", "kill-worker"),
+        ("dead-letters", "list"),
+        ("dead-letters", "show"),
+        ("dead-letters", "replay"),
+        ("acker", "status"),
     ):
         assert invoke(*path, "--help").exit_code == 0
 
