@@ -755,14 +755,7 @@ def announce(
 
 def _open_starts(table: SegmentTable) -> dict[tuple[str, int], int]:
     """Per data partition, the earliest offset of a record of a still-open time."""
-    starts: dict[tuple[str, int], int] = {}
-    if not table.open:
-        return starts
-    for entry in table.open.values():
-        for key, (lo, _) in entry.ranges.items():
-            if lo < starts.get(key, lo + 1):
-                starts[key] = lo
-    return starts
+    return table.open_starts()
 
 
 # -- start-up and shards (rules 11 and 12): the shell's decisions, as values ----------------

@@ -304,6 +304,12 @@ class AckerService:
         self._letters: DeadLetterWriter | None = None
         self._log: StateLog | None = None
         """What the checkpoint records of the next transaction hold (the changelog writer)."""
+        self._backlog: list[Message] = []
+        """Acks read but not applied yet (a step applies for :attr:`_apply_budget_s` at
+        most); the liveness horizon stops at the first of them."""
+        self._apply_budget_s = config.acker.heartbeat_ms / 4000.0
+        """How long one step applies acks: a quarter of the heartbeat, so that a step with
+        its terminations and commit stays well within it."""
         self._heartbeat_s = config.acker.heartbeat_ms / 1000.0
         self._open_gauges = metrics.OpenTimes(self.name)
         self._hold_gauges = metrics.UnsealedAges(self.name)
@@ -642,6 +648,7 @@ class AckerService:
         for _, done in self._evictions:
             done.cancel()
         self._evictions = []
+        self._backlog = []  # read again from the checkpoint's offsets
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -686,17 +693,26 @@ class AckerService:
             self.start()
         assert self._reader is not None
         t_poll = time.perf_counter()
-        msgs = self._reader.poll_batch(timeout, self.max_batch)
+        core = self.core
+        if self._backlog:  # read before, not applied yet: applied first, nothing polled
+            msgs, self._backlog = self._backlog, []
+        else:
+            busy = any(t.dirty for t in core.state.tables.values())
+            msgs = self._reader.poll_batch(0 if busy else timeout, self.max_batch)
         t_woke = time.perf_counter()
         now = self.clock.now_ms()
         applied = 0
         self.committed_notes = []
-        core = self.core
+        deadline = t_woke + self._apply_budget_s
         for msg in msgs:
             for refusal in core.apply(msg.partition(), msg.offset(), msg.value() or b"",
                                       msg.headers(), now):
                 self._dead(msg, refusal.source, refusal.reason, refusal.detail)
             applied += 1
+            if time.perf_counter() > deadline and applied < len(msgs):
+                # the rest in the next step: no step holds the acker past its heartbeat
+                self._backlog = msgs[applied:]
+                break
         t_applied = time.perf_counter()
         notified = self.notifications
         self._collect()
@@ -766,10 +782,14 @@ class AckerService:
             [TopicPartition(self.acks_topic, p) for p in self.partitions]
         )
         ours = self._reader.positions
-        return {
+        read = {
             tp.partition: max(int(tp.offset), ours.get((self.acks_topic, tp.partition), 0))
             for tp in fetched
         }
+        for msg in self._backlog:  # not applied yet: not read, for liveness and evictions
+            p = msg.partition()
+            read[p] = min(read[p], msg.offset())
+        return read
 
     def _liveness(self, now: int) -> dict[int, int]:
         """How far each acks partition was read; every ``probe_interval_ms`` its ends are

@@ -51,6 +51,7 @@ from bisect import bisect_right, insort
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import islice
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -73,6 +74,10 @@ from substreams.frontier.antichain import chain_class
 from substreams.frontier.sessions import by_key, run_members
 
 _INT_CLASS = chain_class(0)
+
+KEYS_PER_STEP = 2048
+"""Keys whose sessions one step may close, per table (:attr:`SegmentTable.keys_per_step`):
+at ~50 us a session (the table, the announcement, the changelog entry) about 100 ms."""
 
 
 def _the_int(elements: tuple[Time, ...]) -> int | None:
@@ -316,9 +321,18 @@ class SegmentTable:
         self._keyed: dict[str, list[int]] = {}
         self._by_time: SortedList = SortedList()
         self._nkeyed = 0
-        self._kdirty: set[str] = set()
+        self._kdirty: dict[str, None] = {}  # an insertion-ordered set: first dirtied, first seen
         self._kall = False
         self._term_heap: list[tuple[int, str]] = []
+        self._starts: dict[tuple[str, int], list[tuple[int, str, int]]] = {}
+        """Per data partition, a heap of (offset, key, event time): where an open keyed time's
+        records begin there (lazily: an entry whose time closed or whose hull starts lower
+        now is passed over), so :meth:`open_starts` does not walk every open session."""
+        self.keys_per_step: int | None = KEYS_PER_STEP
+        """The most keys one :meth:`termination_runs` looks at (None: every dirty key); the
+        rest wait for the next step, which the table's ``dirty`` asks for.  Why: a keyed seal
+        may close a million sessions at once, and no step may hold the acker longer than its
+        heartbeat (a standby would take a live acker for dead)."""
         self.touched: set[Time] | None = None
         """With :meth:`track_open`: the times whose entry was added, changed or removed
         since the changelog last drained it (:mod:`substreams.acker.changelog`)."""
@@ -475,7 +489,7 @@ class SegmentTable:
                     insort(times, inner)
                 self._by_time.add((inner, key))
                 self._nkeyed += 1
-                self._kdirty.add(key)
+                self._kdirty[key] = None
 
     def _unindex_keyed(self, key: str, inners: Sequence[int]) -> None:
         """Remove ``Keyed(key, t)``, t in ``inners`` (closed: no longer open), from the keyed
@@ -499,6 +513,44 @@ class SegmentTable:
         if type(t) is Keyed and type(t.time) is int:
             heapq.heappush(self._term_heap, (t.time, t.key))
 
+    def open_starts(self) -> dict[tuple[str, int], int]:
+        """Per data partition, the earliest offset of a record of a still-open time (what a
+        snapshot's ``data_from`` says).  Keyed times from their heaps; the others (ints, in
+        a table that rarely holds many) by a walk."""
+        starts: dict[tuple[str, int], int] = {}
+        open_ = self.open
+        if self._nkeyed:
+            for key, heap in list(self._starts.items()):
+                while heap:
+                    lo, k, x = heap[0]
+                    e = open_.get(Keyed(k, x))
+                    if e is not None and (hull := e.ranges.get(key)) is not None and hull[0] == lo:
+                        break
+                    heapq.heappop(heap)
+                if heap:
+                    starts[key] = heap[0][0]
+                else:
+                    del self._starts[key]
+        if len(open_) > self._nkeyed:
+            for t, entry in open_.items():
+                if type(t) is Keyed and type(t.time) is int:
+                    continue
+                for key, (lo, _) in entry.ranges.items():
+                    if lo < starts.get(key, lo + 1):
+                        starts[key] = lo
+        return starts
+
+    def _index_starts(self) -> None:
+        """Rebuild the start heaps from the open keyed times (after a load)."""
+        starts: dict[tuple[str, int], list[tuple[int, str, int]]] = {}
+        for u, e in self.open.items():
+            if type(u) is Keyed and type(u.time) is int:
+                for key, (lo, _) in e.ranges.items():
+                    starts.setdefault(key, []).append((lo, u.key, u.time))
+        for heap in starts.values():
+            heapq.heapify(heap)
+        self._starts = starts
+
     def reindexed(self) -> None:
         """Rebuild every index from ``open``, ``terminated`` and the seals (after they were
         filled in from a changelog)."""
@@ -519,7 +571,7 @@ class SegmentTable:
         self._keyed = keyed
         self._by_time = SortedList((x, k) for k, times in keyed.items() for x in times)
         self._nkeyed = len(self._by_time)
-        self._kdirty = set()
+        self._kdirty = {}
         self._kall = True
         self._term_heap = [
             (t.time, t.key) for t in self.terminated
@@ -529,6 +581,7 @@ class SegmentTable:
         for state in self.sources.values():
             state.index_seals()
             state.waiting = []
+        self._index_starts()
 
     def report(
         self,
@@ -556,13 +609,23 @@ class SegmentTable:
             else:
                 self._nonzero.discard(t)
         elif type(t) is Keyed:
-            self._kdirty.add(t.key)
+            self._kdirty[t.key] = None
         entry.records += records
         entry.reports += reports
         entry.add_ranges(ranges)
         self.dirty = True
         if self.touched is not None:
             self.touched.add(t)
+        if type(t) is Keyed and entry.ranges and type(t.time) is int:
+            starts = self._starts
+            for key, (lo, _) in entry.ranges.items():
+                heap = starts.get(key)
+                if heap is None:
+                    starts[key] = [(lo, t.key, t.time)]
+                    continue
+                heapq.heappush(heap, (lo, t.key, t.time))
+                if len(heap) > 4 * self._nkeyed + 64:  # mostly passed-over entries
+                    self._index_starts()
         return new
 
     def report_block(
@@ -719,7 +782,7 @@ class SegmentTable:
         state.seal_ms[t] = sealed_at_ms
         if type(t) is Keyed and type(t.time) is int:
             heapq.heappush(state.key_seals, (t.time, t.key))
-            self._kdirty.add(t.key)
+            self._kdirty[t.key] = None
         self.dirty = True
         if (
             self.gap_ms is not None
@@ -769,7 +832,7 @@ class SegmentTable:
             self._kall = True  # keys this source blocked were not waiting on its keyed seal
         waiting = state.waiting
         while waiting and waiting[0][0] <= upto:
-            self._kdirty.add(heapq.heappop(waiting)[1])
+            self._kdirty[heapq.heappop(waiting)[1]] = None
 
     def _newly_covered(self, state: SourceState, t: Time) -> list[tuple[Time, OpenEntry]]:
         """The open entries at times ``<= t`` that ``state``'s seals did not cover yet.
@@ -863,11 +926,18 @@ class SegmentTable:
         that may have changed are looked at (the keyed index's invariant), so a step costs
         what changed, not one look per open key."""
         if self._kall:
-            keys: Iterable[str] = list(self._keyed)
             self._kall = False
-            self._kdirty = set()
-        else:
-            keys, self._kdirty = self._kdirty, set()
+            self._kdirty = dict.fromkeys(self._keyed)
+        dirty = self._kdirty
+        budget = self.keys_per_step
+        if budget is None or len(dirty) <= budget:
+            keys: Iterable[str] = dirty
+            self._kdirty = {}
+        else:  # the first ``budget`` keys now, the rest at the next step (still dirty)
+            keys = list(islice(dirty, budget))
+            for key in keys:
+                del dirty[key]
+            self.dirty = True
         out: list[Termination] = []
         for key in keys:
             if key in self._keyed:

@@ -154,6 +154,11 @@ def check_keyed_index(table: SegmentTable) -> None:
     assert table._keyed == {k: sorted(v) for k, v in keyed.items()}
     assert list(table._by_time) == sorted((x, k) for k, v in keyed.items() for x in v)
     assert table._nkeyed == len(table._by_time)
+    walked: dict[tuple[str, int], int] = {}  # the data_from a snapshot gives, by a walk
+    for e in table.open.values():
+        for key, (lo, _) in e.ranges.items():
+            walked[key] = min(lo, walked.get(key, lo))
+    assert table.open_starts() == walked
     for t in table.terminated:  # every keyed int terminated time can be pruned by its heap
         if type(t) is Keyed and type(t.time) is int:
             assert (t.time, t.key) in table._term_heap
