@@ -1,4 +1,4 @@
-"""`substreams bench <traffic|latency|throughput|spark|acker|soak|recovery|framing> [--quick]
+"""`substreams bench <traffic|latency|throughput|spark|acker|soak|recovery|framing|keyed> [--quick]
 [--out DIR]` and `substreams bench report [--out DIR] [--page FILE]`.
 
 Each benchmark runs its baselines in the same run on the same broker (an embedded one
@@ -40,7 +40,8 @@ from substreams_bench.harness import (
 )
 
 BENCHES = (
-    "traffic", "latency", "throughput", "spark", "acker", "recovery", "soak", "framing"
+    "traffic", "latency", "throughput", "spark", "acker", "recovery", "soak", "framing",
+    "keyed",
 )
 
 
@@ -115,6 +116,14 @@ BENCHES = (
     "with 2 epochs, one measured (the test suite's run).",
 )
 @click.option(
+    "--keys",
+    "keys",
+    default=None,
+    metavar="K[,K...]",
+    help="keyed only: the numbers of open sessions to run (default 1000,10000,100000; "
+    "1000,5000 with --quick), e.g. --keys 1000000.",
+)
+@click.option(
     "--broker-setting",
     "broker_setting",
     multiple=True,
@@ -134,6 +143,7 @@ def command(
     records: int | None,
     part: str | None,
     smoke: bool,
+    keys: str | None,
     page: Path | None,
     broker_setting: tuple[str, ...],
     bootstrap: str | None,
@@ -161,6 +171,12 @@ def command(
         raise BenchError(f"--records applies to 'bench spark' only, not to 'bench {name}'")
     if part is not None and name != "spark":
         raise BenchError(f"--part applies to 'bench spark' only, not to 'bench {name}'")
+    if keys is not None and name != "keyed":
+        raise BenchError(f"--keys applies to 'bench keyed' only, not to 'bench {name}'")
+    try:
+        key_grid = [int(k.replace("_", "")) for k in keys.split(",")] if keys else None
+    except ValueError as exc:
+        raise BenchError(f"--keys: {keys!r} is not a comma-separated list of numbers") from exc
     if smoke and name != "spark":
         raise BenchError(f"--smoke applies to 'bench spark' only, not to 'bench {name}'")
     quick = quick or smoke
@@ -178,6 +194,7 @@ def command(
         ctx.records = records
         ctx.part = part
         ctx.smoke = smoke
+        ctx.keys = key_grid
         where = f"on {ctx.bootstrap}" if needs_broker else "(no broker needed)"
         console.print(f"[bold]bench {name}[/]{' (quick)' if quick else ''} {where}")
         result = module.run(ctx)

@@ -343,6 +343,8 @@ class BenchContext:
         self.sample_s: float | None = None
         """Seconds between samples (``--sample-s``; soak only), else the default."""
         self.records: int | None = None
+        self.keys: list[int] | None = None
+        """bench keyed: the numbers of open sessions to run (``--keys``)."""
         """Records of the backlog (``--records``; spark only), else the benchmark's default."""
         self.part: str | None = None
         """Only this part, ``a`` or ``b`` (``--part``; spark only), else both."""

@@ -60,9 +60,10 @@ SNAPSHOT_MIN_BYTES = 4 << 20
 """Deltas written since the last snapshot before another is started (at least; or as many
 as the last snapshot's size, so that a restart reads at most about twice the state)."""
 
-CHUNKS_PER_COMMIT = 4
+CHUNKS_PER_COMMIT = 1
 """Snapshot chunks written with each transaction while a snapshot is under way: a snapshot
-of S bytes takes S / (4 * RECORD_BYTES) transactions, and no step encodes more than this."""
+of S bytes takes about S / RECORD_BYTES transactions, and no step encodes more than one
+chunk's worth (~0.1 s)."""
 
 _RAW_PER_RECORD = 4
 """Encoded JSON gathered into one record before compression, per byte of the record bound
@@ -225,19 +226,22 @@ _HEADER_ROOM = 200
 """Bytes kept for a record's magic and header next to its compressed body."""
 
 
+def _per_run(entries: Sequence[list[Any]], raw: int) -> int:
+    """How many of ``entries`` make about ``raw`` bytes of JSON, judged from a sample (not
+    by encoding each: that doubled the cost of writing them)."""
+    sample = entries[:64]
+    if not sample:
+        return 1
+    avg = len(json.dumps(sample, separators=(",", ":"))) / len(sample)
+    return max(1, int(raw / max(avg, 1.0)))
+
+
 def _split(entries: Sequence[list[Any]], raw: int) -> Iterator[list[list[Any]]]:
-    """``entries`` in runs whose JSON is about ``raw`` bytes."""
-    run: list[list[Any]] = []
-    size = 0
-    for e in entries:
-        n = len(json.dumps(e, separators=(",", ":")))
-        if run and size + n > raw:
-            yield run
-            run, size = [], 0
-        run.append(e)
-        size += n
-    if run:
-        yield run
+    """``entries`` in runs whose JSON is about ``raw`` bytes (a run that compresses over
+    the record bound is halved by :func:`_bodies`)."""
+    per = _per_run(entries, raw)
+    for at in range(0, len(entries), per):
+        yield list(entries[at:at + per])
 
 
 def _bodies(
@@ -276,6 +280,8 @@ class _Snapshot:
     at: int = 0
     part: int = 0
     size: int = 0
+    per: int | None = None
+    """Entries a chunk takes (judged from the first ones)."""
 
 
 @dataclass
@@ -429,18 +435,15 @@ class StateLog:
         state = self.state
         out: list[bytes] = []
         while snap.at < len(snap.keys) and (limit is None or len(out) < limit):
-            run: list[list[Any]] = []
-            size = 0
-            while snap.at < len(snap.keys) and size < _RAW_PER_RECORD * self.record_bytes:
-                e = _encode(snap.keys[snap.at], state)
-                snap.at += 1
-                if e[-1] is None:
-                    continue  # gone since the snapshot started: a delta after it says so
-                run.append(e)
-                size += len(json.dumps(e, separators=(",", ":")))
-            if not run:
-                continue
-            out.extend(self._chunk_records(snap, run))
+            if snap.per is None:
+                sample = [_encode(k, state) for k in snap.keys[:64]]
+                snap.per = _per_run(sample, _RAW_PER_RECORD * self.record_bytes)
+            keys = snap.keys[snap.at:snap.at + snap.per]
+            snap.at += len(keys)
+            # an entry gone since the snapshot started is left out: a delta after it says so
+            run = [e for k in keys if (e := _encode(k, state))[-1] is not None]
+            if run:
+                out.extend(self._chunk_records(snap, run))
         if snap.at >= len(snap.keys):
             # the last chunk (possibly an empty one, for a state without entries)
             out.extend(self._chunk_records(snap, [], last=True))

@@ -807,7 +807,11 @@ class SegmentTable:
         if old is not None and upto <= old:
             return
         newly: list[Time]
-        if not self.int_runs:  # the reference: a walk of every open time
+        if self.gap_ms is not None:
+            # A session's sealed-at is its bound's coverage (:meth:`_session_termination`),
+            # not its times': a keyed seal that closes a million sessions touches none.
+            newly = []
+        elif not self.int_runs:  # the reference: a walk of every open time
             newly = [
                 t for t in self.open
                 if type(t) is Keyed and type(t.time) is int and t.time <= upto

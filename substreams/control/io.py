@@ -163,6 +163,9 @@ class ControlWriter:
         self.topics = list(topics)
         self.heads: dict[str, ChainHead] = {t: ChainHead() for t in self.topics}
         self.codec = protocol_codec("control")
+        self.last_sizes: list[int] = []
+        """The encoded sizes of the last :meth:`write`'s records (the benchmarks' record
+        bound)."""
         self.last_timing: tuple[float, float, float] = (0.0, 0.0, 0.0)
         """The last :meth:`write`'s phases, in seconds: begin_transaction, encoding and
         producing its records, the commit (flush, EndTxn round trip); for the acker's phase
@@ -236,6 +239,7 @@ class ControlWriter:
                 rec, value = heads[topic].append_encoded(self.writer, body, stamp)
                 out.append(rec)
                 values.append((topic, value))
+            self.last_sizes = [len(v) for _, v in values]
             headers = self.codec.headers()
             for topic, value in values:
                 produce(self._producer, topic, value, partition=0, headers=headers)
