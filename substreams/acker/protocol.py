@@ -448,21 +448,22 @@ Item = AckEntry | AckBlock | SealEntry
 
 
 def _time_estimate(t: Time) -> int:
-    """Roughly the encoded bytes of ``t`` (Avro ``Time``)."""
-    key = 0
+    """About the encoded bytes of ``t`` (Avro ``Time``: key union, coords, kind)."""
+    key = 1
     if isinstance(t, Keyed):
-        key, t = len(t.key) + 3, t.time
-    return key + 4 + (10 if type(t) is int else 10 * len(t))  # type: ignore[arg-type]
+        key, t = len(t.key) + 2, t.time
+    return key + 3 + (7 if type(t) is int else 7 * len(t))  # type: ignore[arg-type]
 
 
 def _estimate(item: Item) -> int:
-    """Roughly the encoded bytes of ``item`` (why rough: it only chooses where to cut; the
-    encoded size is checked, and a piece over the bound is cut again)."""
+    """About the encoded bytes of ``item`` (why rough: it only chooses where to cut; the
+    encoded size is checked, and a piece over the bound is cut again).  Offsets and times
+    are taken as 6-7 byte varints, counts as 1-2."""
     if isinstance(item, AckEntry):
-        return (len(item.substream) + _time_estimate(item.time) + 28
-                + sum(len(r.stream) + 26 for r in item.ranges))
+        return (len(item.substream) + _time_estimate(item.time) + (10 if item.xor else 1) + 7
+                + sum(len(r.stream) + 15 for r in item.ranges))
     if isinstance(item, SealEntry):
-        return len(item.substream) + _time_estimate(item.time) + 14
+        return len(item.substream) + _time_estimate(item.time) + 9
     return (len(item.substream) + 6 + sum(len(s) + 2 for s in item.streams)
             + sum(len(getattr(item, name)) + 2 for name, _ in _LAYOUT))
 
