@@ -1269,12 +1269,15 @@ class Publisher:
         finally:
             self._closed = True
             self.ticker.close()
-            if not told:  # the final commit failed: the hooks let go, announcing nothing
-                outcome = self._drop()
-                log.warning("stream '%s', source '%s': the final commit failed; its "
-                            "transaction %s", self.stream, self.source_id, outcome)
-                self._end_hooks()
-            self._release()
+            try:
+                if not told:  # the final commit failed: dropped, the hooks announce nothing
+                    outcome = self._drop()
+                    log.warning("stream '%s', source '%s': the final commit failed; its "
+                                "transaction %s", self.stream, self.source_id, outcome)
+            finally:
+                if not told:
+                    self._end_hooks()
+                self._release()
 
     def _close_failed(self, failed: BaseException) -> None:
         """``close()`` after a commit that raised (and was neither retried with success nor
