@@ -9,7 +9,10 @@ sharded ackers split the segments between them (docs/design.md, "Sharded ackers"
 commit's messages are split per acks partition: each partition gets the Register,
 AckReport and Unregister parts of the segments mapped to it, with a sequence number of its
 own (the acker counts per (source, partition)); heartbeats go to every partition the source
-registered in.
+registered in.  A partition's report longer than :data:`~substreams.acker.protocol.
+MAX_ACK_BYTES` encoded is cut into several messages, in order, each with its own sequence
+number (protocol rule 8): a commit over 10^5 keys is many bounded messages in one
+transaction, not one record the broker refuses.
 
 Commit and report are one: the agent owns no producer.  Its writer's
 :class:`~substreams.acker.tracker.Tracker` takes the aggregated messages just before the
@@ -28,13 +31,16 @@ source (sequence numbers, registration) by incarnation and ignores anything else
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from itertools import islice, repeat
 from operator import add, lt
 from typing import NamedTuple, cast
 
 from substreams.acker.protocol import (
+    MAX_ACK_BYTES,
     SOURCE,
     AckBlock,
     AckBody,
@@ -46,6 +52,8 @@ from substreams.acker.protocol import (
     SourceHeartbeat,
     Unregister,
     ack_headers,
+    bounded,
+    encode_ack,
     now_ms,
     pack_column,
     segment_partition,
@@ -56,6 +64,8 @@ from substreams.control.messages import OffsetRange
 from substreams.control.traffic import ACK_REPORTS, ACK_SENT, TRAFFIC
 from substreams.frontier import Time
 from substreams.streams.records import SentRecord
+
+log = logging.getLogger(__name__)
 
 _NO_TIME = object()
 """Equal to no time: the "previous time" before the first record of a batch."""
@@ -253,8 +263,12 @@ class TrackingAgent:
     callbacks included (librdkafka serves them from the writer's ``flush``/``poll``).
     """
 
-    def __init__(self, config: Config, source: str, incarnation: str) -> None:
+    def __init__(
+        self, config: Config, source: str, incarnation: str, max_bytes: int = MAX_ACK_BYTES
+    ) -> None:
+        """``max_bytes``: the most bytes one acks message may take encoded (rule 8)."""
         self.source = source
+        self.max_bytes = max_bytes
         self.incarnation = incarnation
         self.topic = config.acker.acks_topic
         self.acks_partitions = config.acker.acks_partitions
@@ -451,10 +465,16 @@ class TrackingAgent:
         )
 
     def take(self) -> list[tuple[int, AckMessage]]:
-        """The messages the writer's next commit must carry, each with its acks partition,
-        in order within each partition; the agent is empty afterwards.  Called by the writer
-        right before it commits (after its delivery callbacks ran, so terminal offsets are
-        known)."""
+        """The messages the writer's next commit must carry, each with its acks partition
+        (see :meth:`take_encoded`, which also gives their bytes)."""
+        return [(p, msg) for p, msg, _ in self.take_encoded()]
+
+    def take_encoded(self) -> list[tuple[int, AckMessage, bytes]]:
+        """The messages the writer's next commit must carry, each with its acks partition
+        and its encoding, in order within each partition; the agent is empty afterwards.
+        Called by the writer right before it commits (after its delivery callbacks ran, so
+        terminal offsets are known).  A report longer than :attr:`max_bytes` encoded is cut
+        into several messages (protocol rule 8), each with its own sequence number."""
         bodies: list[AckBody] = list(self._before)
         if self._table or self._columns or self._seals:
             packed: list[AckBlock] = []
@@ -479,18 +499,37 @@ class TrackingAgent:
         self._table, self._columns, self._seals = {}, {}, []
         self._before, self._after = [], []
         sent = now_ms()
-        out = []
+        out: list[tuple[int, AckMessage, bytes]] = []
         seqs = self._seq
         taken = time.monotonic()
+        source, incarnation = self.source, self.incarnation
+
+        def encode(p: int, body: AckBody) -> bytes:
+            # the message as it will go: with the partition's next sequence number
+            return encode_ack(AckMessage(source, seqs.get(p, 0), sent, body, incarnation))
+
         for whole in bodies:
             for p, body in split_body(whole, self.partition_of):
-                seq = seqs.get(p, 0)
-                seqs[p] = seq + 1
                 self._last_sent[p] = taken
-                msg = AckMessage(self.source, seq, sent, body, self.incarnation)
-                for sub in msg.substreams():
-                    TRAFFIC.add(ACK_SENT, sub)
-                out.append((p, msg))
+                if isinstance(body, AckReport):
+                    pieces: Iterable[tuple[AckBody, bytes]] = bounded(
+                        body, partial(encode, p), self.max_bytes
+                    )
+                else:
+                    pieces = ((body, encode(p, body)),)
+                for piece, value in pieces:
+                    seq = seqs.get(p, 0)
+                    seqs[p] = seq + 1
+                    msg = AckMessage(source, seq, sent, piece, incarnation)
+                    if len(value) > self.max_bytes:
+                        log.warning(
+                            "source '%s': an acks message for partition %d is %d bytes, over "
+                            "the %d-byte bound: one item of it cannot be cut (a very long "
+                            "key?); it goes as it is", source, p, len(value), self.max_bytes,
+                        )
+                    for sub in msg.substreams():
+                        TRAFFIC.add(ACK_SENT, sub)
+                    out.append((p, msg, value))
         return out
 
     def discard(self) -> None:

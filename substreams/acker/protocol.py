@@ -40,6 +40,17 @@ Rules (what every writer must keep; the acker's side is :mod:`substreams.acker.c
    evicted (its ``writer``, the transactional id, fenced first).  ``Evict`` is the same by
    an operator's hand.
 
+8. *Size.*  No acks message is longer than :data:`MAX_ACK_BYTES` encoded, whatever the keys
+   and range counts: a commit's ``AckReport`` that would be is cut into consecutive reports
+   (:func:`bounded`), each its own message with its own ``seq``, in the commit's order --
+   entries, then columns, then seals -- so the acker applies them exactly as the whole one
+   (its entries are additive: one entry's ranges may be cut over several entries of the same
+   time, the last carrying its xor and counts; a block's rows over several blocks).  A step
+   of the acker between two pieces changes nothing either: each (substream, time) has one
+   entry per commit, whose XOR changes only with its last piece, and the seals come last.  All of
+   them go into the one transaction: the acker sees all or none.  An item that alone is
+   longer than the bound (a seal of a key near the bound's size) travels alone.
+
 One encoding: this schema and nothing else.  The project is 0.x with no deployment whose
 acks topics hold an older version, so no earlier ack schema is kept for reading.
 """
@@ -58,7 +69,7 @@ from typing import NamedTuple
 
 from substreams.control.messages import OffsetRange, protocol_converter
 from substreams.errors import ProtocolError, SubstreamsError
-from substreams.frontier import Time
+from substreams.frontier import Keyed, Time
 from substreams.streams.schemas import HEADER_FINGERPRINT, protocol_codec
 from substreams.streams.wire import Converter
 
@@ -420,3 +431,182 @@ def split_body(body: AckBody, partition_of: Callable[[str], int]) -> list[tuple[
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+# -- the size bound (rule 8) ---------------------------------------------------------------
+
+MAX_ACK_BYTES = 256 * 1024
+"""The most bytes one encoded acks message may take: a quarter of Kafka's default
+``message.max.bytes`` (1 MiB), so that several fit in one produce request and a broker or
+topic set lower than the default still takes them (rule 8)."""
+
+_FILL = 0.75
+"""What share of the bound a cut aims at: estimates are rough, the encoded size decides."""
+
+Item = AckEntry | AckBlock | SealEntry
+"""One indivisible-or-cuttable part of a report, in apply order (entries, blocks, seals)."""
+
+
+def _time_estimate(t: Time) -> int:
+    """About the encoded bytes of ``t`` (Avro ``Time``: key union, coords, kind)."""
+    key = 1
+    if isinstance(t, Keyed):
+        key, t = len(t.key) + 2, t.time
+    return key + 3 + (7 if type(t) is int else 7 * len(t))  # type: ignore[arg-type]
+
+
+def _estimate(item: Item) -> int:
+    """About the encoded bytes of ``item`` (why rough: it only chooses where to cut; the
+    encoded size is checked, and a piece over the bound is cut again).  Offsets and times
+    are taken as 6-7 byte varints, counts as 1-2."""
+    if isinstance(item, AckEntry):
+        return (len(item.substream) + _time_estimate(item.time) + (10 if item.xor else 1) + 7
+                + sum(len(r.stream) + 15 for r in item.ranges))
+    if isinstance(item, SealEntry):
+        return len(item.substream) + _time_estimate(item.time) + 9
+    return (len(item.substream) + 6 + sum(len(s) + 2 for s in item.streams)
+            + sum(len(getattr(item, name)) + 2 for name, _ in _LAYOUT))
+
+
+def _parts(n: int, k: int) -> list[tuple[int, int]]:
+    """``range(n)`` as ``min(k, n)`` consecutive non-empty slices of nearly equal length."""
+    k = max(1, min(k, n))
+    return [(i * n // k, (i + 1) * n // k) for i in range(k)]
+
+
+def _cut_entry(entry: AckEntry, k: int) -> list[Item] | None:
+    """``entry`` as up to ``k`` entries of the same time whose ranges together are its
+    ranges, the *last* with its xor and counts (the others add ranges only); None if it
+    has at most one range.
+
+    Why the last: a part that adds only ranges leaves the time's XOR as it was, so however
+    the acker's steps fall between the pieces, the time cannot terminate before every range
+    of the entry is in (its XOR reaches zero only with the last part, as with the whole)."""
+    ranges = entry.ranges
+    if len(ranges) < 2:
+        return None
+    out: list[Item] = [
+        AckEntry(entry.substream, entry.time, 0, 0, 0, ranges[a:b])
+        for a, b in _parts(len(ranges), k)
+    ]
+    last = out[-1]
+    assert isinstance(last, AckEntry)
+    out[-1] = AckEntry(entry.substream, entry.time, entry.xor, entry.records, entry.reports,
+                       last.ranges)
+    return out
+
+
+def _cut_block(block: AckBlock, k: int) -> list[Item] | None:
+    """``block`` as up to ``k`` blocks of consecutive rows (each with only the streams it
+    names), or its one row as an entry cut by :func:`_cut_entry`; None if it cannot be cut
+    (one row with one range, or malformed: it travels as it is and the acker refuses it)."""
+    c = block.unpack()
+    if isinstance(c, str):
+        return None
+    n = len(c.times)
+    if n < 2:
+        return _cut_entry(next(block.entries()), k) if n == 1 else None
+    at = [0]
+    for count in c.range_counts:
+        at.append(at[-1] + count)
+    out: list[Item] = []
+    for a, b in _parts(n, k):
+        lo, hi = at[a], at[b]
+        sidx = c.stream_index[lo:hi]
+        used = sorted(set(sidx))
+        if len(used) == len(c.streams):
+            streams, index = c.streams, list(sidx)
+        else:
+            where = {old: new for new, old in enumerate(used)}
+            streams, index = tuple(c.streams[i] for i in used), [where[i] for i in sidx]
+        out.append(AckBlock(
+            block.substream, pack_column("q", c.times[a:b]),
+            pack_column("q", c.xors[a:b]) if c.xors else b"",
+            pack_column("i", c.records[a:b]), pack_column("i", c.reports[a:b]),
+            pack_column("i", c.range_counts[a:b]), streams, pack_column("i", index),
+            pack_column("i", c.partitions[lo:hi]), pack_column("q", c.starts[lo:hi]),
+            pack_column("q", c.ends[lo:hi]),
+        ))
+    return out
+
+
+def _cut(item: Item, k: int) -> list[Item] | None:
+    if isinstance(item, AckEntry):
+        return _cut_entry(item, k)
+    if isinstance(item, AckBlock):
+        return _cut_block(item, k)
+    return None
+
+
+def _report(items: Sequence[Item]) -> AckReport:
+    """The report of consecutive items (in apply order, so entries, blocks and seals each
+    keep their place)."""
+    return AckReport(
+        tuple(i for i in items if isinstance(i, AckEntry)),
+        tuple(i for i in items if isinstance(i, SealEntry)),
+        tuple(i for i in items if isinstance(i, AckBlock)),
+    )
+
+
+def _groups(items: Sequence[Item], sizes: Sequence[int], k: int) -> list[tuple[int, int]]:
+    """``items`` as at least two (``len(items) >= 2``) consecutive slices of about
+    ``sum(sizes) / k`` estimated bytes each."""
+    per = sum(sizes) / k
+    out: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and acc + size > per:
+            out.append((start, i))
+            start, acc = i, 0
+        acc += size
+    out.append((start, len(items)))
+    if len(out) < 2:
+        half = len(items) // 2
+        out = [(0, half), (half, len(items))]
+    return out
+
+
+def bounded(
+    report: AckReport, encode: Callable[[AckReport], bytes], max_bytes: int = MAX_ACK_BYTES,
+) -> Iterator[tuple[AckReport, bytes]]:
+    """``report`` as consecutive reports each encoded in at most ``max_bytes`` (rule 8), with
+    their encodings; the report itself when it fits (one encoding: the common case costs
+    nothing more).
+
+    ``encode`` gives the message bytes of one report; it is called for a piece only once
+    every piece before it was yielded, so the caller may number the messages (``seq``) as
+    they come and encode each with its own number.  Where to cut is chosen by a rough
+    estimate of each item's bytes; a piece whose encoding is still over the bound is cut
+    again (a single entry by its ranges, a block by its rows).  An item that cannot be cut
+    and is alone over the bound is yielded as it is (its size is the caller's to judge)."""
+    items: list[Item] = [*report.entries, *report.columns, *report.seals]
+    yield from _bounded(items, [_estimate(i) for i in items], encode, max_bytes, _TRY_WHOLE)
+
+
+_TRY_WHOLE = 4
+"""The report is encoded whole first when its estimate is at most this many bounds (an
+estimate errs high by less than that), so a report that fits always goes whole."""
+
+
+def _bounded(
+    items: list[Item], sizes: list[int], encode: Callable[[AckReport], bytes], max_bytes: int,
+    try_whole: int = 1,
+) -> Iterator[tuple[AckReport, bytes]]:
+    size = sum(sizes)
+    if size <= max_bytes * try_whole or len(items) < 2:
+        piece = _report(items)
+        value = encode(piece)
+        if len(value) <= max_bytes:
+            yield piece, value
+            return
+        size = len(value)
+    pieces = -(-size // int(max_bytes * _FILL))
+    if len(items) >= 2:
+        for a, b in _groups(items, sizes, max(2, pieces)):
+            yield from _bounded(items[a:b], sizes[a:b], encode, max_bytes)
+        return
+    cut = _cut(items[0], max(2, pieces)) if items else None
+    if cut is None:
+        yield piece, value  # indivisible: alone, as it is
+        return
+    yield from _bounded(cut, [_estimate(i) for i in cut], encode, max_bytes)

@@ -164,7 +164,7 @@ class Tracker:
             self.agent.unregister(self.substreams)
         agent = self.agent
         topic, headers = agent.topic, agent.headers
-        return [Write(topic, encode_ack(msg), p, headers) for p, msg in agent.take()]
+        return [Write(topic, value, p, headers) for p, _, value in agent.take_encoded()]
 
     def ended(self, how: Ending) -> None:
         """After a commit: nothing (its reports were in it).  Aborted: what the dropped

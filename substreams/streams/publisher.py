@@ -365,6 +365,9 @@ class Publisher:
         self._delivered: list[DeliveredColumns] = []
         self._closing = False
         """The final commit is under way (the hooks' ``before_commit(last=True)``)."""
+        self._failed: BaseException | None = None
+        """The error of the last commit, if it raised (cleared by one that succeeds): then
+        ``close()`` drops the transaction instead of committing (:meth:`_close_failed`)."""
         self._batches: list[
             tuple[list[SentRecord], list[int], dict[int, list[int]], dict[str, list[Time]]]
         ] = []
@@ -1154,8 +1157,13 @@ class Publisher:
         that escapes after that is either abortable (abort and write again) or, if still
         ``retriable()``, leaves the outcome unknown (call ``flush()`` again)."""
         if self._in_txn:
-            with client.committing(self._producer):
-                self._commit(patience)
+            try:
+                with client.committing(self._producer):
+                    self._commit(patience)
+            except BaseException as exc:
+                self._failed = exc  # close() drops the transaction instead of committing
+                raise
+            self._failed = None
             self._in_txn = False
             self._written = False
             self._pending = 0
@@ -1177,13 +1185,26 @@ class Publisher:
         try:
             for hook in self._hook_list:
                 self._write(hook.before_commit(self._closing))
-        except KafkaException:
-            # Refused because the transaction already failed (a record's delivery timed
-            # out during an outage: "Erroneous state").  The commit names the real error
-            # -- abortable or fatal; it cannot succeed in that state.
-            self._guard(
-                client.commit_transaction, self._producer, what, patience, call_timeout=call
-            )
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError._STATE:
+                # Refused because the transaction already failed (a record's delivery timed
+                # out during an outage: "Erroneous state").  The commit names the real
+                # error -- abortable or fatal; it cannot succeed in that state.
+                self._guard(
+                    client.commit_transaction, self._producer, what, patience,
+                    call_timeout=call,
+                )
+                raise
+            # Refused for itself (larger than the producer's message.max.bytes, ...) in a
+            # sound transaction: committing it would make the records visible without the
+            # hooks' reports and seals, and the hooks asked so far no longer hold what they
+            # wrote -- so the transaction is aborted and the publisher released, as by
+            # abort(), whatever the caller does next (a later close() has nothing to do).
+            outcome = self._abort()
+            log.error("%s: a hook's write was refused (%s): the transaction %s, its %d "
+                      "records are not committed; the publisher is released", what,
+                      _describe(exc), outcome, self._pending)
             raise
         self._guard(client.commit_transaction, self._producer, what, patience, call_timeout=call)
 
@@ -1293,6 +1314,9 @@ class Publisher:
     def _close(self) -> None:
         if self._closed:
             return
+        if self._failed is not None:
+            self._close_failed(self._failed)
+            return
         self._closing = True
         told = False
         try:
@@ -1305,9 +1329,46 @@ class Publisher:
         finally:
             self._closed = True
             self.ticker.close()
-            if not told:  # the final commit failed: the hooks let go, announcing nothing
-                self._end_hooks()
-            self._release()
+            try:
+                if not told:  # the final commit failed: dropped, the hooks announce nothing
+                    outcome = self._drop()
+                    log.warning("stream '%s', source '%s': the final commit failed; its "
+                                "transaction %s", self.stream, self.source_id, outcome)
+            finally:
+                if not told:
+                    self._end_hooks()
+                self._release()
+
+    def _close_failed(self, failed: BaseException) -> None:
+        """``close()`` after a commit that raised (and was neither retried with success nor
+        aborted): nothing of that transaction can be committed any more, so it is dropped
+        and the publisher released as by :meth:`abort` -- logged, not raised (the commit
+        raised already; a close that raised again left the caller nothing to do about it).
+        The hooks let go announcing nothing: no Unregister, so the acker keeps the source's
+        unsealed times open, as after a crash, until the source restarts and seals them
+        (or is evicted)."""
+        outcome = self._abort()
+        log.warning(
+            "stream '%s', source '%s': closed after a failed commit (%s): its transaction %s; "
+            "its records and the hooks' messages (reports, seals, the Unregister) were not "
+            "written, and the source's unsealed times stay open until it restarts",
+            self.stream, self.source_id, _describe(failed), outcome,
+        )
+
+    def _drop(self) -> str:
+        """Abort the open transaction, if any, without raising; what became of it (a fenced
+        or otherwise failed producer may refuse the abort: then the broker's transaction
+        timeout, or the next incarnation's ``init_transactions``, aborts it)."""
+        if not self._in_txn:
+            return "was already aborted"
+        self._in_txn = False
+        self._written = False
+        self._full_at = None
+        try:
+            self._producer.abort_transaction(10)
+        except KafkaException as exc:
+            return f"could not be aborted here ({_describe(exc)}): the broker aborts it"
+        return "was aborted"
 
     def abort(self) -> None:
         """Drop the open transaction and release the publisher (used after errors).
@@ -1319,24 +1380,21 @@ class Publisher:
         with self._lock:
             self._abort()
 
-    def _abort(self) -> None:
+    def _abort(self) -> str:
+        """:meth:`abort`; what became of the open transaction (:meth:`_drop`)."""
         if self._closed:
-            return
+            return "was already closed"
+        outcome = "was already aborted"
         try:
-            if self._in_txn:
-                self._producer.abort_transaction(10)
-        except KafkaException:
-            pass
+            outcome = self._drop()
         finally:
             self.ticker.close()
-            self._in_txn = False
-            self._written = False
-            self._full_at = None
             self._closed = True
             self._batches = []
             self._singles = None
             self._end_hooks()
             self._release()
+        return outcome
 
     def _end_hooks(self) -> None:
         """Every hook told its publisher is released with its transaction dropped (never
@@ -1354,3 +1412,10 @@ class Publisher:
         else:
             self.abort()
 
+
+def _describe(exc: BaseException) -> str:
+    """An error in a line: a Kafka error's own text, anything else as its type and text."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if isinstance(err, KafkaError):
+        return f"{err.name()}: {err.str()}"
+    return f"{type(exc).__name__}: {exc}"
