@@ -60,6 +60,12 @@ SNAPSHOT_MIN_BYTES = 4 << 20
 """Deltas written since the last snapshot before another is started (at least; or as many
 as the last snapshot's size, so that a restart reads at most about twice the state)."""
 
+SMALL_ENTRIES = 1_000
+"""A state of at most this many entries (~60 KB of JSON, one record) is written whole in
+every transaction, as a snapshot: recovery reads one transaction's records, as it did when
+every checkpoint was the whole state, and a size retention that keeps only the newest
+records of the checkpoint topic never takes what a restart needs."""
+
 CHUNKS_PER_COMMIT = 1
 """Snapshot chunks written with each transaction while a snapshot is under way: a snapshot
 of S bytes takes about S / RECORD_BYTES transactions, and no step encodes more than one
@@ -297,6 +303,7 @@ class StateLog:
     record_bytes: int = RECORD_BYTES
     snapshot_min_bytes: int = SNAPSHOT_MIN_BYTES
     chunks_per_commit: int = CHUNKS_PER_COMMIT
+    small_entries: int = SMALL_ENTRIES
     _snap: _Snapshot | None = None
     _since: int = 0
     _last_size: int = 0
@@ -323,9 +330,11 @@ class StateLog:
         chunks due, then the delta (last: the record recovery starts from names the base)."""
         state = self.state
         seq = state.checkpoints
-        if self.base is None and self._snap is None:
-            # No snapshot yet: this transaction writes one whole, and an empty delta.
-            self._drain_all()
+        if (self.base is None and self._snap is None) or self._small():
+            # No snapshot yet, or a state that fits in a record or two: this transaction
+            # writes a whole snapshot (any fuzzy one under way is dropped) and an empty
+            # delta; recovery then reads this transaction's records alone.
+            self._drain()
             self._snap = _Snapshot(seq, all_keys(state))
             chunks = self._chunks(limit=None)
             return [*chunks, *self._delta(seq, [], base=self._pending_base)]
@@ -335,6 +344,16 @@ class StateLog:
         chunks = [] if self._snap is None else self._chunks(limit=self.chunks_per_commit)
         base = self.base if self._pending_base is None else self._pending_base
         return [*chunks, *self._delta(seq, changed, base=base)]
+
+    def _small(self) -> bool:
+        """Whether the state has at most :data:`SMALL_ENTRIES` entries (counted from the
+        containers' lengths: no walk)."""
+        n = 0
+        for table in self.state.tables.values():
+            n += len(table.open) + len(table.terminated)
+            n += sum(len(src.seals) for src in table.sources.values())
+        n += sum(len(t.upper) for t in self.state.trackers.values())
+        return n <= self.small_entries
 
     def committed(self) -> None:
         """The transaction of the last :meth:`records` committed."""

@@ -117,19 +117,25 @@ def load(records: list[bytes]) -> tuple[AckerState, int]:
     return restore(records[first:], {}, 3)
 
 
-def make_log(state: AckerState, base: int | None, chunks: int) -> StateLog:
+def make_log(state: AckerState, base: int | None, chunks: int, small: int = 0) -> StateLog:
     log = StateLog.adopt(state, base)
     log.record_bytes = RECORD
     log.snapshot_min_bytes = 3_000
     log.chunks_per_commit = chunks
+    log.small_entries = small
     return log
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(op(), min_size=5, max_size=80), st.integers(1, 3))
-def test_restore_is_the_last_committed_state(ops: list[tuple[Any, ...]], chunks: int) -> None:
+@settings(max_examples=300, deadline=None)
+@given(st.lists(op(), min_size=5, max_size=80), st.integers(1, 3),
+       st.sampled_from([0, 0, 0, 6]))
+def test_restore_is_the_last_committed_state(
+    ops: list[tuple[Any, ...]], chunks: int, small: int
+) -> None:
+    """``small``: 0 (every state is large: deltas and fuzzy snapshots), or a few entries
+    (a state that small is written whole in each transaction, and grows out of it)."""
     state = fresh_state()
-    log = make_log(state, None, chunks)
+    log = make_log(state, None, chunks, small)
     committed: list[bytes] = []
     last_doc: str | None = None
     snapshots = 0
@@ -156,11 +162,11 @@ def test_restore_is_the_last_committed_state(ops: list[tuple[Any, ...]], chunks:
         if kind == "crash":
             if not committed:
                 state = fresh_state()
-                log = make_log(state, None, chunks)
+                log = make_log(state, None, chunks, small)
                 continue
             state, base = load(committed)
             assert doc(state) == last_doc, i
-            log = make_log(state, base, chunks)
+            log = make_log(state, base, chunks, small)
             for sub, gap in SUBS.items():  # as the service's start does
                 state.ensure(sub, 3, gap)
             continue
@@ -179,6 +185,7 @@ def test_a_large_state_is_written_as_it_changes() -> None:
         if table.report(t, 0, 1, 1, [OffsetRange("s", 0, k, k + 1)], 5):
             tracker.activate(t)
     log = StateLog(state)
+    log.small_entries = 0
     state.checkpoints += 1
     first = log.records()
     log.committed()
