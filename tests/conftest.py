@@ -53,7 +53,7 @@ TIERS: tuple[tuple[str, str], ...] = (
 CHAOS_MODULES = frozenset({
     "test_publisher_crashes", "test_open_transactions", "test_acker_recovery",
     "test_driver_kill", "test_sink_driver_kill", "test_broker_failures", "test_cluster",
-    "test_submit_kill",
+    "test_submit_kill", "test_keyed_scale",
 })
 """Modules whose tests kill real processes or broker nodes (the chaos tier)."""
 

@@ -28,7 +28,7 @@ SESSION = {
     "name": "s", "stream": "clicks", "kind": "session", "key": "user", "field": "ts",
     "gap_ms": GAP,
 }  # fmt: skip
-NOTIFIED_KEYS = 5_000
+NOTIFIED_KEYS = 100_000
 """Keys of the end-to-end test (every session notified): enough for the commit's acks to be
 cut in two messages (~290 KB), few enough for the acker of today, whose time is quadratic in
 open keys (issue 42, items 1-3, fixed apart: 20,000 keys did not notify within 15 minutes
