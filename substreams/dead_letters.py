@@ -380,7 +380,7 @@ def replay(
                 assert d.payload is not None
                 try:
                     pub.publish(d.payload, key=d.stored.key, partition=d.partition,
-                                check_order=False)
+                                check_order=False, substreams=d.substreams)
                 except PublisherFencedError:
                     raise
                 except SubstreamsError as exc:
@@ -388,7 +388,9 @@ def replay(
                     continue
                 pub.produce_aside(topic, replay_marker(d.stored, d.identity, d.partition),
                                   key=d.identity.encode())
-                uncommitted.append((d, f"republished to '{stream}'[{d.partition}]"))
+                into = "" if d.substreams is None else \
+                    f" for substream(s) {', '.join(map(repr, d.substreams))} only"
+                uncommitted.append((d, f"republished to '{stream}'[{d.partition}]{into}"))
                 if len(uncommitted) >= commit_every:
                     pub.flush()
                     done += _reported(uncommitted, report)

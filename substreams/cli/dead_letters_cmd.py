@@ -30,7 +30,7 @@ from substreams.streams.letters import (
 )
 
 _HELP = {"help_option_names": ["-h", "--help"]}
-FAILED = frozenset({"notified", "not_a_record", "no_payload", "refused"})
+FAILED = frozenset({"notified", "not_a_record", "no_payload", "refused", "unknown_substream"})
 """Outcomes of a replay that leave a selected record unpublished (exit code 1)."""
 
 

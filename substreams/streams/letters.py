@@ -94,7 +94,7 @@ def named_substreams(stored: StoredLetter) -> tuple[str, ...]:
     """The substreams a letter concerns: its ``substream``/``substreams`` field when its
     writer gave one, else those its ``detail`` names (``substream 'NAME'``)."""
     doc = stored.fields
-    if isinstance(doc.get("substreams"), list):
+    if isinstance(doc.get("substreams"), list) and doc["substreams"]:
         return tuple(str(s) for s in doc["substreams"])
     if isinstance(doc.get("substream"), str):
         return (doc["substream"],)
@@ -166,7 +166,8 @@ def replayed_identities(letters: Iterable[StoredLetter]) -> dict[str, str]:
     return out
 
 
-Outcome = Literal["replay", "replayed", "notified", "not_a_record", "no_payload", "duplicate"]
+Outcome = Literal["replay", "replayed", "notified", "not_a_record", "no_payload", "duplicate",
+                  "unknown_substream"]
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,9 @@ class Decision:
     identity: str = ""
     payload: Mapping[str, Any] | None = None
     partition: int = 0
+    substreams: tuple[str, ...] | None = None
+    """The substreams to publish the record in (None: every one of its stream's): those a
+    late record's letter names, the record being already in the others."""
 
 
 Closed = Callable[[str, Time], bool]
@@ -197,9 +201,12 @@ def decide(
     """The replay decision for one letter (``payload``: the record it holds, decoded or
     fixed by the user; ``planned``: identities already chosen in this run, updated).
 
-    A record is republished only when every time it has in its stream's substreams is still
-    open: one already notified cannot get it any more (the acker refuses a report for a
-    terminated time), and publishing it for the others only would leave it half counted."""
+    Which substreams the record goes to: those its letter names (``DeadLetter.substreams``,
+    a late record's: it was kept out of those only and is on the stream, counted, in the
+    others), else every one of its stream's (a record no reader could decode is in none).
+    It is republished only when its time in every one of those is still open: one already
+    notified cannot get it any more (the acker refuses a report for a terminated time), and
+    publishing it for the others only would leave it half counted."""
     letter = stored.letter
     where = "?" if letter is None else f"'{letter.topic}'[{letter.partition}]@{letter.offset}"
     if letter is None or letter.topic not in {s.name for s in config.streams}:
@@ -217,8 +224,20 @@ def decide(
                         f"{where}: {why_no_payload}; not republished (give a fixed payload "
                         "with --fixed)", identity)
     order_key = config.stream(letter.topic).order_key
+    subs = config.substreams_of(letter.topic)
+    only: tuple[str, ...] | None = None
+    if letter.substreams:
+        gone = [name for name in letter.substreams if name not in {s.name for s in subs}]
+        if gone:
+            return Decision(stored, "unknown_substream",
+                            f"{where}: kept out of substream(s) "
+                            f"{', '.join(map(repr, gone))}, which stream '{letter.topic}' no "
+                            "longer has; not republished", identity)
+        if len(set(letter.substreams)) < len(subs):
+            only = tuple(s.name for s in subs if s.name in letter.substreams)
+            subs = tuple(s for s in subs if s.name in letter.substreams)
     notified: list[str] = []
-    for sub in config.substreams_of(letter.topic):
+    for sub in subs:
         try:
             t = TimeAssigner(sub, order_key).raw_time_of(payload)
         except (KeyError, TypeError, ValueError) as exc:
@@ -234,8 +253,9 @@ def decide(
     partitions = config.stream(letter.topic).partitions
     partition = letter.partition if 0 <= letter.partition < partitions else 0
     planned.add(identity)
-    return Decision(stored, "replay", f"republish to '{letter.topic}'[{partition}]", identity,
-                    payload, partition)
+    into = "" if only is None else f" for substream(s) {', '.join(map(repr, only))} only"
+    return Decision(stored, "replay", f"republish to '{letter.topic}'[{partition}]{into}",
+                    identity, payload, partition, only)
 
 
 def _label(t: Time) -> str:

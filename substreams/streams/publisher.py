@@ -20,7 +20,7 @@ import struct
 import threading
 import zlib
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Literal, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
@@ -572,6 +572,7 @@ class Publisher:
         partition: int | None = None,
         times: Mapping[str, Time] | None = None,
         check_order: bool = True,
+        substreams: Collection[str] | None = None,
     ) -> SentRecord:
         """Append one entry.  Raises before writing anything on an order-key regression, a
         time this source sealed (:class:`SealedTimeError`) or a payload that does not fit
@@ -586,9 +587,15 @@ class Publisher:
         under ``late: dead_letter`` it is kept out of A only -- written with no time in A (so
         A's acker accounting and A's readers never see it) and on time in the others, with a
         copy in the dead-letter topic naming A, in this transaction.  A record late for every
-        substream of its stream is not written to it: returned with ``dead_lettered`` set."""
+        substream of its stream is not written to it: returned with ``dead_lettered`` set.
+
+        ``substreams`` (None: every one of the stream's) names the substreams the record is
+        in: it gets no time in the others, as a record late for them, and their seals are
+        not checked.  A replay of a record late for A only publishes it for A
+        (:mod:`substreams.dead_letters`): it is already in the others."""
         if self._closed:
             raise SubstreamsError("publish() on a closed publisher")
+        items = self._assigner_items if substreams is None else self._items_of(substreams, times)
         order_key = self._order_key_of(payload, check_order)
         if partition is None:
             partition = self.partition_for(key)
@@ -599,13 +606,13 @@ class Publisher:
         missed: tuple[tuple[str, Time, str], ...] = ()
         try:
             if times:
-                assigned = self._times_with(payload, times)
+                assigned = self._times_with(payload, times, items)
             else:
-                assigned = {name: a.time_of(payload) for name, a in self._assigner_items}
+                assigned = {name: a.time_of(payload) for name, a in items}
         except SealedTimeError:
-            assigned, missed = self._late_times(payload, times)
+            assigned, missed = self._late_times(payload, times, items)
             if not assigned:  # late for every substream: in none of them, not written
-                self._write_late(payload, key, partition, missed)
+                self._write_late(payload, key, partition, missed, written=False)
                 return SentRecord(self.stream, partition, order_key, 0, {}, dead_lettered=True)
         tracking_id = self._rand.getrandbits(64) - (1 << 63)
         try:
@@ -617,7 +624,7 @@ class Publisher:
         record = sent_record(self.stream, partition, order_key, tracking_id, assigned)
         if missed:  # its copy for the substreams it missed, in the record's transaction
             self._begin_write()
-            self._write_late(payload, key, partition, missed)
+            self._write_late(payload, key, partition, missed, written=True)
         self._write_one(record, value, key, payload)
         return record
 
@@ -638,13 +645,36 @@ class Publisher:
             )
         return order_key
 
+    def _items_of(
+        self, substreams: Collection[str], times: Mapping[str, Time] | None
+    ) -> list[tuple[str, TimeAssigner]]:
+        """The assigners of ``substreams`` (a record published in those only), or an error
+        naming one that is not the stream's (or a time given for one left out)."""
+        wanted = set(substreams)
+        unknown = sorted(wanted - self.assigners.keys())
+        if unknown:
+            raise SubstreamsError(
+                f"stream '{self.stream}' has no substream {', '.join(map(repr, unknown))} "
+                f"(its substreams: {', '.join(map(repr, self.assigners)) or 'none'})"
+            )
+        outside = sorted(set(times or ()) - wanted)
+        if outside:
+            raise SubstreamsError(
+                f"stream '{self.stream}': a time given for substream "
+                f"{', '.join(map(repr, outside))}, which the record is published without"
+            )
+        return [(name, a) for name, a in self._assigner_items if name in wanted]
+
     def _times_with(
-        self, payload: Mapping[str, Any], times: Mapping[str, Time]
+        self,
+        payload: Mapping[str, Any],
+        times: Mapping[str, Time],
+        items: Sequence[tuple[str, TimeAssigner]] | None = None,
     ) -> dict[str, Time]:
         """The record's times, ``times`` replacing the assigned ones (each checked against
         this source's seals)."""
         assigned = dict(times)
-        for name, assigner in self._assigner_items:
+        for name, assigner in self._assigner_items if items is None else items:
             if name not in assigned:
                 assigned[name] = assigner.time_of(payload)
             else:
@@ -832,7 +862,8 @@ class Publisher:
         out: list[SentRecord] = []
         for i, (assigned, missed) in enumerate(late):
             if missed:
-                self._write_late(payloads[i], None if keys is None else keys[i], parts[i], missed)
+                self._write_late(payloads[i], None if keys is None else keys[i], parts[i], missed,
+                                 written=bool(assigned))
             if assigned:
                 out.append(next(it))
             else:
@@ -847,11 +878,14 @@ class Publisher:
     # -- seal policies ---------------------------------------------------------------------
 
     def _missed(
-        self, payload: Mapping[str, Any], times: Mapping[str, Time] | None
+        self,
+        payload: Mapping[str, Any],
+        times: Mapping[str, Time] | None,
+        items: Sequence[tuple[str, TimeAssigner]],
     ) -> tuple[tuple[str, Time, str], ...]:
-        """Every substream in which the record is at a time this source sealed."""
+        """Every substream of ``items`` in which the record is at a time this source sealed."""
         out = []
-        for name, assigner in self._assigner_items:
+        for name, assigner in items:
             t = times[name] if times and name in times else assigner.raw_time_of(payload)
             why = assigner.sealed_below(t)
             if why is not None:
@@ -859,28 +893,34 @@ class Publisher:
         return tuple(out)
 
     def _late_times(
-        self, payload: Mapping[str, Any], times: Mapping[str, Time] | None
+        self,
+        payload: Mapping[str, Any],
+        times: Mapping[str, Time] | None,
+        items: Sequence[tuple[str, TimeAssigner]] | None = None,
     ) -> tuple[dict[str, Time], tuple[tuple[str, Time, str], ...]]:
         """The times of a record found late somewhere, and the substreams it missed: late
         is per substream.  A missed substream whose rule is not ``dead_letter`` (``raise``,
         or sealed by hand) refuses the whole record, naming that substream; the others
         keep the record out of them only (it gets no time there)."""
-        missed = self._missed(payload, times)
+        items = self._assigner_items if items is None else items
+        missed = self._missed(payload, times, items)
         for name, _, why in missed:
             if self._late_rules.get(name) != "dead_letter":
                 raise SealedTimeError(why)
-        out = self._raw_times(payload, times)
+        out = self._raw_times(payload, times, items)
         for name, _, _ in missed:
             del out[name]
         return out, missed
 
     def _raw_times(
-        self, payload: Mapping[str, Any], times: Mapping[str, Time] | None
+        self,
+        payload: Mapping[str, Any],
+        times: Mapping[str, Time] | None,
+        items: Sequence[tuple[str, TimeAssigner]],
     ) -> dict[str, Time]:
-        """The record's time in every substream (``times`` overriding), seals ignored."""
-        out: dict[str, Time] = {
-            name: a.raw_time_of(payload) for name, a in self._assigner_items
-        }
+        """The record's time in every substream of ``items`` (``times`` overriding), seals
+        ignored."""
+        out: dict[str, Time] = {name: a.raw_time_of(payload) for name, a in items}
         if times:
             out.update(times)
         return out
@@ -891,10 +931,12 @@ class Publisher:
         key: str | bytes | None,
         partition: int,
         missed: tuple[tuple[str, Time, str], ...],
+        *,
+        written: bool,
     ) -> None:
+        """``written``: the record itself went to the stream (on time somewhere)."""
         assert self._late_writer is not None  # checked with the policies
         self._begin()
-        written = len(missed) < len(self._assigner_items)
         self._late_writer(
             self,
             LateRecord(self.stream, self.source_id, partition, key, payload, missed, written),

@@ -237,3 +237,57 @@ def test_a_replay_killed_halfway_and_run_again_publishes_each_record_once(
     outcomes = Counter(line.split()[1] for line in rerun.stdout.splitlines())
     assert outcomes == {"replayed": sum(before.values()),
                         "republished": n - sum(before.values())}
+
+
+def test_a_record_late_for_one_substream_is_replayed_into_that_one_only(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """A record late for 'a' (10 ms windows, no lateness) and on time for 'b' (1 s windows)
+    is written to 'b' and dead-lettered naming 'a'.  Replayed while 'a's window is still
+    open (another source holds it), it goes into 'a' only: each substream's notification
+    holds it once (republished whole, 'b' held it twice)."""
+    (tmp_path / "event.avsc").write_text(json.dumps(SCHEMA))
+    config = make_config(
+        [{"name": "events", "partitions": 2, "schema": "event.avsc", "order_key": "seq"}],
+        [{"name": "a", "stream": "events", "kind": "tumbling", "field": "ts", "size_ms": 100,
+          "seal": {"lateness_ms": 0, "late": "dead_letter"}},
+         {"name": "b", "stream": "events", "kind": "tumbling", "field": "ts", "size_ms": 1000,
+          "seal": {"lateness_ms": 0, "late": "dead_letter"}}],
+        acker=FAST,
+    )
+    stream = config.streams[0].name
+    a, b = config.substreams[0].name, config.substreams[1].name
+    path = str(config.path)
+    ev = Events()
+    app = Application(config)
+    with acker(config):
+        with app.publisher(stream, "other") as other:
+            other.publish(ev(20))  # window a:0 stays open until 'other' moves on
+            other.flush()
+            with app.publisher(stream, "web") as web:
+                web.publish(ev(10))
+                web.publish(ev(250))  # 'web' seals a:0 and a:1; b:0 stays open
+                kept = web.publish(ev(40))  # late for 'a' only
+                assert not kept.dead_lettered and set(kept.times) == {b}
+                web.flush()
+
+                [letter] = json_lines(invoke("dead-letters", "list", "-c", path,
+                                             "--json").output)
+                assert letter["substreams"] == [a]
+                dry = json_lines(invoke("dead-letters", "replay", "-c", path, "--dry-run",
+                                        "--json").output)
+                assert [d["outcome"] for d in dry] == ["replay"]
+                assert f"for substream(s) '{a}' only" in dry[0]["message"]
+                done = invoke("dead-letters", "replay", "-c", path, "--json")
+                assert done.exit_code == 0, done.output
+                assert [d["outcome"] for d in json_lines(done.output)] == ["republished"]
+                again = invoke("dead-letters", "replay", "-c", path, "--json")
+                assert [d["outcome"] for d in json_lines(again.output)] == ["replayed"]
+                web.publish(ev(2500))  # seals 'a' below 25 and b:0, b:1
+            other.publish(ev(2600))
+        a0 = until_time(config, a, 0)
+        b0 = until_time(config, b, 0)
+    assert sorted(e.payload["ts"] for e in a0.entries) == [10, 20, 40]
+    assert sorted(e.payload["ts"] for e in b0.entries) == [10, 20, 40, 250]
+    assert a0.records == 3 and b0.records == 4
+    assert stream_ts(config, stream)[40] == 2  # on the stream twice: once for 'b', once for 'a'

@@ -105,6 +105,39 @@ def test_decide_refuses_notified_times_and_names_them(config: Config) -> None:
     assert no.outcome == "no_payload" and "'clicks'[0]@3: no prefix" in no.message
 
 
+def test_a_record_late_for_some_substreams_is_replayed_for_those_only(config: Config) -> None:
+    """A letter naming 'w' (late for it, written on time to 's'): replayed into 'w' only,
+    and only 'w's time decides whether it is too late -- 's' already has it."""
+    payload = {"user": "ada", "url": "/", "ts": 25}
+    late_w = stored(0, late_letter("p", "clicks", 1, -1, "web", payload, "", ("w",)))
+
+    def s_closed(sub: str, t: object) -> bool:
+        return sub == "s"
+
+    d = decide(config, late_w, payload, "", {}, set(), s_closed)
+    assert d.outcome == "replay" and d.substreams == ("w",)
+    assert "for substream(s) 'w' only" in d.message
+    w_closed = decide(config, late_w, payload, "", {}, set(), lambda sub, t: sub == "w")
+    assert w_closed.outcome == "notified" and "substream 'w' time 2" in w_closed.message
+    assert "'s'" not in w_closed.message
+    both = stored(1, late_letter("p", "clicks", 1, -1, "web", payload, "", ("s", "w")))
+    whole = decide(config, both, payload, "", {}, set(), lambda sub, t: False)
+    assert whole.outcome == "replay" and whole.substreams is None
+    assert decide(config, both, payload, "", {}, set(), s_closed).outcome == "notified"
+    gone = stored(2, late_letter("p", "clicks", 1, -1, "web", payload, "", ("old",)))
+    refused = decide(config, gone, payload, "", {}, set(), lambda sub, t: False)
+    assert refused.outcome == "unknown_substream" and "'old'" in refused.message
+
+
+def test_a_letter_with_no_substreams_field_names_those_its_detail_does() -> None:
+    from substreams.streams.letters import named_substreams
+
+    acker = stored(0, DeadLetter("acker", "terminated_time", "_acks", 0, 3, b"x",
+                                 "substream 'w': time 4 was notified"))
+    assert named_substreams(acker) == ("w",)
+    assert LetterFilter(substreams=frozenset({"w"})).matches(acker)
+
+
 @given(st.lists(st.tuples(st.integers(0, 1), st.integers(-1, 4)), max_size=30),
        st.sets(st.integers(0, 29)))
 def test_a_replay_plans_each_record_at_most_once(
