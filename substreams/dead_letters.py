@@ -147,7 +147,8 @@ def find_letter(
 class Decoded:
     """What a letter's ``raw`` bytes are: ``kind`` one of ``record`` (a data record of the
     stream, decoded with its writer schema), ``punctuation``, ``json`` (a payload as JSON:
-    what a publisher's late record holds), ``protocol`` (an acker message) or ``raw``
+    what a publisher's late record holds), ``protocol`` (an acker message),
+    ``replay_marker`` (no letter: a replay's record of what it republished) or ``raw``
     (undecodable: ``error`` says why)."""
 
     kind: str
@@ -179,6 +180,9 @@ class LetterDecoder:
         letter = stored.letter
         if letter is None:
             return Decoded("raw", error=stored.error)
+        if stored.is_marker:  # replay history: which record, replayed from which letter
+            return Decoded("replay_marker", {k: stored.fields.get(k)
+                                             for k in ("replayed", "letter", "detail")})
         raw = letter.raw
         if letter.topic in self._names:
             return self._stream_record(letter.topic, raw)

@@ -26,11 +26,9 @@ from typing import Any, Literal
 from substreams.config import Config
 from substreams.errors import SubstreamsError
 from substreams.frontier import Keyed, Time
-from substreams.streams.deadletter import DeadLetter
+from substreams.streams.deadletter import REASON_REPLAYED, DeadLetter
 from substreams.streams.times import TimeAssigner
 
-REASON_REPLAYED = "replayed"
-"""A replay's marker: the record it names was republished (never listed as a letter)."""
 REPLAY_SERVICE = "dead-letters replay"
 REPLAY_SOURCE = "dead-letters.replay"
 """The source id replays publish as: one per stream, so a second replay fences the first
@@ -60,7 +58,8 @@ class StoredLetter:
 
     @property
     def is_marker(self) -> bool:
-        return self.letter is not None and self.letter.reason == REASON_REPLAYED
+        """A replay's marker: replay history, never a letter (not listed, counted, replayed)."""
+        return self.letter is not None and self.letter.is_replay_marker
 
 
 def parse_stored(

@@ -190,12 +190,27 @@ def test_replay_publishes_open_times_once_and_names_notified_ones(
         assert counts[5000] == 1 and counts[5010] == 1 and counts[40] == 0
         listing = invoke("dead-letters", "list", "-c", path).output
         assert listing.count("[replayed:") == 3  # both letters of the fixed record say so
+        # the markers are replay history, not letters: not listed, not counted
+        assert "4 dead letter(s) of 4 in" in listing
+        assert len(json_lines(invoke("dead-letters", "list", "-c", path, "--json").output)) == 4
+        assert json_lines(invoke("dead-letters", "list", "-c", path, "--json", "--reason",
+                                 REASON_REPLAYED).output) == []
+        shown = json.loads(invoke("dead-letters", "show", ids[1], "-c", path, "--json").output)
+        marker_id = shown["replayed_by"]
+        marker = json.loads(invoke("dead-letters", "show", marker_id, "-c", path,
+                                   "--json").output)
+        assert marker["decoded"]["kind"] == "replay_marker"
+        assert marker["decoded"]["value"]["letter"] == ids[1]
+        assert "replayed_by" not in json.loads(invoke("dead-letters", "show", ids[0], "-c",
+                                                      path, "--json").output)
 
         pub.seal(sub, 50)  # the open window ends: its notification holds the replayed ones
         w50 = until_time(config, sub, 50)
     assert sorted(e.payload["ts"] for e in w50.entries) == [5000, 5010]
-    markers = [d for d in read_dead_letters(config) if d.reason == REASON_REPLAYED]
-    assert len(markers) == 2
+    every = read_dead_letters(config, markers=True)
+    assert len([d for d in every if d.reason == REASON_REPLAYED]) == 2
+    assert [d.reason for d in read_dead_letters(config)] == [
+        "late_record", "late_record", "malformed", "malformed"]
 
 
 def test_a_replay_killed_halfway_and_run_again_publishes_each_record_once(

@@ -84,6 +84,8 @@ def test_a_record_with_an_offset_is_one_record_whoever_dead_lettered_it() -> Non
     assert record_identity(late) == "letter 0:6"
     marker = parse_stored(0, 7, 0, None, replay_marker(a, record_identity(a), 1))
     assert marker.is_marker and not LetterFilter().matches(marker)
+    assert marker.letter is not None and marker.letter.is_replay_marker
+    assert not DeadLetter.from_json(a.letter.to_json()).is_replay_marker  # type: ignore[union-attr]
     assert replayed_identities([a, marker]) == {"clicks[1]@9": "0:7"}
 
 
