@@ -39,12 +39,13 @@ from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.control.messages import completions
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
-from substreams.frontier import Time, UpperAntichain
+from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.read import Reader
 from substreams.streams.letters import (
     REPLAY_SOURCE,
     Decision,
+    Notified,
     StoredLetter,
     decide,
     parse_stored,
@@ -287,21 +288,19 @@ def parse_when(text: str, now_ms: int | None = None) -> int:
 
 def closed_times(config: Config, substreams: Sequence[str],
                  bootstrap: str | None = None) -> Callable[[str, Time], bool]:
-    """Whether a time of a substream was already notified: at or below a notified time
-    (or session end) on its control topic -- the acker's own rule for a late report."""
+    """Whether a time of a substream was already notified (:class:`Notified`), from each
+    substream's control topic read whole."""
     boot = client.resolve_bootstrap(config, bootstrap)
-    done: dict[str, UpperAntichain] = {}
+    done = Notified()
     for name in substreams:
-        upper = UpperAntichain()
         try:
             records = read_control(boot, config.acker.control_topic(name), config)
         except ProtocolError as exc:
             raise SubstreamsError(f"substream '{name}': {exc}") from exc
         for _, rec in records:
             for note in completions(rec.body):
-                upper.insert(note.until if note.until is not None else note.time)
-        done[name] = upper
-    return lambda name, t: name in done and done[name].covers(t)
+                done.add(name, note.time, note.until)
+    return done
 
 
 def fence_replays(config: Config, bootstrap: str | None = None) -> None:

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from substreams.config import Config
+from substreams.config import Config, SubstreamConfig
 from substreams.errors import SubstreamsError
-from substreams.frontier import Keyed, Time
+from substreams.frontier import Keyed, Time, UpperAntichain
 from substreams.streams.deadletter import REASON_REPLAYED, DeadLetter
 from substreams.streams.times import TimeAssigner
 
@@ -188,6 +188,29 @@ Closed = Callable[[str, Time], bool]
 """(substream, time) -> whether that time was already notified."""
 
 
+class Notified:
+    """The times notified on substreams' control topics, as a :data:`Closed`: a time is
+    closed when it is at or below a notified one (or inside a notified session) -- the
+    acker's own rule for a late report (``SegmentTable``: at or below a terminated time).
+
+    Times are compared as the control topic holds them: a hopping substream's are *panes*
+    (the acker notifies panes; windows exist only in the firm readers,
+    :mod:`substreams.control.panes`), and a record's time there is its pane too
+    (:class:`~substreams.streams.times.TimeAssigner`), so a pane below a notified one --
+    announced or empty -- is closed, and so is every window holding it."""
+
+    def __init__(self) -> None:
+        self._upper: dict[str, UpperAntichain] = {}
+
+    def add(self, substream: str, time: Time, until: Time | None = None) -> None:
+        upper = self._upper.setdefault(substream, UpperAntichain())
+        upper.insert(until if until is not None else time)
+
+    def __call__(self, substream: str, t: Time) -> bool:
+        upper = self._upper.get(substream)
+        return upper is not None and upper.covers(t)
+
+
 def decide(
     config: Config,
     stored: StoredLetter,
@@ -244,7 +267,7 @@ def decide(
                             f"{where}: payload has no time in substream '{sub.name}' "
                             f"({exc!r}); not republished", identity)
         if closed(sub.name, t):
-            notified.append(f"substream '{sub.name}' time {_label(t)}")
+            notified.append(f"substream '{sub.name}' {_what(sub, t)}")
     if notified:
         return Decision(stored, "notified",
                         f"{where}: {', '.join(notified)} already notified; not republished",
@@ -255,6 +278,15 @@ def decide(
     into = "" if only is None else f" for substream(s) {', '.join(map(repr, only))} only"
     return Decision(stored, "replay", f"republish to '{letter.topic}'[{partition}]{into}",
                     identity, payload, partition, only)
+
+
+def _what(sub: SubstreamConfig, t: Time) -> str:
+    """A record's time as the line names it: a hopping substream's time is a pane (what
+    the acker tracks and notifies, and what the check compares), held by the windows
+    ``t - k + 1 .. t`` (docs/design.md, "Hopping windows")."""
+    if sub.kind == "hopping" and isinstance(t, int):
+        return f"pane {t} (windows {t - sub.panes_per_window + 1}..{t})"
+    return f"time {_label(t)}"
 
 
 def _label(t: Time) -> str:

@@ -4,6 +4,7 @@ times still open -- also when a replay is SIGKILLed halfway and run again."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -306,3 +307,47 @@ def test_a_record_late_for_one_substream_is_replayed_into_that_one_only(
     assert sorted(e.payload["ts"] for e in b0.entries) == [10, 20, 40, 250]
     assert a0.records == 3 and b0.records == 4
     assert stream_ts(config, stream)[40] == 2  # on the stream twice: once for 'b', once for 'a'
+
+
+def test_replay_of_hopping_records_checks_their_panes(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """A hopping substream (300 ms windows every 100 ms) is tracked by 100 ms panes: the
+    acker notifies panes, a record's time is its pane.  A letter whose pane is closed --
+    notified, or below a notified pane though never announced itself -- is refused (the
+    acker would dead-letter its report as terminated_time); one whose pane is open is
+    republished and its pane's notification holds it."""
+    (tmp_path / "event.avsc").write_text(json.dumps(SCHEMA))
+    config = make_config(
+        [{"name": "events", "partitions": 1, "schema": "event.avsc", "order_key": "seq"}],
+        [{"name": "h", "stream": "events", "kind": "hopping", "field": "ts", "size_ms": 300,
+          "slide_ms": 100, "seal": {"lateness_ms": 0, "late": "dead_letter"}}],
+        acker=FAST,
+    )
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    path = str(config.path)
+    ev = Events()
+    with acker(config), Application(config).publisher(stream, "web") as pub:
+        for ts in (10, 150, 550):  # panes 0, 1, 5: the policy seals panes up to 4
+            pub.publish(ev(ts))
+        pub.flush()
+        assert until_time(config, sub, 4).time == 4
+        assert pub.publish(ev(120)).dead_lettered  # pane 1: notified
+        assert pub.publish(ev(250)).dead_lettered  # pane 2: empty, below notified pane 4
+        pub.flush()
+        # pane 6 is open: nobody sealed it (a record dead-lettered by a reader, say)
+        write_letters(config, [late_letter("test", stream, 0, -1, "other",
+                                           {"user": "v", "ts": 640, "seq": 99}, "test")])
+        out = {json.loads(base64.b64decode(d["raw"]))["ts"]: d for d in json_lines(
+            invoke("dead-letters", "list", "-c", path, "--json").output)}
+        done = {d["id"]: d for d in json_lines(invoke("dead-letters", "replay", "-c", path,
+                                                      "--json").output)}
+        assert done[out[120]["id"]]["outcome"] == "notified"
+        assert f"substream '{sub}' pane 1 (windows -1..1)" in done[out[120]["id"]]["message"]
+        assert done[out[250]["id"]]["outcome"] == "notified"
+        assert done[out[640]["id"]]["outcome"] == "republished"
+        pub.publish(ev(900))  # seals panes up to 8
+        pub.flush()
+        pane6 = until_time(config, sub, 6)
+    assert [e.payload["ts"] for e in pane6.entries] == [640]
+    assert [d for d in read_dead_letters(config) if d.reason == "terminated_time"] == []

@@ -3,6 +3,7 @@ decisions."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -138,6 +139,56 @@ def test_a_letter_with_no_substreams_field_names_those_its_detail_does() -> None
                                  "substream 'w': time 4 was notified"))
     assert named_substreams(acker) == ("w",)
     assert LetterFilter(substreams=frozenset({"w"})).matches(acker)
+
+
+@given(st.integers(1, 4), st.lists(st.integers(0, 40), unique=True, max_size=12),
+       st.lists(st.integers(0, 4500), min_size=1, max_size=20))
+def test_a_hopping_record_is_closed_iff_its_pane_is_notified_or_below_one(
+    panes: int, notified: list[int], event_times: list[int]
+) -> None:
+    """Hopping windows of ``panes`` 100 ms panes: the acker notifies panes (in order, some
+    empty ones never), the firm reader derives windows from them (control/panes.py).  The
+    replay check says a record is closed exactly when the acker would refuse its report
+    (some notified pane at or above its pane), hence whenever a window holding it was
+    announced; and decide() refuses it naming the pane and its windows."""
+    from substreams.control.panes import windows_completed
+    from substreams.streams.letters import Notified
+
+    cfg = _hopping_config(panes)
+    sub = cfg.substreams[0]
+    closed = Notified()
+    windows: set[int] = set()
+    prev = None
+    for pane in sorted(notified):
+        closed.add(sub.name, pane)
+        windows.update(windows_completed(prev, pane, panes))
+        prev = pane
+    for ts in event_times:
+        pane = ts // 100
+        refused = any(p >= pane for p in notified)
+        assert closed(sub.name, pane) == refused
+        if any(w <= pane <= w + panes - 1 for w in windows):  # a window holding it announced
+            assert closed(sub.name, pane)
+        letter = stored(0, late_letter("p", "clicks", 0, -1, "web", {}, ""))
+        d = decide(cfg, letter, {"user": "u", "url": "/", "ts": ts}, "", {}, set(), closed)
+        assert d.outcome == ("notified" if refused else "replay")
+        if refused:
+            assert f"pane {pane} (windows {pane - panes + 1}..{pane})" in d.message
+
+
+@functools.cache
+def _hopping_config(panes: int) -> Config:
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp())
+    (folder / "click.avsc").write_text(json.dumps(CLICK_SCHEMA))
+    doc = {"kafka": {"bootstrap": "127.0.0.1:1"},
+           "streams": [{"name": "clicks", "schema": "click.avsc", "order_key": "ts",
+                        "partitions": 1}],
+           "substreams": [{"name": "h", "stream": "clicks", "kind": "hopping", "field": "ts",
+                           "size_ms": 100 * panes, "slide_ms": 100}]}
+    (folder / "c.yaml").write_text(yaml.safe_dump(doc))
+    return load_config(folder / "c.yaml")
 
 
 @given(st.lists(st.tuples(st.integers(0, 1), st.integers(-1, 4)), max_size=30),
