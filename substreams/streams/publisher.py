@@ -270,10 +270,19 @@ class Publisher:
         schemas: SchemaRegistrar = register_stream,
         clock: Clock = SYSTEM,
         rng: random.Random | None = None,
+        max_open_ms: int | None = None,
     ) -> None:
         """``seal_policies``: per substream of the stream, a seal policy replacing the
         configured one (None: ``manual``); ``late_writer``: where records a ``late:
         dead_letter`` policy refuses go (:class:`substreams.app.Application` gives one).
+        ``max_open_ms``: commit an open transaction whose first record waited that long
+        (on the ticker, between the caller's calls), as ``batch_size`` commits a full one:
+        records below ``batch_size`` of a caller that neither flushes nor seals then
+        become visible to readers and to the acker within it.  None (the default): only
+        ``batch_size``, ``flush()``, ``seal()``, ``close()`` and a seal policy commit --
+        a caller whose unit of work must be one transaction (``send_offsets``,
+        ``produce_aside`` markers) keeps that control (docs/design.md, "Time-bounded
+        commits").
 
         Where its I/O goes, chosen by the composition root (defaults: the real broker and
         the machine's clock): ``producers`` builds its producers (the transactional one and
@@ -294,6 +303,13 @@ class Publisher:
         self.source_id = source_id
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.batch_size = batch_size
+        if max_open_ms is not None and (isinstance(max_open_ms, bool)
+                                        or not isinstance(max_open_ms, int) or max_open_ms < 1):
+            raise SubstreamsError(
+                f"stream '{stream}', source '{source_id}': max_open_ms must be a positive "
+                f"number of milliseconds (or None), not {max_open_ms!r}"
+            )
+        self._max_open_s = None if max_open_ms is None else max_open_ms / 1000
         self.codec = _envelope_codec(stream, json.dumps(self.stream_config.schema, sort_keys=True))
         # single-object encoded values carry the writer fingerprint: data records have no
         # headers (see substreams.streams.schemas)
@@ -348,6 +364,9 @@ class Publisher:
         self._full_at: float | None = None
         """When the open transaction reached ``batch_size`` records, if its commit waits
         (:meth:`_batch_full`); None otherwise."""
+        self._opened_at: float | None = None
+        """When the open transaction got its first record, with ``max_open_ms`` (None:
+        none yet, or no ``max_open_ms``)."""
         self._rr = self._rand.randrange(self.partitions)
         self._last_order_key: int | None = None
         subs = self.config.substreams_of(self.stream)
@@ -510,6 +529,9 @@ class Publisher:
         if self._full_at is not None:
             self.flush()
         self._begin()
+        if self._max_open_s is not None and self._opened_at is None:
+            self._opened_at = self.clock.monotonic()
+            self._start_ticking()
 
     def _batch_full(self) -> None:
         """The open transaction holds ``batch_size`` records: commit it -- later, for a
@@ -976,7 +998,8 @@ class Publisher:
 
     def _tick(self) -> None:
         """On the ticker: seal what idleness allows, commit policy seals the caller left
-        pending, and a full transaction that waited ``FULL_WAIT_S`` for a seal -- only
+        pending, a full transaction that waited ``FULL_WAIT_S`` for a seal, and one whose
+        first record waited ``max_open_ms`` -- only
         between two calls of the caller (its lock is not waited for)."""
         if not self._lock.acquire(blocking=False):
             return
@@ -988,9 +1011,12 @@ class Publisher:
                 sealed = clock.idle(now)
                 if sealed is not None:
                     self._policy_seal(name, sealed)
-            full_at = self._full_at
-            waited = full_at is not None and self.clock.monotonic() - full_at >= FULL_WAIT_S
-            if (self._seal_pending or waited) and self._in_txn:
+            full_at, opened_at = self._full_at, self._opened_at
+            now_s = self.clock.monotonic()
+            waited = full_at is not None and now_s - full_at >= FULL_WAIT_S
+            aged = (opened_at is not None and self._max_open_s is not None
+                    and now_s - opened_at >= self._max_open_s)
+            if (self._seal_pending or waited or aged) and self._in_txn:
                 self.flush()
         except Exception as exc:
             log.warning("stream '%s', source '%s': a commit on the ticker failed: %s",
@@ -1202,6 +1228,7 @@ class Publisher:
             self._written = False
             self._pending = 0
             self._full_at = None
+            self._opened_at = None
             self._seal_pending = False
             self._committed_at = self.clock.monotonic()
             how: Ending = "closed" if self._closing else "committed"
@@ -1374,6 +1401,7 @@ class Publisher:
             self._in_txn = False
             self._written = False
             self._full_at = None
+            self._opened_at = None
             self._closed = True
             self._batches = []
             self._singles = None
