@@ -103,9 +103,11 @@ class Application:
         bootstrap: str | None = None,
         producer_overrides: Mapping[str, Any] | None = None,
         seal_policies: Mapping[str, SealPolicy | None] | None = None,
+        max_open_ms: int | None = None,
     ) -> Publisher:
         """A publisher of ``stream`` as ``source_id``, tracked by this application's
-        mechanisms (see :class:`~substreams.streams.publisher.Publisher`).
+        mechanisms (see :class:`~substreams.streams.publisher.Publisher`, also for
+        ``max_open_ms``: a time bound on an open transaction's records).
         ``seal_policies`` replaces the configured seal policy of the named substreams for
         this publisher (None: manual); late records under ``late: dead_letter`` go to the
         dead-letter topic (:func:`~substreams.streams.deadletter.write_late_record`).
@@ -127,6 +129,7 @@ class Application:
             producers=self.producers,
             schemas=self.schemas,
             clock=self.clock,
+            max_open_ms=max_open_ms,
         )
 
     def _check_served(self, stream: str, bootstrap: str | None) -> None:

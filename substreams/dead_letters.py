@@ -39,12 +39,13 @@ from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.control.messages import completions
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
-from substreams.frontier import Time, UpperAntichain
+from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.read import Reader
 from substreams.streams.letters import (
     REPLAY_SOURCE,
     Decision,
+    Notified,
     StoredLetter,
     decide,
     parse_stored,
@@ -147,7 +148,8 @@ def find_letter(
 class Decoded:
     """What a letter's ``raw`` bytes are: ``kind`` one of ``record`` (a data record of the
     stream, decoded with its writer schema), ``punctuation``, ``json`` (a payload as JSON:
-    what a publisher's late record holds), ``protocol`` (an acker message) or ``raw``
+    what a publisher's late record holds), ``protocol`` (an acker message),
+    ``replay_marker`` (no letter: a replay's record of what it republished) or ``raw``
     (undecodable: ``error`` says why)."""
 
     kind: str
@@ -179,6 +181,9 @@ class LetterDecoder:
         letter = stored.letter
         if letter is None:
             return Decoded("raw", error=stored.error)
+        if stored.is_marker:  # replay history: which record, replayed from which letter
+            return Decoded("replay_marker", {k: stored.fields.get(k)
+                                             for k in ("replayed", "letter", "detail")})
         raw = letter.raw
         if letter.topic in self._names:
             return self._stream_record(letter.topic, raw)
@@ -283,21 +288,19 @@ def parse_when(text: str, now_ms: int | None = None) -> int:
 
 def closed_times(config: Config, substreams: Sequence[str],
                  bootstrap: str | None = None) -> Callable[[str, Time], bool]:
-    """Whether a time of a substream was already notified: at or below a notified time
-    (or session end) on its control topic -- the acker's own rule for a late report."""
+    """Whether a time of a substream was already notified (:class:`Notified`), from each
+    substream's control topic read whole."""
     boot = client.resolve_bootstrap(config, bootstrap)
-    done: dict[str, UpperAntichain] = {}
+    done = Notified()
     for name in substreams:
-        upper = UpperAntichain()
         try:
             records = read_control(boot, config.acker.control_topic(name), config)
         except ProtocolError as exc:
             raise SubstreamsError(f"substream '{name}': {exc}") from exc
         for _, rec in records:
             for note in completions(rec.body):
-                upper.insert(note.until if note.until is not None else note.time)
-        done[name] = upper
-    return lambda name, t: name in done and done[name].covers(t)
+                done.add(name, note.time, note.until)
+    return done
 
 
 def fence_replays(config: Config, bootstrap: str | None = None) -> None:
@@ -380,7 +383,7 @@ def replay(
                 assert d.payload is not None
                 try:
                     pub.publish(d.payload, key=d.stored.key, partition=d.partition,
-                                check_order=False)
+                                check_order=False, substreams=d.substreams)
                 except PublisherFencedError:
                     raise
                 except SubstreamsError as exc:
@@ -388,7 +391,9 @@ def replay(
                     continue
                 pub.produce_aside(topic, replay_marker(d.stored, d.identity, d.partition),
                                   key=d.identity.encode())
-                uncommitted.append((d, f"republished to '{stream}'[{d.partition}]"))
+                into = "" if d.substreams is None else \
+                    f" for substream(s) {', '.join(map(repr, d.substreams))} only"
+                uncommitted.append((d, f"republished to '{stream}'[{d.partition}]{into}"))
                 if len(uncommitted) >= commit_every:
                     pub.flush()
                     done += _reported(uncommitted, report)

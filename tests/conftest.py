@@ -324,11 +324,15 @@ def short(name: str) -> str:
     return name.rsplit("-", 1)[0]
 
 
-def read_dead_letters(config: Config, timeout: float = 30.0) -> list[DeadLetter]:
-    """Every dead letter so far: the whole dead-letter topic, or an error."""
+def read_dead_letters(
+    config: Config, timeout: float = 30.0, *, markers: bool = False
+) -> list[DeadLetter]:
+    """Every dead letter so far: the whole dead-letter topic, or an error.  A replay's
+    markers are not letters: left out unless ``markers``."""
     topic = config.acker.dead_letter_topic
-    return [DeadLetter.from_json(m.value()) for m in
-            drain(client.resolve_bootstrap(config), config, topic, timeout=timeout)]
+    out = [DeadLetter.from_json(m.value()) for m in
+           drain(client.resolve_bootstrap(config), config, topic, timeout=timeout)]
+    return out if markers else [d for d in out if not d.is_replay_marker]
 
 
 def follow_notifications(

@@ -30,7 +30,7 @@ from substreams.streams.letters import (
 )
 
 _HELP = {"help_option_names": ["-h", "--help"]}
-FAILED = frozenset({"notified", "not_a_record", "no_payload", "refused"})
+FAILED = frozenset({"notified", "not_a_record", "no_payload", "refused", "unknown_substream"})
 """Outcomes of a replay that leave a selected record unpublished (exit code 1)."""
 
 
@@ -171,14 +171,21 @@ def show_command(ctx: click.Context, letter_id: str, config_path: str | None,
     """Show the letter ID (PARTITION:OFFSET as `list` prints it, or OFFSET) with its raw
     bytes decoded where they can be: a stream's record with its writer schema (the schema
     registry topic has every one the stream used), a late record's payload (JSON), an
-    acker message; else why not, and the bytes (base64)."""
-    from substreams.dead_letters import LetterDecoder, find_letter, letter_json
+    acker message; else why not, and the bytes (base64).  A letter whose record was
+    replayed names the replay's marker (replayed_by); a marker (replay history, not a
+    letter) names the record and the letter it replayed."""
+    from substreams.dead_letters import LetterDecoder, find_letter, letter_json, read_letters
 
     config, boot = _config(ctx, config_path, bootstrap)
     partition, offset = parse_id(letter_id)
     stored = find_letter(config, partition, offset, boot)
     decoded = LetterDecoder(config, boot).decode(stored)
-    doc = letter_json(stored, decoded)
+    by = None
+    if stored.letter is not None and not stored.is_marker:
+        # a replay's marker comes after the letter it read: from the letter's time on
+        later = read_letters(config, boot, since_ms=stored.timestamp_ms, progress=_progress)
+        by = replayed_identities(later).get(record_identity(stored))
+    doc = letter_json(stored, decoded, replayed=by)
     if as_json:
         click.echo(json.dumps(doc, separators=(",", ":")))
         return

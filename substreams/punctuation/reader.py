@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -22,25 +21,21 @@ from substreams.kafka import client
 from substreams.kafka.clock import until_idle
 from substreams.kafka.read import Reader
 from substreams.punctuation.aligner import Aligner, Bound, Event, Punctuation
+from substreams.streams.badrecords import BadRecords
 from substreams.streams.listener import PunctuationEntry, StreamDecoder
 from substreams.streams.records import Entry
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Malformed:
-    """A data-topic message that could not be decoded (skipped by the reader)."""
-
-    partition: int
-    offset: int
-    raw: bytes
-    reason: str
-
-
 class PunctuatedReader:
     """Reads the data topic of ``substream`` (all partitions or ``partitions``) and yields
-    :mod:`~substreams.punctuation.aligner` events under the substream's bound and order."""
+    :mod:`~substreams.punctuation.aligner` events under the substream's bound and order.
+
+    A message that is neither a record of the stream nor a punctuation goes to ``bad``
+    (:class:`~substreams.streams.badrecords.BadRecords`, the stream's ``on_bad_record``:
+    dead-lettered and read on, or :class:`~substreams.errors.BadRecordError`), as in every
+    reader; without one the reader makes its own (``punctuations:<substream>``)."""
 
     def __init__(
         self,
@@ -52,6 +47,7 @@ class PunctuatedReader:
         from_offsets: Mapping[int, int] | None = None,
         bound: Bound | None = None,
         ordered: bool | None = None,
+        bad: BadRecords | None = None,
     ) -> None:
         sub = config.substream(substream)
         if sub.mechanism != "punctuations":
@@ -63,10 +59,11 @@ class PunctuatedReader:
         self.stream = sub.stream
         total = config.stream(self.stream).partitions
         self.partitions = sorted(set(range(total) if partitions is None else partitions))
-        bad = [p for p in self.partitions if not 0 <= p < total]
-        if bad or not self.partitions:
+        outside = [p for p in self.partitions if not 0 <= p < total]
+        if outside or not self.partitions:
             raise SubstreamsError(
-                f"stream '{self.stream}' has partitions 0..{total - 1}; cannot read {bad or 'none'}"
+                f"stream '{self.stream}' has partitions 0..{total - 1}; cannot read "
+                f"{outside or 'none'}"
             )
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.decoder = StreamDecoder(config, self.stream)
@@ -78,9 +75,9 @@ class PunctuatedReader:
             ordered=sub.ordered if ordered is None else ordered,
         )
         self.punctuations_read = 0
-        self.malformed: list[Malformed] = []
-        """Messages that are neither a record of the stream nor a punctuation, in the order
-        read (the caller takes them; the aligner service dead-letters them)."""
+        self.bad = bad if bad is not None else BadRecords(
+            config, f"punctuations:{substream}", bootstrap=self.bootstrap)
+        self._own_bad = bad is None
         self._reader = Reader(self.bootstrap, config, name=f"stream '{self.stream}'")
         starts = {p: (from_offsets or {}).get(p, OFFSET_BEGINNING) for p in self.partitions}
         self._reader.assign([TopicPartition(self.stream, p, o) for p, o in starts.items()])
@@ -140,11 +137,9 @@ class PunctuatedReader:
                     else None
                 )
             except DecodeError as exc:
-                log.warning("stream '%s' partition %d offset %d: %s (skipped)", self.stream,
-                            msg.partition(), msg.offset(), exc)
-                self.malformed.append(Malformed(msg.partition(), msg.offset(),
-                                                msg.value() or b"", str(exc)))
+                self.bad.message(msg, exc)  # dead-lettered (logged once a run), or raises
                 continue
+            self.bad.good()
             if isinstance(entry, Entry):
                 out.extend(self.aligner.on_record(entry))
             elif p is not None and p.substream == self.substream:
@@ -161,7 +156,13 @@ class PunctuatedReader:
         return self.events()
 
     def close(self) -> None:
-        self._reader.close()
+        try:
+            self._reader.close()
+        finally:
+            if self._own_bad:
+                self.bad.close()
+            else:
+                self.bad.good()  # a run of bad records still open is logged
 
     def __enter__(self) -> PunctuatedReader:
         return self

@@ -19,11 +19,14 @@ full replay: the ``EpochComplete`` records on the control topic into a fresh tra
 data topic from the start, every time already announced skipped.  The aligner reads with
 the soft bound (it hands records to nobody, so the firm bound's holding would only cost
 memory, and held records could not be checkpointed).  Late records (see
-:mod:`substreams.punctuation.aligner`; reason ``late_record``) and undecodable messages
-(``malformed``) go to the dead-letter topic (:mod:`substreams.streams.deadletter`, service
-``aligner.<substream>``), flushed before the checkpoint that moves past them; the ones
-already there (from the checkpoint's ``dead_from``) are read back on start so that a
-restart does not report them twice.
+:mod:`substreams.punctuation.aligner`; reason ``late_record``) go to the dead-letter topic
+(:mod:`substreams.streams.deadletter`, service ``aligner.<substream>``); undecodable
+messages follow the stream's ``on_bad_record`` as in every reader
+(:mod:`substreams.streams.badrecords`: dead-lettered with its reasons and logged once per
+run of them, or the aligner stops naming topic, partition and offset).  Letters are
+flushed before the checkpoint that moves past them; the ones already there (from the
+checkpoint's ``dead_from``) are read back on start so that a restart does not report them
+twice.
 """
 
 from __future__ import annotations
@@ -54,13 +57,9 @@ from substreams.kafka.read import Reader
 from substreams.kafka.topics import ensure_topics
 from substreams.punctuation.aligner import Aligner, Event, Late, Terminated
 from substreams.punctuation.checkpoint import AlignerCheckpoint
-from substreams.punctuation.reader import Malformed, PunctuatedReader
-from substreams.streams.deadletter import (
-    REASON_MALFORMED,
-    DeadLetter,
-    DeadLetterWriter,
-    late_letter,
-)
+from substreams.punctuation.reader import PunctuatedReader
+from substreams.streams.badrecords import BadRecords
+from substreams.streams.deadletter import DeadLetter, DeadLetterWriter, late_letter
 
 DeadKey = tuple[str, int, int]
 
@@ -89,6 +88,7 @@ class PunctuationAligner:
         self.tracker = ProgressTracker(substream, config.acker.snapshot_every)
         self.late = 0
         self.malformed = 0
+        """Undecodable messages dead-lettered by this run."""
         self.checkpoints = 0
         self.recovered_from: AlignerCheckpoint | None = None
         """The checkpoint the last start-up continued from (None: a full replay)."""
@@ -103,15 +103,17 @@ class PunctuationAligner:
         self._first_seen: dict[Time, int] = {}  # open times -> when first seen (a gauge)
         self._open_gauges = metrics.OpenTimes(self.writer_name)
         self._gauges_due = metrics.Periodic(1.0)
+        self._letters = DeadLetterWriter(config, self.writer_name, bootstrap=self.bootstrap)
+        bad = BadRecords(config, self.writer_name, writer=self._letters, write=self._undecodable)
         # the reader validates the substream (exists, punctuations) before anything is written
-        self.reader = PunctuatedReader(config, substream, bootstrap=self.bootstrap, bound="soft")
+        self.reader = PunctuatedReader(config, substream, bootstrap=self.bootstrap, bound="soft",
+                                       bad=bad)
         self.reader.aligner.track_new_times = True
         ensure_topics(client.admin(self.bootstrap, config),
                       [config.topic_spec(self.checkpoint_topic)])
         self.writer = ControlWriter(
             self.bootstrap, self.writer_name, [self.topic, self.checkpoint_topic], config
         )
-        self._letters = DeadLetterWriter(config, self.writer_name, bootstrap=self.bootstrap)
         self._recover()
 
     # -- recovery ------------------------------------------------------------------------
@@ -249,9 +251,6 @@ class PunctuationAligner:
                 metrics.observe_notification(self.writer_name, self.substream, ev.sealed_at_ms, now)
             elif isinstance(ev, Late):
                 self._late(ev)
-        for bad in self.reader.malformed:
-            self._malformed(bad)
-        self.reader.malformed.clear()
         self._letters.flush()  # before a checkpoint moves past them (raises if it cannot)
         heartbeat = False
         if time.monotonic() - self._last_heartbeat >= self.config.acker.heartbeat_ms / 1000:
@@ -331,17 +330,20 @@ class PunctuationAligner:
         self._write_dead(late_letter(self.writer_name, e.stream, e.partition, e.index,
                                      e.source, e.payload, ev.reason))
 
-    def _malformed(self, bad: Malformed) -> None:
-        self.malformed += 1
-        self._write_dead(DeadLetter(self.writer_name, REASON_MALFORMED, self.reader.stream,
-                                    bad.partition, bad.offset, bad.raw, bad.reason))
+    def _undecodable(self, letter: DeadLetter) -> None:
+        """An undecodable message's letter (from :class:`BadRecords`, which logs runs of
+        them): written once across restarts, as a late record's."""
+        if self._write_dead(letter, quiet=True):
+            self.malformed += 1
 
-    def _write_dead(self, letter: DeadLetter) -> None:
+    def _write_dead(self, letter: DeadLetter, *, quiet: bool = False) -> bool:
+        """Write ``letter`` unless a run before this one did (False)."""
         key = (letter.topic, letter.partition, letter.offset)
         if key in self._dead:  # written before a restart
-            return
+            return False
         self._dead[key] = self._dead_end  # a lower bound until its delivery says where
-        self._letters.write(letter, on_delivery=self._delivered(key))
+        self._letters.write(letter, on_delivery=self._delivered(key), quiet=quiet)
+        return True
 
     def run(self, stop: threading.Event) -> None:
         """Align until ``stop`` is set."""

@@ -25,7 +25,7 @@ partition and offset, so a consumer of the dead-letter topic de-duplicates on th
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from confluent_kafka import Message
@@ -77,7 +77,10 @@ class BadRecords:
     """One reader's handling of undecodable records (module doc).  ``reader`` names it in
     the letters (``service``), the metric (``writer``) and the log; ``writer``: a
     dead-letter writer of the reader's own (a transactional one: a stage's), else one is
-    made, with its producer created on the first letter."""
+    made, with its producer created on the first letter; ``write``: writes each letter in
+    place of ``writer.write(letter, quiet=True)``, for a reader that keeps account of its
+    letters (the punctuation aligner: it skips one a run before it wrote, and checkpoints
+    past the delivered ones), and must not log each one."""
 
     def __init__(
         self,
@@ -86,11 +89,13 @@ class BadRecords:
         *,
         bootstrap: str | None = None,
         writer: DeadLetterWriter | None = None,
+        write: Callable[[DeadLetter], None] | None = None,
     ) -> None:
         self.config = config
         self.reader = reader
         self.writer = writer or DeadLetterWriter(config, reader, bootstrap=bootstrap)
         self._own = writer is None
+        self._write = write
         self._seen: dict[Position, str] = {}
         """Positions dead-lettered, oldest first, with their reasons."""
         self.dead_lettered = 0
@@ -122,10 +127,11 @@ class BadRecords:
         self._seen[pos] = why
         if len(self._seen) > REMEMBERED:
             del self._seen[next(iter(self._seen))]
-        self.writer.write(
-            DeadLetter(self.writer.service, why, topic, partition, offset, raw, str(exc)),
-            quiet=True,
-        )
+        letter = DeadLetter(self.writer.service, why, topic, partition, offset, raw, str(exc))
+        if self._write is not None:
+            self._write(letter)
+        else:
+            self.writer.write(letter, quiet=True)
         self.dead_lettered += 1
         run = self._run
         if run is None:

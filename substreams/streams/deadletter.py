@@ -49,6 +49,11 @@ REASON_FOREIGN = "foreign_bytes"
 """A data-topic record that is not single-object encoded Avro (JSON, empty, anything)."""
 REASON_UNKNOWN_SCHEMA = "unknown_schema"
 """A data-topic record whose writer fingerprint no registered schema of its stream has."""
+REASON_REPLAYED = "replayed"
+"""Not a dead letter: the marker a ``dead-letters replay`` writes with each record it
+republishes (same transaction), naming the record.  It lives in the dead-letter topic
+because that is the replay's log (:mod:`substreams.streams.letters`); every reader of
+the topic skips it as a letter (:attr:`DeadLetter.is_replay_marker`)."""
 REASON_UNDECODABLE = "undecodable"
 """A data-topic record of a known fingerprint whose body does not decode (truncated,
 garbled, written with another schema under that fingerprint)."""
@@ -77,6 +82,12 @@ class DeadLetter:
     substreams: tuple[str, ...] = ()
     """The substreams it is about, when known: a late record's letter names each
     substream it was kept out of (late is per substream)."""
+
+    @property
+    def is_replay_marker(self) -> bool:
+        """A replay's marker (:data:`REASON_REPLAYED`), not a letter: not listed, counted
+        or replayed as one."""
+        return self.reason == REASON_REPLAYED
 
     def to_json(self) -> bytes:
         return json.dumps({

@@ -23,14 +23,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from substreams.config import Config
+from substreams.config import Config, SubstreamConfig
 from substreams.errors import SubstreamsError
-from substreams.frontier import Keyed, Time
-from substreams.streams.deadletter import DeadLetter
+from substreams.frontier import Keyed, Time, UpperAntichain
+from substreams.streams.deadletter import REASON_REPLAYED, DeadLetter
 from substreams.streams.times import TimeAssigner
 
-REASON_REPLAYED = "replayed"
-"""A replay's marker: the record it names was republished (never listed as a letter)."""
 REPLAY_SERVICE = "dead-letters replay"
 REPLAY_SOURCE = "dead-letters.replay"
 """The source id replays publish as: one per stream, so a second replay fences the first
@@ -60,7 +58,8 @@ class StoredLetter:
 
     @property
     def is_marker(self) -> bool:
-        return self.letter is not None and self.letter.reason == REASON_REPLAYED
+        """A replay's marker: replay history, never a letter (not listed, counted, replayed)."""
+        return self.letter is not None and self.letter.is_replay_marker
 
 
 def parse_stored(
@@ -94,7 +93,7 @@ def named_substreams(stored: StoredLetter) -> tuple[str, ...]:
     """The substreams a letter concerns: its ``substream``/``substreams`` field when its
     writer gave one, else those its ``detail`` names (``substream 'NAME'``)."""
     doc = stored.fields
-    if isinstance(doc.get("substreams"), list):
+    if isinstance(doc.get("substreams"), list) and doc["substreams"]:
         return tuple(str(s) for s in doc["substreams"])
     if isinstance(doc.get("substream"), str):
         return (doc["substream"],)
@@ -166,7 +165,8 @@ def replayed_identities(letters: Iterable[StoredLetter]) -> dict[str, str]:
     return out
 
 
-Outcome = Literal["replay", "replayed", "notified", "not_a_record", "no_payload", "duplicate"]
+Outcome = Literal["replay", "replayed", "notified", "not_a_record", "no_payload", "duplicate",
+                  "unknown_substream"]
 
 
 @dataclass(frozen=True)
@@ -179,10 +179,36 @@ class Decision:
     identity: str = ""
     payload: Mapping[str, Any] | None = None
     partition: int = 0
+    substreams: tuple[str, ...] | None = None
+    """The substreams to publish the record in (None: every one of its stream's): those a
+    late record's letter names, the record being already in the others."""
 
 
 Closed = Callable[[str, Time], bool]
 """(substream, time) -> whether that time was already notified."""
+
+
+class Notified:
+    """The times notified on substreams' control topics, as a :data:`Closed`: a time is
+    closed when it is at or below a notified one (or inside a notified session) -- the
+    acker's own rule for a late report (``SegmentTable``: at or below a terminated time).
+
+    Times are compared as the control topic holds them: a hopping substream's are *panes*
+    (the acker notifies panes; windows exist only in the firm readers,
+    :mod:`substreams.control.panes`), and a record's time there is its pane too
+    (:class:`~substreams.streams.times.TimeAssigner`), so a pane below a notified one --
+    announced or empty -- is closed, and so is every window holding it."""
+
+    def __init__(self) -> None:
+        self._upper: dict[str, UpperAntichain] = {}
+
+    def add(self, substream: str, time: Time, until: Time | None = None) -> None:
+        upper = self._upper.setdefault(substream, UpperAntichain())
+        upper.insert(until if until is not None else time)
+
+    def __call__(self, substream: str, t: Time) -> bool:
+        upper = self._upper.get(substream)
+        return upper is not None and upper.covers(t)
 
 
 def decide(
@@ -197,9 +223,12 @@ def decide(
     """The replay decision for one letter (``payload``: the record it holds, decoded or
     fixed by the user; ``planned``: identities already chosen in this run, updated).
 
-    A record is republished only when every time it has in its stream's substreams is still
-    open: one already notified cannot get it any more (the acker refuses a report for a
-    terminated time), and publishing it for the others only would leave it half counted."""
+    Which substreams the record goes to: those its letter names (``DeadLetter.substreams``,
+    a late record's: it was kept out of those only and is on the stream, counted, in the
+    others), else every one of its stream's (a record no reader could decode is in none).
+    It is republished only when its time in every one of those is still open: one already
+    notified cannot get it any more (the acker refuses a report for a terminated time), and
+    publishing it for the others only would leave it half counted."""
     letter = stored.letter
     where = "?" if letter is None else f"'{letter.topic}'[{letter.partition}]@{letter.offset}"
     if letter is None or letter.topic not in {s.name for s in config.streams}:
@@ -217,8 +246,20 @@ def decide(
                         f"{where}: {why_no_payload}; not republished (give a fixed payload "
                         "with --fixed)", identity)
     order_key = config.stream(letter.topic).order_key
+    subs = config.substreams_of(letter.topic)
+    only: tuple[str, ...] | None = None
+    if letter.substreams:
+        gone = [name for name in letter.substreams if name not in {s.name for s in subs}]
+        if gone:
+            return Decision(stored, "unknown_substream",
+                            f"{where}: kept out of substream(s) "
+                            f"{', '.join(map(repr, gone))}, which stream '{letter.topic}' no "
+                            "longer has; not republished", identity)
+        if len(set(letter.substreams)) < len(subs):
+            only = tuple(s.name for s in subs if s.name in letter.substreams)
+            subs = tuple(s for s in subs if s.name in letter.substreams)
     notified: list[str] = []
-    for sub in config.substreams_of(letter.topic):
+    for sub in subs:
         try:
             t = TimeAssigner(sub, order_key).raw_time_of(payload)
         except (KeyError, TypeError, ValueError) as exc:
@@ -226,7 +267,7 @@ def decide(
                             f"{where}: payload has no time in substream '{sub.name}' "
                             f"({exc!r}); not republished", identity)
         if closed(sub.name, t):
-            notified.append(f"substream '{sub.name}' time {_label(t)}")
+            notified.append(f"substream '{sub.name}' {_what(sub, t)}")
     if notified:
         return Decision(stored, "notified",
                         f"{where}: {', '.join(notified)} already notified; not republished",
@@ -234,8 +275,18 @@ def decide(
     partitions = config.stream(letter.topic).partitions
     partition = letter.partition if 0 <= letter.partition < partitions else 0
     planned.add(identity)
-    return Decision(stored, "replay", f"republish to '{letter.topic}'[{partition}]", identity,
-                    payload, partition)
+    into = "" if only is None else f" for substream(s) {', '.join(map(repr, only))} only"
+    return Decision(stored, "replay", f"republish to '{letter.topic}'[{partition}]{into}",
+                    identity, payload, partition, only)
+
+
+def _what(sub: SubstreamConfig, t: Time) -> str:
+    """A record's time as the line names it: a hopping substream's time is a pane (what
+    the acker tracks and notifies, and what the check compares), held by the windows
+    ``t - k + 1 .. t`` (docs/design.md, "Hopping windows")."""
+    if sub.kind == "hopping" and isinstance(t, int):
+        return f"pane {t} (windows {t - sub.panes_per_window + 1}..{t})"
+    return f"time {_label(t)}"
 
 
 def _label(t: Time) -> str:

@@ -20,7 +20,7 @@ import struct
 import threading
 import zlib
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Literal, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
@@ -270,10 +270,19 @@ class Publisher:
         schemas: SchemaRegistrar = register_stream,
         clock: Clock = SYSTEM,
         rng: random.Random | None = None,
+        max_open_ms: int | None = None,
     ) -> None:
         """``seal_policies``: per substream of the stream, a seal policy replacing the
         configured one (None: ``manual``); ``late_writer``: where records a ``late:
         dead_letter`` policy refuses go (:class:`substreams.app.Application` gives one).
+        ``max_open_ms``: commit an open transaction whose first record waited that long
+        (on the ticker, between the caller's calls), as ``batch_size`` commits a full one:
+        records below ``batch_size`` of a caller that neither flushes nor seals then
+        become visible to readers and to the acker within it.  None (the default): only
+        ``batch_size``, ``flush()``, ``seal()``, ``close()`` and a seal policy commit --
+        a caller whose unit of work must be one transaction (``send_offsets``,
+        ``produce_aside`` markers) keeps that control (docs/design.md, "Time-bounded
+        commits").
 
         Where its I/O goes, chosen by the composition root (defaults: the real broker and
         the machine's clock): ``producers`` builds its producers (the transactional one and
@@ -294,6 +303,13 @@ class Publisher:
         self.source_id = source_id
         self.bootstrap = client.resolve_bootstrap(config, bootstrap)
         self.batch_size = batch_size
+        if max_open_ms is not None and (isinstance(max_open_ms, bool)
+                                        or not isinstance(max_open_ms, int) or max_open_ms < 1):
+            raise SubstreamsError(
+                f"stream '{stream}', source '{source_id}': max_open_ms must be a positive "
+                f"number of milliseconds (or None), not {max_open_ms!r}"
+            )
+        self._max_open_s = None if max_open_ms is None else max_open_ms / 1000
         self.codec = _envelope_codec(stream, json.dumps(self.stream_config.schema, sort_keys=True))
         # single-object encoded values carry the writer fingerprint: data records have no
         # headers (see substreams.streams.schemas)
@@ -348,6 +364,9 @@ class Publisher:
         self._full_at: float | None = None
         """When the open transaction reached ``batch_size`` records, if its commit waits
         (:meth:`_batch_full`); None otherwise."""
+        self._opened_at: float | None = None
+        """When the open transaction got its first record, with ``max_open_ms`` (None:
+        none yet, or no ``max_open_ms``)."""
         self._rr = self._rand.randrange(self.partitions)
         self._last_order_key: int | None = None
         subs = self.config.substreams_of(self.stream)
@@ -513,6 +532,9 @@ class Publisher:
         if self._full_at is not None:
             self.flush()
         self._begin()
+        if self._max_open_s is not None and self._opened_at is None:
+            self._opened_at = self.clock.monotonic()
+            self._start_ticking()
 
     def _batch_full(self) -> None:
         """The open transaction holds ``batch_size`` records: commit it -- later, for a
@@ -575,6 +597,7 @@ class Publisher:
         partition: int | None = None,
         times: Mapping[str, Time] | None = None,
         check_order: bool = True,
+        substreams: Collection[str] | None = None,
     ) -> SentRecord:
         """Append one entry.  Raises before writing anything on an order-key regression, a
         time this source sealed (:class:`SealedTimeError`) or a payload that does not fit
@@ -589,9 +612,15 @@ class Publisher:
         under ``late: dead_letter`` it is kept out of A only -- written with no time in A (so
         A's acker accounting and A's readers never see it) and on time in the others, with a
         copy in the dead-letter topic naming A, in this transaction.  A record late for every
-        substream of its stream is not written to it: returned with ``dead_lettered`` set."""
+        substream of its stream is not written to it: returned with ``dead_lettered`` set.
+
+        ``substreams`` (None: every one of the stream's) names the substreams the record is
+        in: it gets no time in the others, as a record late for them, and their seals are
+        not checked.  A replay of a record late for A only publishes it for A
+        (:mod:`substreams.dead_letters`): it is already in the others."""
         if self._closed:
             raise SubstreamsError("publish() on a closed publisher")
+        items = self._assigner_items if substreams is None else self._items_of(substreams, times)
         order_key = self._order_key_of(payload, check_order)
         if partition is None:
             partition = self.partition_for(key)
@@ -602,13 +631,13 @@ class Publisher:
         missed: tuple[tuple[str, Time, str], ...] = ()
         try:
             if times:
-                assigned = self._times_with(payload, times)
+                assigned = self._times_with(payload, times, items)
             else:
-                assigned = {name: a.time_of(payload) for name, a in self._assigner_items}
+                assigned = {name: a.time_of(payload) for name, a in items}
         except SealedTimeError:
-            assigned, missed = self._late_times(payload, times)
+            assigned, missed = self._late_times(payload, times, items)
             if not assigned:  # late for every substream: in none of them, not written
-                self._write_late(payload, key, partition, missed)
+                self._write_late(payload, key, partition, missed, written=False)
                 return SentRecord(self.stream, partition, order_key, 0, {}, dead_lettered=True)
         tracking_id = self._rand.getrandbits(64) - (1 << 63)
         try:
@@ -620,7 +649,7 @@ class Publisher:
         record = sent_record(self.stream, partition, order_key, tracking_id, assigned)
         if missed:  # its copy for the substreams it missed, in the record's transaction
             self._begin_write()
-            self._write_late(payload, key, partition, missed)
+            self._write_late(payload, key, partition, missed, written=True)
         self._write_one(record, value, key, payload)
         return record
 
@@ -641,13 +670,36 @@ class Publisher:
             )
         return order_key
 
+    def _items_of(
+        self, substreams: Collection[str], times: Mapping[str, Time] | None
+    ) -> list[tuple[str, TimeAssigner]]:
+        """The assigners of ``substreams`` (a record published in those only), or an error
+        naming one that is not the stream's (or a time given for one left out)."""
+        wanted = set(substreams)
+        unknown = sorted(wanted - self.assigners.keys())
+        if unknown:
+            raise SubstreamsError(
+                f"stream '{self.stream}' has no substream {', '.join(map(repr, unknown))} "
+                f"(its substreams: {', '.join(map(repr, self.assigners)) or 'none'})"
+            )
+        outside = sorted(set(times or ()) - wanted)
+        if outside:
+            raise SubstreamsError(
+                f"stream '{self.stream}': a time given for substream "
+                f"{', '.join(map(repr, outside))}, which the record is published without"
+            )
+        return [(name, a) for name, a in self._assigner_items if name in wanted]
+
     def _times_with(
-        self, payload: Mapping[str, Any], times: Mapping[str, Time]
+        self,
+        payload: Mapping[str, Any],
+        times: Mapping[str, Time],
+        items: Sequence[tuple[str, TimeAssigner]] | None = None,
     ) -> dict[str, Time]:
         """The record's times, ``times`` replacing the assigned ones (each checked against
         this source's seals)."""
         assigned = dict(times)
-        for name, assigner in self._assigner_items:
+        for name, assigner in self._assigner_items if items is None else items:
             if name not in assigned:
                 assigned[name] = assigner.time_of(payload)
             else:
@@ -835,7 +887,8 @@ class Publisher:
         out: list[SentRecord] = []
         for i, (assigned, missed) in enumerate(late):
             if missed:
-                self._write_late(payloads[i], None if keys is None else keys[i], parts[i], missed)
+                self._write_late(payloads[i], None if keys is None else keys[i], parts[i], missed,
+                                 written=bool(assigned))
             if assigned:
                 out.append(next(it))
             else:
@@ -850,11 +903,14 @@ class Publisher:
     # -- seal policies ---------------------------------------------------------------------
 
     def _missed(
-        self, payload: Mapping[str, Any], times: Mapping[str, Time] | None
+        self,
+        payload: Mapping[str, Any],
+        times: Mapping[str, Time] | None,
+        items: Sequence[tuple[str, TimeAssigner]],
     ) -> tuple[tuple[str, Time, str], ...]:
-        """Every substream in which the record is at a time this source sealed."""
+        """Every substream of ``items`` in which the record is at a time this source sealed."""
         out = []
-        for name, assigner in self._assigner_items:
+        for name, assigner in items:
             t = times[name] if times and name in times else assigner.raw_time_of(payload)
             why = assigner.sealed_below(t)
             if why is not None:
@@ -862,28 +918,34 @@ class Publisher:
         return tuple(out)
 
     def _late_times(
-        self, payload: Mapping[str, Any], times: Mapping[str, Time] | None
+        self,
+        payload: Mapping[str, Any],
+        times: Mapping[str, Time] | None,
+        items: Sequence[tuple[str, TimeAssigner]] | None = None,
     ) -> tuple[dict[str, Time], tuple[tuple[str, Time, str], ...]]:
         """The times of a record found late somewhere, and the substreams it missed: late
         is per substream.  A missed substream whose rule is not ``dead_letter`` (``raise``,
         or sealed by hand) refuses the whole record, naming that substream; the others
         keep the record out of them only (it gets no time there)."""
-        missed = self._missed(payload, times)
+        items = self._assigner_items if items is None else items
+        missed = self._missed(payload, times, items)
         for name, _, why in missed:
             if self._late_rules.get(name) != "dead_letter":
                 raise SealedTimeError(why)
-        out = self._raw_times(payload, times)
+        out = self._raw_times(payload, times, items)
         for name, _, _ in missed:
             del out[name]
         return out, missed
 
     def _raw_times(
-        self, payload: Mapping[str, Any], times: Mapping[str, Time] | None
+        self,
+        payload: Mapping[str, Any],
+        times: Mapping[str, Time] | None,
+        items: Sequence[tuple[str, TimeAssigner]],
     ) -> dict[str, Time]:
-        """The record's time in every substream (``times`` overriding), seals ignored."""
-        out: dict[str, Time] = {
-            name: a.raw_time_of(payload) for name, a in self._assigner_items
-        }
+        """The record's time in every substream of ``items`` (``times`` overriding), seals
+        ignored."""
+        out: dict[str, Time] = {name: a.raw_time_of(payload) for name, a in items}
         if times:
             out.update(times)
         return out
@@ -894,10 +956,12 @@ class Publisher:
         key: str | bytes | None,
         partition: int,
         missed: tuple[tuple[str, Time, str], ...],
+        *,
+        written: bool,
     ) -> None:
+        """``written``: the record itself went to the stream (on time somewhere)."""
         assert self._late_writer is not None  # checked with the policies
         self._begin()
-        written = len(missed) < len(self._assigner_items)
         self._late_writer(
             self,
             LateRecord(self.stream, self.source_id, partition, key, payload, missed, written),
@@ -937,7 +1001,8 @@ class Publisher:
 
     def _tick(self) -> None:
         """On the ticker: seal what idleness allows, commit policy seals the caller left
-        pending, and a full transaction that waited ``FULL_WAIT_S`` for a seal -- only
+        pending, a full transaction that waited ``FULL_WAIT_S`` for a seal, and one whose
+        first record waited ``max_open_ms`` -- only
         between two calls of the caller (its lock is not waited for)."""
         if not self._lock.acquire(blocking=False):
             return
@@ -949,9 +1014,12 @@ class Publisher:
                 sealed = clock.idle(now)
                 if sealed is not None:
                     self._policy_seal(name, sealed)
-            full_at = self._full_at
-            waited = full_at is not None and self.clock.monotonic() - full_at >= FULL_WAIT_S
-            if (self._seal_pending or waited) and self._in_txn:
+            full_at, opened_at = self._full_at, self._opened_at
+            now_s = self.clock.monotonic()
+            waited = full_at is not None and now_s - full_at >= FULL_WAIT_S
+            aged = (opened_at is not None and self._max_open_s is not None
+                    and now_s - opened_at >= self._max_open_s)
+            if (self._seal_pending or waited or aged) and self._in_txn:
                 self.flush()
         except Exception as exc:
             log.warning("stream '%s', source '%s': a commit on the ticker failed: %s",
@@ -1168,6 +1236,7 @@ class Publisher:
             self._written = False
             self._pending = 0
             self._full_at = None
+            self._opened_at = None
             self._seal_pending = False
             self._committed_at = self.clock.monotonic()
             how: Ending = "closed" if self._closing else "committed"
@@ -1364,6 +1433,7 @@ class Publisher:
         self._in_txn = False
         self._written = False
         self._full_at = None
+        self._opened_at = None
         try:
             self._producer.abort_transaction(10)
         except KafkaException as exc:
@@ -1389,6 +1459,7 @@ class Publisher:
             outcome = self._drop()
         finally:
             self.ticker.close()
+            self._opened_at = None
             self._closed = True
             self._batches = []
             self._singles = None

@@ -364,3 +364,55 @@ def test_restarted_handler_starts_from_the_checkpointed_history_not_offset_0(
             assert st.configured == (sub,) and st.substreams[0].since == (5,)
             assert handler.replayed_from >= sent > 0
             assert handler.replayed < sent
+
+
+def test_a_manual_publisher_with_max_open_ms_is_seen_without_flushing(
+    make_config: ConfigFactory,
+) -> None:
+    """The held window nobody showed (issue 43): a manual publisher's records below
+    ``batch_size``, neither flushed nor sealed, sit in its open transaction -- invisible to
+    the acker (it reads committed acks) and to readers.  With ``max_open_ms`` the ticker
+    commits them: the acker shows the open time with its records and who holds it, and a
+    reader reads them, while the caller goes on without flushing; each record once."""
+    from substreams.streams.listener import Listener
+    from substreams.streams.records import Entry
+
+    config = tumbling(make_config)
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    runner = CliRunner()
+    args = ["-c", str(config.path), "--timeout", "10"]
+    app = Application(config)
+    with running_acker(config), app.publisher(stream, "src-m", max_open_ms=200) as pub:
+        for ts in (100, 200, 300):
+            pub.publish({"user": "u", "url": "/", "ts": ts})
+        with AckerClient(config) as ctl:
+            ctl.connect(timeout=10)
+            eventually(lambda: ctl.status().substreams[0].open_times == 1 or None)
+
+        def epochs_row() -> list[str] | None:
+            out = runner.invoke(cli, ["acker", "epochs", *args]).output
+            line = next((ln for ln in out.splitlines() if sub[:8] in ln), None)
+            cells = None if line is None else [c.strip() for c in line.split("│")][1:-1]
+            return cells if cells and cells[3] == "3" else None
+
+        cells = eventually(epochs_row)
+        assert cells[1] == "0" and cells[4] == "src-m"  # time 0, 3 records, held by src-m
+        with Listener(config, stream) as listener:
+            seen = [e.payload["ts"] for e in listener.entries(idle_timeout=0.5)
+                    if isinstance(e, Entry)]
+        assert seen == [100, 200, 300]
+        pub.publish({"user": "u", "url": "/", "ts": 400})  # a later record: a new transaction
+        pub.seal(sub, 0)
+    with Listener(config, stream) as listener:
+        assert [e.payload["ts"] for e in listener.entries(idle_timeout=0.5)
+                if isinstance(e, Entry)] == [100, 200, 300, 400]
+
+
+def test_max_open_ms_must_be_a_positive_number_of_milliseconds(
+    make_config: ConfigFactory,
+) -> None:
+    from substreams.errors import SubstreamsError
+
+    config = tumbling(make_config)
+    with pytest.raises(SubstreamsError, match=r"max_open_ms must be a positive number.*not 0"):
+        Application(config).publisher(config.streams[0].name, "src", max_open_ms=0)

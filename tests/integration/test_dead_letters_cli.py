@@ -4,6 +4,7 @@ times still open -- also when a replay is SIGKILLed halfway and run again."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -190,12 +191,27 @@ def test_replay_publishes_open_times_once_and_names_notified_ones(
         assert counts[5000] == 1 and counts[5010] == 1 and counts[40] == 0
         listing = invoke("dead-letters", "list", "-c", path).output
         assert listing.count("[replayed:") == 3  # both letters of the fixed record say so
+        # the markers are replay history, not letters: not listed, not counted
+        assert "4 dead letter(s) of 4 in" in listing
+        assert len(json_lines(invoke("dead-letters", "list", "-c", path, "--json").output)) == 4
+        assert json_lines(invoke("dead-letters", "list", "-c", path, "--json", "--reason",
+                                 REASON_REPLAYED).output) == []
+        shown = json.loads(invoke("dead-letters", "show", ids[1], "-c", path, "--json").output)
+        marker_id = shown["replayed_by"]
+        marker = json.loads(invoke("dead-letters", "show", marker_id, "-c", path,
+                                   "--json").output)
+        assert marker["decoded"]["kind"] == "replay_marker"
+        assert marker["decoded"]["value"]["letter"] == ids[1]
+        assert "replayed_by" not in json.loads(invoke("dead-letters", "show", ids[0], "-c",
+                                                      path, "--json").output)
 
         pub.seal(sub, 50)  # the open window ends: its notification holds the replayed ones
         w50 = until_time(config, sub, 50)
     assert sorted(e.payload["ts"] for e in w50.entries) == [5000, 5010]
-    markers = [d for d in read_dead_letters(config) if d.reason == REASON_REPLAYED]
-    assert len(markers) == 2
+    every = read_dead_letters(config, markers=True)
+    assert len([d for d in every if d.reason == REASON_REPLAYED]) == 2
+    assert [d.reason for d in read_dead_letters(config)] == [
+        "late_record", "late_record", "malformed", "malformed"]
 
 
 def test_a_replay_killed_halfway_and_run_again_publishes_each_record_once(
@@ -237,3 +253,101 @@ def test_a_replay_killed_halfway_and_run_again_publishes_each_record_once(
     outcomes = Counter(line.split()[1] for line in rerun.stdout.splitlines())
     assert outcomes == {"replayed": sum(before.values()),
                         "republished": n - sum(before.values())}
+
+
+def test_a_record_late_for_one_substream_is_replayed_into_that_one_only(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """A record late for 'a' (10 ms windows, no lateness) and on time for 'b' (1 s windows)
+    is written to 'b' and dead-lettered naming 'a'.  Replayed while 'a's window is still
+    open (another source holds it), it goes into 'a' only: each substream's notification
+    holds it once (republished whole, 'b' held it twice)."""
+    (tmp_path / "event.avsc").write_text(json.dumps(SCHEMA))
+    config = make_config(
+        [{"name": "events", "partitions": 2, "schema": "event.avsc", "order_key": "seq"}],
+        [{"name": "a", "stream": "events", "kind": "tumbling", "field": "ts", "size_ms": 100,
+          "seal": {"lateness_ms": 0, "late": "dead_letter"}},
+         {"name": "b", "stream": "events", "kind": "tumbling", "field": "ts", "size_ms": 1000,
+          "seal": {"lateness_ms": 0, "late": "dead_letter"}}],
+        acker=FAST,
+    )
+    stream = config.streams[0].name
+    a, b = config.substreams[0].name, config.substreams[1].name
+    path = str(config.path)
+    ev = Events()
+    app = Application(config)
+    with acker(config):
+        with app.publisher(stream, "other") as other:
+            other.publish(ev(20))  # window a:0 stays open until 'other' moves on
+            other.flush()
+            with app.publisher(stream, "web") as web:
+                web.publish(ev(10))
+                web.publish(ev(250))  # 'web' seals a:0 and a:1; b:0 stays open
+                kept = web.publish(ev(40))  # late for 'a' only
+                assert not kept.dead_lettered and set(kept.times) == {b}
+                web.flush()
+
+                [letter] = json_lines(invoke("dead-letters", "list", "-c", path,
+                                             "--json").output)
+                assert letter["substreams"] == [a]
+                dry = json_lines(invoke("dead-letters", "replay", "-c", path, "--dry-run",
+                                        "--json").output)
+                assert [d["outcome"] for d in dry] == ["replay"]
+                assert f"for substream(s) '{a}' only" in dry[0]["message"]
+                done = invoke("dead-letters", "replay", "-c", path, "--json")
+                assert done.exit_code == 0, done.output
+                assert [d["outcome"] for d in json_lines(done.output)] == ["republished"]
+                again = invoke("dead-letters", "replay", "-c", path, "--json")
+                assert [d["outcome"] for d in json_lines(again.output)] == ["replayed"]
+                web.publish(ev(2500))  # seals 'a' below 25 and b:0, b:1
+            other.publish(ev(2600))
+        a0 = until_time(config, a, 0)
+        b0 = until_time(config, b, 0)
+    assert sorted(e.payload["ts"] for e in a0.entries) == [10, 20, 40]
+    assert sorted(e.payload["ts"] for e in b0.entries) == [10, 20, 40, 250]
+    assert a0.records == 3 and b0.records == 4
+    assert stream_ts(config, stream)[40] == 2  # on the stream twice: once for 'b', once for 'a'
+
+
+def test_replay_of_hopping_records_checks_their_panes(
+    make_config: ConfigFactory, tmp_path: Path
+) -> None:
+    """A hopping substream (300 ms windows every 100 ms) is tracked by 100 ms panes: the
+    acker notifies panes, a record's time is its pane.  A letter whose pane is closed --
+    notified, or below a notified pane though never announced itself -- is refused (the
+    acker would dead-letter its report as terminated_time); one whose pane is open is
+    republished and its pane's notification holds it."""
+    (tmp_path / "event.avsc").write_text(json.dumps(SCHEMA))
+    config = make_config(
+        [{"name": "events", "partitions": 1, "schema": "event.avsc", "order_key": "seq"}],
+        [{"name": "h", "stream": "events", "kind": "hopping", "field": "ts", "size_ms": 300,
+          "slide_ms": 100, "seal": {"lateness_ms": 0, "late": "dead_letter"}}],
+        acker=FAST,
+    )
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    path = str(config.path)
+    ev = Events()
+    with acker(config), Application(config).publisher(stream, "web") as pub:
+        for ts in (10, 150, 550):  # panes 0, 1, 5: the policy seals panes up to 4
+            pub.publish(ev(ts))
+        pub.flush()
+        assert until_time(config, sub, 4).time == 4
+        assert pub.publish(ev(120)).dead_lettered  # pane 1: notified
+        assert pub.publish(ev(250)).dead_lettered  # pane 2: empty, below notified pane 4
+        pub.flush()
+        # pane 6 is open: nobody sealed it (a record dead-lettered by a reader, say)
+        write_letters(config, [late_letter("test", stream, 0, -1, "other",
+                                           {"user": "v", "ts": 640, "seq": 99}, "test")])
+        out = {json.loads(base64.b64decode(d["raw"]))["ts"]: d for d in json_lines(
+            invoke("dead-letters", "list", "-c", path, "--json").output)}
+        done = {d["id"]: d for d in json_lines(invoke("dead-letters", "replay", "-c", path,
+                                                      "--json").output)}
+        assert done[out[120]["id"]]["outcome"] == "notified"
+        assert f"substream '{sub}' pane 1 (windows -1..1)" in done[out[120]["id"]]["message"]
+        assert done[out[250]["id"]]["outcome"] == "notified"
+        assert done[out[640]["id"]]["outcome"] == "republished"
+        pub.publish(ev(900))  # seals panes up to 8
+        pub.flush()
+        pane6 = until_time(config, sub, 6)
+    assert [e.payload["ts"] for e in pane6.entries] == [640]
+    assert [d for d in read_dead_letters(config) if d.reason == "terminated_time"] == []

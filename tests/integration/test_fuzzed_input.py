@@ -8,6 +8,7 @@ decoders themselves, and every one of those must be dead-lettered.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import signal
@@ -44,6 +45,11 @@ from substreams.errors import DecodeError
 from substreams.frontier import Keyed
 from substreams.punctuation.aligner import Punctuation
 from substreams.punctuation.service import PunctuationAligner
+from substreams.streams.deadletter import (
+    REASON_FOREIGN,
+    REASON_UNDECODABLE,
+    REASON_UNKNOWN_SCHEMA,
+)
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.listener import PunctuationEntry, StreamDecoder
 from substreams.streams.schemas import protocol_codec
@@ -188,6 +194,7 @@ def test_aligner_dead_letters_fuzzed_data_records(
 ) -> None:
     caplog.set_level(logging.INFO, logger="substreams.punctuation")
     caplog.set_level(logging.INFO, logger="substreams.streams.deadletter")
+    caplog.set_level(logging.INFO, logger="substreams.streams.badrecords")
     config = make_config(
         [{"name": "clicks", "partitions": 1}],
         [{"name": "win", "stream": "clicks", "kind": "tumbling", "field": "ts", "size_ms": 1000,
@@ -230,8 +237,10 @@ def test_aligner_dead_letters_fuzzed_data_records(
         while service.tracker.completed < 1 or service.malformed < len(bad):
             assert time.monotonic() < deadline
             service.step()
-    letters = [d for d in read_dead_letters(config) if d.reason == "malformed"]
-    assert {d.offset for d in letters} == bad
+    letters = read_dead_letters(config)  # reasons as every reader's (streams/badrecords.py)
+    assert {d.reason for d in letters} <= {REASON_FOREIGN, REASON_UNKNOWN_SCHEMA,
+                                           REASON_UNDECODABLE}
+    assert {d.offset for d in letters} == bad and len(letters) == len(bad)
     raw = dict(zip(offsets, (v for v, _ in fuzzed), strict=True))
     for d in letters:  # the acker's format: service, where, the decoder's reason, the bytes
         assert (d.service, d.topic, d.partition) == (f"aligner.{sub}", stream, 0) and d.detail
@@ -239,5 +248,12 @@ def test_aligner_dead_letters_fuzzed_data_records(
     said = [r.getMessage() for r in caplog.records if r.name == "substreams.punctuation.service"]
     assert any(f"aligner '{sub}' starting" in m for m in said)
     assert any(f"aligner '{sub}' recovery in" in m and "re-reading data topic" in m for m in said)
-    wrote = [r.getMessage() for r in caplog.records if r.name == "substreams.streams.deadletter"]
-    assert sum("dead letter: malformed" in m for m in wrote) == len(bad)
+    # logged once per run of consecutive bad records (and its count), not once per letter
+    runs = [len(list(group)) for is_bad, group in
+            itertools.groupby(o in bad for o in offsets) if is_bad]
+    wrote = [r for r in caplog.records if r.name in ("substreams.streams.deadletter",
+                                                     "substreams.streams.badrecords")]
+    assert sum(r.levelname == "WARNING" for r in wrote) == len(runs)
+    summed = [r.getMessage() for r in wrote if r.levelname == "INFO"]
+    assert sorted(int(m.split("run of ")[1].split()[0]) for m in summed) == sorted(
+        n for n in runs if n > 1)

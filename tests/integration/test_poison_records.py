@@ -28,7 +28,7 @@ from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
 from substreams.streams.schemas import SINGLE_OBJECT_MARKER
 from substreams.ui.server import serve
-from tests.conftest import ConfigFactory, read_dead_letters
+from tests.conftest import ConfigFactory, follow_notifications, read_dead_letters
 from tests.integration.test_acker import FAST, acker
 from tests.integration.test_cli import run
 
@@ -235,3 +235,60 @@ def test_on_bad_record_fail_names_topic_partition_and_offset(make_config: Config
         server.stop()
     assert lines[0]["payload"]["ts"] == 5 and where in lines[-1]["error"]
     assert letters_of(config, f"tail:{stream}") == []  # fail writes no letter
+
+
+def _punctuated(make_config: ConfigFactory, on_bad_record: str) -> Config:
+    return make_config(
+        [{"name": "clicks", "partitions": 1, "on_bad_record": on_bad_record}],
+        [{"name": "w", "stream": "clicks", "kind": "tumbling", "field": "ts", "size_ms": 100,
+          "mechanism": "punctuations"}],
+    )
+
+
+def test_the_punctuation_aligner_dead_letters_bad_records_as_every_reader(
+    make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The aligner follows ``on_bad_record`` through the shared handler: every reader's
+    reasons (not ``malformed``), a log line per run of bad records (not per record), each
+    letter once across a restart, and every window announced with its good records."""
+    from substreams.punctuation.service import PunctuationAligner
+
+    caplog.set_level(logging.INFO, logger="substreams.streams.badrecords")
+    config = _punctuated(make_config, "dead_letter")
+    sub = config.substreams[0].name
+    plan: list[int | str] = [1, "json", 2, "truncated", "unregistered", 130, 140, "json", 150]
+    p = poison(config, plan, seal=sub, seal_after={2: 0, 150: 1})
+    with PunctuationAligner(config, sub) as aligner:
+        while aligner.tracker.completed < 2 or aligner.malformed < len(p.bad):
+            aligner.step()
+        assert aligner.malformed == len(p.bad)
+    assert letters_of(config, f"aligner.{sub}") == expected(p)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+              and r.name == "substreams.streams.badrecords"]
+    assert len(warned) == 3, warned  # three runs, four bad records: a line per run
+    assert f"aligner.{sub}: undecodable record at {config.streams[0].name}[0]@{min(p.bad)}" \
+        in warned[0]
+    with PunctuationAligner(config, sub) as again:  # from its checkpoint: nothing twice
+        again.step()
+        while not again.reader.caught_up:
+            again.step()
+        assert again.malformed == 0  # those re-read past its checkpoint are not sent again
+    assert letters_of(config, f"aligner.{sub}") == expected(p)
+    notes = follow_notifications(config, sub, 2)
+    assert {n.time: n.records for n in notes} == {0: 2, 1: 3}
+
+
+def test_the_punctuation_aligner_under_on_bad_record_fail_names_where(
+    make_config: ConfigFactory,
+) -> None:
+    from substreams.punctuation.service import PunctuationAligner
+
+    config = _punctuated(make_config, "fail")
+    stream, sub = config.streams[0].name, config.substreams[0].name
+    p = poison(config, [1, "unregistered", 2], seal=sub, seal_after={2: 0})
+    (offset,) = p.bad
+    with PunctuationAligner(config, sub) as aligner, \
+            pytest.raises(BadRecordError, match=rf"{stream}\[0\]@{offset} \(unknown_schema\)"):
+        for _ in range(100):
+            aligner.step()
+    assert letters_of(config, f"aligner.{sub}") == []  # fail writes no letter

@@ -34,7 +34,7 @@ from substreams.app import Application
 from substreams.config import Config
 from substreams.config.loader import load_config_text
 from substreams.control.messages import EpochComplete, completions, epoch_covers
-from substreams.errors import SealedTimeError
+from substreams.errors import SealedTimeError, SubstreamsError
 from substreams.frontier import Keyed, Time
 from substreams.kafka.clock import SimClock
 from substreams.kafka.log import Record
@@ -299,3 +299,41 @@ def test_the_property_saw_every_case(capsys: pytest.CaptureFixture[str]) -> None
         print("\nlate-for-one property:", dict(COUNTS))
     for case in ("late for a", "late for b", "late for both", "refused whole (raise)"):
         assert COUNTS[case] > 0, COUNTS
+
+
+def test_publish_for_some_substreams_gives_no_time_in_the_others() -> None:
+    """``publish(substreams=...)``: what a replay of a record late for 'a' only uses -- the
+    record is in 'a' alone, 'b's seal is not checked (it is not written there), and a
+    name the stream does not have, or a time for a substream left out, is refused."""
+    policies = (Policy("tumbling", 10, 0, "dead_letter"), Policy("tumbling", 10, 0, "raise"))
+    config = config_of(policies)
+    clock = SimClock()
+    log = MemoryLog(clock)
+    log.create_topics({STREAM: PARTITIONS, config.acker.acks_topic: 1,
+                       config.acker.dead_letter_topic: 1})
+    app = Application(config, mechanisms={"acker": tracker}, clock=clock,
+                      producers=MemoryProducers(log), schemas=lambda *_: None)
+    with app.publisher(STREAM, "src", bootstrap="memory/some") as pub:
+        def rec(k: int, ts: int) -> dict[str, object]:
+            return {"inc": "", "e": 0, "k": k, "key": "x", "ts": ts}
+
+        pub.publish(rec(1, 5))
+        pub.publish(rec(2, 100))  # seals windows 0..9 of both
+        with pytest.raises(SealedTimeError, match="'b'"):
+            pub.publish(rec(3, 50))  # late for 'b', whose rule is raise
+        only_a = pub.publish(rec(3, 50), substreams=["a"])  # late for 'a': out of it too
+        assert only_a.dead_lettered
+        sent = pub.publish(rec(3, 150), substreams=("a",))
+        assert dict(sent.times) == {"a": 15}
+        with pytest.raises(SubstreamsError, match="no substream 'c'"):
+            pub.publish(rec(4, 150), substreams=["a", "c"])
+        with pytest.raises(SubstreamsError, match="time given for substream 'b'"):
+            pub.publish(rec(4, 150), substreams=["a"], times={"b": 15})
+    records = read_all(log, STREAM, PARTITIONS)
+    codec = Codec(envelope_schema(config.stream(STREAM).schema), label="orders")
+    envelopes = [codec.decode_single(r.value or b"") for r in records]
+    by_k = {e["payload"]["k"]: set(times_from_wire(e["times"])) for e in envelopes}
+    assert by_k == {1: {"a", "b"}, 2: {"a", "b"}, 3: {"a"}}
+    letters = [DeadLetter.from_json(r.value or b"")
+               for r in read_all(log, config.acker.dead_letter_topic, 1)]
+    assert [(d.reason, d.substreams) for d in letters] == [(REASON_LATE, ("a",))]
