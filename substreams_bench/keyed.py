@@ -9,7 +9,9 @@ acker`'s throughput row), then
   above the process's before it started, per open session, and the bytes it wrote per
   transaction (its checkpoint records and every record of the transaction);
 * **steady**: with the K sessions open, a trickle of reports for keys already open, one
-  ack message a step: step p99 (what a live acker holding K sessions costs per step);
+  ack message a step: step p99, as the acker thread's CPU time (what a live acker holding
+  K sessions costs per step; the target) and as wall time (with its heartbeat commits'
+  round trips to the broker);
 * **close**: one keyed seal that closes every session: from its write to the last
   notification, sessions notified per second, the longest step;
 * **recovery**: the acker closed (every step committed its state, as a SIGKILLed one's is)
@@ -64,6 +66,8 @@ STEP_P99_MS = 20.0
 CLOSE_PER_S = 35_000
 RECOVERY_S = 5.0
 RSS_PER_SESSION = 300
+STEADY_STEPS = 200
+"""Steps of the steady phase (one 10-entry message each; a heartbeat commit every 500 ms)."""
 
 COLUMNS = [
     Column("keys", "open sessions", "{:,}"),
@@ -73,7 +77,8 @@ COLUMNS = [
     Column("max_record_kb", "max record KB", "{:.1f}"),
     Column("txn_p99_kb", "txn KB p99", "{:.1f}"),
     Column("txn_max_kb", "txn KB max", "{:.1f}"),
-    Column("steady_p99_ms", "steady step p99 ms", "{:.1f}"),
+    Column("steady_p99_ms", "steady step CPU p99 ms", "{:.1f}"),
+    Column("steady_wall_p99_ms", "steady step wall p99 ms", "{:.1f}"),
     Column("open_step_max_ms", "longest step ms (open)", "{:.0f}"),
     Column("close_s", "seal -> last note s", "{:.2f}"),
     Column("close_per_s", "sessions/s", "{:,.0f}"),
@@ -138,13 +143,19 @@ class _Acks:
         return self.seq - first
 
 
-def _step(service: AckerService, sizes: list[list[int]], times: list[float]) -> int:
-    """One timed step; the sizes of the records its transaction wrote, if it wrote one."""
+def _step(
+    service: AckerService, sizes: list[list[int]], times: list[float],
+    cpu: list[float] | None = None,
+) -> int:
+    """One timed step (wall; and the acker thread's CPU into ``cpu``); the sizes of the
+    records its transaction wrote, if it wrote one."""
     writer = service._writer  # the bench reads what was written
     before = None if writer is None else writer.last_sizes
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     applied = service.step(0.01)
     times.append(time.perf_counter() - t0)
+    if cpu is not None:
+        cpu.append(time.thread_time() - c0)
     writer = service._writer
     if writer is not None and writer.last_sizes is not before:
         sizes.append(list(writer.last_sizes))
@@ -179,7 +190,8 @@ def one(ctx: BenchContext, keys: int, per_key: int) -> dict[str, Any]:
     held = _rss() - idle
     # steady: one small message a step, for keys already open
     steady: list[float] = []
-    for i in range(60):
+    steady_cpu: list[float] = []
+    for i in range(STEADY_STEPS):
         acks.send(AckReport(tuple(
             AckEntry(acks.sub, Keyed(f"user-{(i * 13 + j) % keys:08d}", 1_000), 0, 0, 1, ())
             for j in range(10)
@@ -188,8 +200,10 @@ def one(ctx: BenchContext, keys: int, per_key: int) -> dict[str, Any]:
         until = time.perf_counter() + 10
         while time.perf_counter() < until:
             times: list[float] = []
-            if _step(service, sizes, times):
+            cpu: list[float] = []
+            if _step(service, sizes, times, cpu):
                 steady.extend(times)
+                steady_cpu.extend(cpu)
                 break
     # close: one keyed seal past every session's end + gap
     before = service.notifications
@@ -215,7 +229,8 @@ def one(ctx: BenchContext, keys: int, per_key: int) -> dict[str, Any]:
         "max_record_kb": round(max(records, default=0) / 1000, 1),
         "txn_p99_kb": round(percentile(txns, 99) / 1000, 1),
         "txn_max_kb": round(max(txns, default=0) / 1000, 1),
-        "steady_p99_ms": round(percentile(steady, 99) * 1000, 2),
+        "steady_p99_ms": round(percentile(steady_cpu, 99) * 1000, 2),
+        "steady_wall_p99_ms": round(percentile(steady, 99) * 1000, 2),
         "open_step_p99_ms": round(percentile(open_steps, 99) * 1000, 1),
         "open_step_max_ms": round(max(open_steps) * 1000, 1),
         "close_s": round(close_s, 3),
@@ -269,7 +284,8 @@ def run(ctx: BenchContext) -> BenchResult:
         Target("largest record written (every K)", f"<= {RECORD_LIMIT // 1000} KB",
                f"{max(r['max_record_kb'] for r in result.rows):.1f} KB",
                max(r["max_record_kb"] for r in result.rows) * 1000 <= RECORD_LIMIT),
-        Target(f"step p99 while {big['keys']:,} sessions are open", f"<= {STEP_P99_MS:g} ms",
+        Target(f"step p99 (acker thread CPU) while {big['keys']:,} sessions are open",
+               f"<= {STEP_P99_MS:g} ms",
                f"{big['steady_p99_ms']:.1f} ms", big["steady_p99_ms"] <= STEP_P99_MS),
         Target("step p99 flat in K (largest / smallest K)", "<= 1.2 x",
                f"{big['steady_p99_ms'] / max(small['steady_p99_ms'], 1e-9):.2f} x",
