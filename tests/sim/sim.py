@@ -37,8 +37,10 @@ What runs (all randomness from ``random.Random(seed)``, all time from a :class:`
   name blockers with ``record_at``, :meth:`AckerCore.tick`,
   carry out fences and evictions (off the loop, as the service does: the fence takes
   simulated time while the acker and the sources run on), then commit the notifications with
-  a checkpoint (``state.dumps()``: its document, encoded when a restart reads it)
-  atomically.  It crashes at random and restarts from its last checkpoint.
+  the checkpoint records of its changelog (``StateLog.records()``: a delta, and snapshot
+  chunks over several commits; tiny records and frequent snapshots, so that a crash falls
+  anywhere in a snapshot) atomically.  It crashes at random and restarts from what its
+  committed changelog restores.
 
 * *A stage* (half the schedules; ``acker/stage.py``): reads the data topic
   ``read_committed`` from its group's committed positions and writes 0-2 outputs per input
@@ -88,6 +90,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import substreams.acker.agent as agent_module
+from substreams.acker.changelog import StateLog, base_of, is_first_chunk, restore
 from substreams.acker.core import AckerCore, Evict
 from substreams.acker.protocol import (
     STAGE,
@@ -1252,20 +1255,28 @@ class AckerShell:
         self.parts = parts
         self.home = sim.home
         self.subs = [s for s in sim.subs if self.home[s] in parts]
-        self.checkpoint: tuple[dict[str, Any], dict[int, int]] | None = None
-        """The last commit's checkpoint: ``state.to_doc()`` (the bytes of ``dumps()`` but for
-        the encoding, which only a restart needs: it encodes it then) and acks offsets."""
+        self.changelog: list[bytes] = []
+        """The state bytes of every checkpoint record committed (the checkpoint topic)."""
+        self.offsets: dict[int, int] = {}
+        """The acks offsets of the last commit (its checkpoint records carry them)."""
+        self.statelog: StateLog | None = None
         self.alive = False
         self.core = self._core()
         self.reader: MemoryReader = sim.log.reader()
 
     def _core(self) -> AckerCore:
-        if self.checkpoint is None:
+        base: int | None = None
+        if not self.changelog:
             state = AckerState()
-        else:
-            doc, offsets = self.checkpoint
-            blob = AckerState.encode(doc)
-            state = AckerState.loads(blob, dict(offsets), SNAPSHOT_EVERY)
+        else:  # what the service's recovery does: from the base's first chunk on
+            base = base_of(self.changelog[-1])
+            assert base is not None
+            first = max(i for i, r in enumerate(self.changelog) if is_first_chunk(r, base))
+            state, base = restore(self.changelog[first:], dict(self.offsets), SNAPSHOT_EVERY)
+        self.statelog = StateLog.adopt(state, base)
+        self.statelog.record_bytes = 3_000
+        self.statelog.snapshot_min_bytes = 4_000
+        self.statelog.small_entries = 0
         for sub in self.subs:
             state.ensure(sub, SNAPSHOT_EVERY, self.sim.gap if sub == SESSION else None)
         return AckerCore(
@@ -1386,10 +1397,14 @@ class AckerShell:
             return bool(polled)
         if heartbeat:
             items.extend(core.heartbeat_records())
+        core.state.checkpoints += 1
+        assert self.statelog is not None and self.statelog.state is core.state
+        records = self.statelog.records()  # the changelog moved on (a snapshot chunk, ...)
         if sim.fault(0.004):
             raise Crash()  # before the commit: the step's work is lost, replayed
-        core.state.checkpoints += 1
-        self.checkpoint = (core.state.to_doc(), dict(core.state.acks_offsets))
+        self.changelog.extend(records)
+        self.statelog.committed()
+        self.offsets = dict(core.state.acks_offsets)
         core.committed(now)
         if self.refused:
             sim.key_refused.update(self.refused)
