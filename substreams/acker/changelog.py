@@ -149,6 +149,46 @@ def _encode(key: EntryKey, state: AckerState) -> list[Any]:
     return ["u", sub, _class_out(key[2]), [time_out(t) for t in els] or None]
 
 
+class _Keys:
+    """Every entry of a state at one moment, held as its containers' key lists (copied at C
+    speed: a snapshot of a million sessions starts in milliseconds) and made into entry
+    keys only as chunks read them."""
+
+    def __init__(self, state: AckerState) -> None:
+        self.segments: list[tuple[tuple[Any, ...], list[Any]]] = []
+        for sub, table in state.tables.items():
+            self.segments.append((("o", sub), list(table.open)))
+            self.segments.append((("t", sub), table.terminated.classes()))
+            for name, src in table.sources.items():
+                self.segments.append((("s", sub, name), src.seals.classes()))
+        for sub, tracker in state.trackers.items():
+            self.segments.append((("u", sub), tracker.upper.classes()))
+        self.total = sum(len(items) for _, items in self.segments)
+        self._seg = self._pos = 0
+
+    def __len__(self) -> int:
+        return self.total
+
+    def take(self, n: int) -> list[EntryKey]:
+        """The next ``n`` entry keys (fewer at the end)."""
+        out: list[EntryKey] = []
+        while len(out) < n and self._seg < len(self.segments):
+            prefix, items = self.segments[self._seg]
+            part = items[self._pos:self._pos + n - len(out)]
+            out.extend((*prefix, x) for x in part)
+            self._pos += len(part)
+            if self._pos >= len(items):
+                self._seg, self._pos = self._seg + 1, 0
+        return out
+
+    def peek(self, n: int) -> list[EntryKey]:
+        """The next ``n`` entry keys, not taken."""
+        seg, pos = self._seg, self._pos
+        out = self.take(n)
+        self._seg, self._pos = seg, pos
+        return out
+
+
 def all_keys(state: AckerState) -> list[EntryKey]:
     """Every entry of ``state`` (a snapshot's list, taken at once; its values are read as
     the chunks are written)."""
@@ -282,7 +322,7 @@ def _bodies(
 @dataclass
 class _Snapshot:
     seq: int
-    keys: list[EntryKey]
+    keys: _Keys
     at: int = 0
     part: int = 0
     size: int = 0
@@ -321,7 +361,7 @@ class StateLog:
         its first commit, whatever this says)."""
         log = cls(state, base)
         if base is not None:
-            log._drain_all()  # tracking on everywhere; nothing is written for it
+            log._drain_all(collect=False)  # tracking on everywhere; nothing written for it
         return log
 
     def records(self) -> list[bytes]:
@@ -335,12 +375,12 @@ class StateLog:
             # writes a whole snapshot (any fuzzy one under way is dropped) and an empty
             # delta; recovery then reads this transaction's records alone.
             self._drain()
-            self._snap = _Snapshot(seq, all_keys(state))
+            self._snap = _Snapshot(seq, _Keys(state))
             chunks = self._chunks(limit=None)
             return [*chunks, *self._delta(seq, [], base=self._pending_base)]
         changed = self._drain()
         if self._snap is None and self._since >= max(self.snapshot_min_bytes, self._last_size):
-            self._snap = _Snapshot(seq, all_keys(state))
+            self._snap = _Snapshot(seq, _Keys(state))
         chunks = [] if self._snap is None else self._chunks(limit=self.chunks_per_commit)
         base = self.base if self._pending_base is None else self._pending_base
         return [*chunks, *self._delta(seq, changed, base=base)]
@@ -402,26 +442,28 @@ class StateLog:
             keys.extend(self._antichain_changes(("u", sub), tracker.upper))
         return keys
 
-    def _drain_all(self) -> list[EntryKey]:
-        """Every entry, and tracking switched on everywhere."""
+    def _drain_all(self, collect: bool = True) -> list[EntryKey]:
+        """Every entry (``collect``), and tracking switched on everywhere."""
         self._full = False
         state = self.state
         self._seen_antichains = {}
         for sub, table in state.tables.items():
-            self._adopt_table(sub, table)
+            self._adopt_table(sub, table, collect=False)
         for sub, tracker in state.trackers.items():
             self._seen_trackers[sub] = tracker
             self._antichain_changes(("u", sub), tracker.upper)
-        return all_keys(state)
+        return all_keys(state) if collect else []
 
-    def _adopt_table(self, sub: str, table: SegmentTable) -> list[EntryKey]:
-        """Start tracking ``table``; every entry it has (and had: the replaced one's)."""
+    def _adopt_table(self, sub: str, table: SegmentTable, collect: bool = True
+                     ) -> list[EntryKey]:
+        """Start tracking ``table``; every entry it has (and had: the replaced one's), if
+        ``collect``."""
         old = self._seen_tables.get(sub)
         self._seen_tables[sub] = table
         table.track_open()
         assert table.touched is not None
         table.touched.clear()
-        keys: list[EntryKey] = [("o", sub, t) for t in table.open]
+        keys: list[EntryKey] = [("o", sub, t) for t in table.open] if collect else []
         if old is not None and old is not table:
             keys.extend(("o", sub, t) for t in old.open if t not in table.open)
         keys.extend(self._antichain_changes(("t", sub), table.terminated))
@@ -455,9 +497,9 @@ class StateLog:
         out: list[bytes] = []
         while snap.at < len(snap.keys) and (limit is None or len(out) < limit):
             if snap.per is None:
-                sample = [_encode(k, state) for k in snap.keys[:64]]
+                sample = [_encode(k, state) for k in snap.keys.peek(64)]
                 snap.per = _per_run(sample, _RAW_PER_RECORD * self.record_bytes)
-            keys = snap.keys[snap.at:snap.at + snap.per]
+            keys = snap.keys.take(snap.per)
             snap.at += len(keys)
             # an entry gone since the snapshot started is left out: a delta after it says so
             run = [e for k in keys if (e := _encode(k, state))[-1] is not None]

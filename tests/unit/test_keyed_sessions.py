@@ -293,3 +293,28 @@ def test_a_source_that_registers_later_cannot_reopen_what_the_floor_forgot() -> 
         assert again.forgotten == 40
         with pytest.raises(Violation):
             again.report(Keyed("y", 30), 0, 1, 2, (), 2)
+
+
+def test_a_seal_that_closes_many_sessions_is_spread_over_steps_in_each_keys_order() -> None:
+    """``times_per_step``: a keyed seal closing every session of 50 keys (2 sessions of 3
+    times each) closes at most the budget's worth of times per step (a key's closable
+    sessions together), every session once, each key's in start order."""
+    table = SegmentTable("s", gap_ms=10)
+    table.times_per_step = 8
+    table.register("a", SOURCE)
+    for k in range(50):
+        for t in (0, 5, 9, 100, 105, 109):  # runs [0, 9] and [100, 109]
+            table.report(Keyed(f"k{k:02d}", t), 0, 1, 1, [], 1)
+    table.seal_keys("a", 1_000, 2)
+    steps: list[list[Keyed]] = []
+    while True:
+        run, _, terms = table.termination_runs()
+        if not terms:
+            break
+        steps.append([term.time for term in terms])  # type: ignore[misc]
+        assert sum(len(term.members) for term in terms) <= 8 + 6, terms
+    closed = [t for step in steps for t in step]
+    assert len(steps) > 10 and len(closed) == 100 == len(set(closed)) and not table.open
+    for k in range(50):
+        mine = [t.time for t in closed if t.key == f"k{k:02d}"]
+        assert mine == [0, 100], (k, mine)
