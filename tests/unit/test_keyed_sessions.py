@@ -308,7 +308,7 @@ def test_a_seal_that_closes_many_sessions_is_spread_over_steps_in_each_keys_orde
     table.seal_keys("a", 1_000, 2)
     steps: list[list[Keyed]] = []
     while True:
-        run, _, terms = table.termination_runs()
+        _run, _, terms = table.termination_runs()
         if not terms:
             break
         steps.append([term.time for term in terms])  # type: ignore[misc]
