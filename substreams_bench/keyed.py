@@ -98,7 +98,8 @@ def _config(ctx: BenchContext) -> Config:
         [("bench", 1)],
         [{"name": "sessions", "stream": "bench", "kind": "session", "key": "body",
           "field": "ts", "gap_ms": GAP_MS}],
-        acker={"heartbeat_ms": 500},
+        # the pre-written source sends nothing while a million sessions close: not evicted
+        acker={"heartbeat_ms": 500, "source_timeout_ms": 3_600_000},
     )
 
 
