@@ -205,7 +205,7 @@ def all_keys(state: AckerState) -> list[EntryKey]:
 
 def _head(state: AckerState) -> dict[str, Any]:
     """Everything of ``state`` that is not an entry (small: no open time, key or seal)."""
-    return state.to_doc(light=True)
+    return state.head_doc()
 
 
 # -- records --------------------------------------------------------------------------------

@@ -221,6 +221,11 @@ class AckerState:
         changelog`)."""
         return self._doc(share=False, light=light)
 
+    def head_doc(self) -> dict[str, Any]:
+        """:meth:`to_doc` with ``light``, sharing the handler's documents (for a changelog
+        record encoded at once)."""
+        return self._doc(share=True, light=True)
+
     def _doc(self, *, share: bool, light: bool = False) -> dict[str, Any]:
         """``share``: the handler's documents by reference (encoded at once)."""
         doc: dict[str, Any] = {

@@ -347,3 +347,25 @@ def test_spark_targets_report_misses_and_unmeasured() -> None:
     assert (p50.met, p99.met) == (True, False)
     assert "9,000 ms" in p99.value
     assert [t.met for t in targets(rows[5:])] == [None, None, None, True, False]
+
+
+def test_bench_keyed_quick_writes_json_with_every_target(bootstrap: str, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = bench("keyed", "--quick", "--keys", "300,1200", "--out", str(out),
+                 "--bootstrap", bootstrap)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "bench keyed (quick)" in done.stdout and "target met" in done.stdout
+    data = json.loads((out / "keyed.json").read_text())
+    small, big = data["rows"]
+    for row, keys in ((small, 300), (big, 1200)):
+        assert row["keys"] == keys and row["records_per_key"] == 3, row
+        assert row["notified"] == keys, row  # one seal closed every session, each once
+        assert row["recovery_s"] is not None and row["recovery_s"] > 0, row
+        assert 0 < row["max_record_kb"] <= 256 and row["rss_per_session"] > 0, row
+    assert len(data["targets"]) == 8
+    shards = data["targets"][-1]
+    assert shards["met"] is False and "not built" in shards["value"]
+    assert (out / "keyed.png").stat().st_size > 0
+    wrong = bench("acker", "--keys", "5")
+    said = wrong.stderr + wrong.stdout
+    assert wrong.returncode != 0 and "--keys applies to 'bench keyed' only" in said
