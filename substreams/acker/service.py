@@ -140,19 +140,6 @@ def relax_gc() -> None:
     gen0, gen1, gen2 = gc.get_threshold()
     if 0 < gen0 < GC_GEN0_THRESHOLD:
         gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
-    if _freeze_survivors not in gc.callbacks:
-        gc.callbacks.append(_freeze_survivors)
-
-
-def _freeze_survivors(phase: str, info: dict[str, int]) -> None:
-    """After a full collection, move what survived it out of the collector's sight
-    (``gc.freeze``): the next full collection then scans what was allocated since, not a
-    heap of millions of open sessions again (at 10^6 open sessions a full collection held the
-    acker ~3 s: longer than its heartbeat).  Reference counting still frees frozen objects;
-    only a reference cycle among them would never be collected, and the acker's structures
-    have none (see :func:`relax_gc`)."""
-    if phase == "stop" and info.get("generation") == 2:
-        gc.freeze()
 
 
 
