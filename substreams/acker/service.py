@@ -142,7 +142,6 @@ def relax_gc() -> None:
         gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
-
 OLDEST_AMONG = 64
 """Open times looked at for the oldest-open-time gauge: the first ones to have opened
 (after a restore, nearly so)."""
