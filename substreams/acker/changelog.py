@@ -191,17 +191,9 @@ class _Keys:
 
 
 def all_keys(state: AckerState) -> list[EntryKey]:
-    """Every entry of ``state`` (a snapshot's list, taken at once; its values are read as
-    the chunks are written)."""
-    keys: list[EntryKey] = []
-    for sub, table in state.tables.items():
-        keys.extend(("o", sub, t) for t in table.open)
-        keys.extend(("t", sub, c) for c in table.terminated.classes())
-        for name, src in table.sources.items():
-            keys.extend(("s", sub, name, c) for c in src.seals.classes())
-    for sub, tracker in state.trackers.items():
-        keys.extend(("u", sub, c) for c in tracker.upper.classes())
-    return keys
+    """Every entry of ``state``, now (the same enumeration as :class:`_Keys`, taken whole)."""
+    keys = _Keys(state)
+    return keys.take(len(keys))
 
 
 def _head(state: AckerState) -> dict[str, Any]:
