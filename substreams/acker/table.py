@@ -201,6 +201,59 @@ def new_entry(first_seen_ms: int) -> OpenEntry:
 _new_object = object.__new__
 
 
+def open_entry(
+    xor: int, records: int, reports: int, ranges: dict[tuple[str, int], list[int]],
+    first_seen_ms: int, sealed_at_ms: int, last: int | None,
+) -> OpenEntry:
+    """An entry as a checkpoint or changelog holds it: a :class:`RunEntry` when it has a
+    ``last`` (a session run), else an :class:`OpenEntry`."""
+    if last is None:
+        return OpenEntry(xor, records, reports, ranges, first_seen_ms, sealed_at_ms)
+    run = new_run(last, first_seen_ms)
+    run.xor, run.records, run.reports, run.ranges = xor, records, reports, ranges
+    run.sealed_at_ms = sealed_at_ms
+    return run
+
+
+class RunEntry(OpenEntry):
+    """An open *session run* of a session table: its members' entries merged (xor, counts,
+    offset hulls, the earliest ``first_seen_ms``) and its last time; the table keys it by its
+    first time.  Why: one entry per open session, not one per (key, event time) -- the
+    acker's memory, changelog and close rate go with the sessions, not the records.  The
+    termination rule needs no member's own xor: a run's xor is the XOR of every record id
+    sent and received at its times, zero when each member's is (up to the 2^-64 chance of
+    ids cancelling, the same as within one time: trAcker's own argument)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self, last: int) -> None:
+        super().__init__()
+        self.last = last
+
+
+def new_run(last: int, first_seen_ms: int) -> RunEntry:
+    """:func:`new_entry` for a run ending at ``last``."""
+    e = _new_object(RunEntry)
+    e.xor = 0
+    e.records = 0
+    e.reports = 0
+    e.ranges = {}
+    e.first_seen_ms = first_seen_ms
+    e.sealed_at_ms = 0
+    e.last = last
+    return e
+
+
+def merge_into(into: OpenEntry, other: OpenEntry) -> None:
+    """Fold ``other``'s accounting into ``into`` (two runs joined by a time between them)."""
+    into.xor ^= other.xor
+    into.records += other.records
+    into.reports += other.reports
+    into.add_ranges(other.offset_ranges())
+    into.first_seen_ms = min(into.first_seen_ms, other.first_seen_ms)
+    into.sealed_at_ms = max(into.sealed_at_ms, other.sealed_at_ms)
+
+
 @dataclass
 class SourceState:
     """A registered process: its role and (for sources) what it sealed and when."""
@@ -339,6 +392,17 @@ class SegmentTable:
         self.touched: set[Time] | None = None
         """With :meth:`track_open`: the times whose entry was added, changed or removed
         since the changelog last drained it (:mod:`substreams.acker.changelog`)."""
+        self.rekeyed: list[tuple[Time, Time | None]] = []
+        """Session runs (:class:`RunEntry`) whose first time changed since the caller last
+        drained this: ``(old, new)`` when a record before a run joined it, ``(old, None)``
+        when a record between two runs merged the later one into the earlier.  The progress
+        tracker counts a run by its first time (:meth:`ProgressTracker.rekey`)."""
+
+    @property
+    def runs(self) -> bool:
+        """Open keyed times are kept as session runs (:class:`RunEntry`): a session table on
+        the per-run path.  The reference path keeps one entry per time."""
+        return self.gap_ms is not None and self.int_runs
 
     def track_open(self) -> None:
         """Record from now on which open times change (:attr:`touched`)."""
@@ -450,17 +514,30 @@ class SegmentTable:
 
     def _check_open(self, t: Time) -> None:
         if t not in self.open and (self.terminated.covers(t) or self._below_floor(t)):
+            if self.gap_ms is not None and self._inside_open_session(t):
+                return  # its session is still open: the record joins it (rule as for runs)
             raise self._late(t)
+
+    def _inside_open_session(self, t: Time) -> bool:
+        """``t`` lies between the first and last time of an open session of its key (the
+        reference: the key's open times cut into runs)."""
+        if type(t) is not Keyed or type(t.time) is not int:
+            return False
+        x, gap = t.time, self.gap_ms or 0
+        times = by_key(u for u in self.open if type(u) is Keyed and u.key == t.key)
+        return any(run[0] <= x <= run[-1] for run in run_members(times.get(t.key, []), gap))
 
     def _entry(self, t: Time, now_ms: int) -> tuple[OpenEntry, bool]:
         entry = self.open.get(t)
         if entry is not None:
             return entry, False
         entry = new_entry(now_ms)
-        sealed = [
-            s.covered_at(t) for s in self.sources.values() if s.role == SOURCE and s.covers(t)
-        ]
-        entry.sealed_at_ms = max(sealed, default=0)
+        if self.gap_ms is None:  # a session's sealed-at is its bound's (_session_termination)
+            sealed = [
+                s.covered_at(t) for s in self.sources.values()
+                if s.role == SOURCE and s.covers(t)
+            ]
+            entry.sealed_at_ms = max(sealed, default=0)
         self.open[t] = entry
         self._index(t)
         if self.touched is not None:
@@ -490,7 +567,8 @@ class SegmentTable:
                     times.append(inner)
                 else:
                     insort(times, inner)
-                self._by_time.add((inner, key))
+                if self.gap_ms is None:  # a keyed seal's sealed-at look-up (not sessions)
+                    self._by_time.add((inner, key))
                 self._nkeyed += 1
                 self._kdirty[key] = None
 
@@ -505,9 +583,10 @@ class SegmentTable:
         else:
             gone = set(inners)
             self._keyed[key] = [x for x in times if x not in gone]
-        by_time = self._by_time
-        for inner in inners:
-            by_time.remove((inner, key))
+        if self.gap_ms is None:
+            by_time = self._by_time
+            for inner in inners:
+                by_time.remove((inner, key))
         self._nkeyed -= len(inners)
 
     def _closed_keyed(self, t: Time) -> None:
@@ -560,8 +639,34 @@ class SegmentTable:
         self._reindex()
         self.dirty = True
 
+    def _fold_runs(self) -> None:
+        """Per-time entries of a session table as runs (a checkpoint written before runs, or
+        a table filled in by the reference path): each key's open times cut by ``gap``, each
+        run's entries merged into one :class:`RunEntry` keyed by its first time."""
+        gap = self.gap_ms or 0
+        per_key: dict[str, list[tuple[int, OpenEntry]]] = {}
+        for t, e in self.open.items():
+            if type(t) is Keyed and type(t.time) is int:  # (a session table holds no other)
+                per_key.setdefault(t.key, []).append((t.time, e))
+        folded: dict[Time, OpenEntry] = {}
+        for key, items in per_key.items():
+            items.sort(key=lambda item: item[0])
+            run: RunEntry | None = None
+            for x, e in items:
+                last = e.last if type(e) is RunEntry else x
+                if run is not None and x - run.last <= gap:
+                    merge_into(run, e)
+                    run.last = max(run.last, last)
+                    continue
+                run = new_run(last, e.first_seen_ms)
+                merge_into(run, e)
+                folded[Keyed(key, x)] = run
+        self.open = folded
+
     def _reindex(self) -> None:
         """Rebuild the indexes from ``open`` (after a load or a generic termination)."""
+        if self.runs and any(type(e) is not RunEntry for e in self.open.values()):
+            self._fold_runs()
         self._ints = sorted(t for t in self.open if type(t) is int)
         self._nonzero = {t for t in self._ints if self.open[t].xor}
         self._others = len(self.open) - len(self._ints)
@@ -572,8 +677,11 @@ class SegmentTable:
         for times in keyed.values():
             times.sort()
         self._keyed = keyed
-        self._by_time = SortedList((x, k) for k, times in keyed.items() for x in times)
-        self._nkeyed = len(self._by_time)
+        self._by_time = SortedList(
+            () if self.gap_ms is not None
+            else ((x, k) for k, times in keyed.items() for x in times)
+        )
+        self._nkeyed = sum(len(times) for times in keyed.values())
         self._kdirty = {}
         self._kall = True
         self._term_heap = [
@@ -603,6 +711,8 @@ class SegmentTable:
                 f"substream '{self.substream}' is a session substream: times must be "
                 f"Keyed(key, event_ms), got {t!r}"
             )
+        if self.runs:
+            return self._report_run(t, xor, records, reports, ranges, now_ms)  # type: ignore[arg-type]
         self._check_open(t)
         entry, new = self._entry(t, now_ms)
         entry.xor ^= xor
@@ -630,6 +740,103 @@ class SegmentTable:
                 if len(heap) > 4 * self._nkeyed + 64:  # mostly passed-over entries
                     self._index_starts()
         return new
+
+    def _report_run(
+        self,
+        t: Keyed,
+        xor: int,
+        records: int,
+        reports: int,
+        ranges: Iterable[OffsetRange],
+        now_ms: int,
+    ) -> bool:
+        """:meth:`report` into a session table's runs (:class:`RunEntry`): the time joins
+        the run it lies in or within ``gap`` of (extending it, or merging the two runs it
+        joins), or opens a run of its own (True).  Same runs as cutting the open times at
+        every step (:func:`~substreams.frontier.sessions.run_members`): adding a time only
+        ever joins runs, and a run's entry is its members' merged."""
+        key, x = t.key, t.time
+        assert type(x) is int
+        gap = self.gap_ms or 0
+        open_ = self.open
+        starts = self._keyed.get(key)
+        i = -1 if starts is None else bisect_right(starts, x) - 1
+        left: RunEntry | None = None
+        if starts is not None and i >= 0:
+            left = open_[Keyed(key, starts[i])]  # type: ignore[assignment]
+        new = False
+        touched = self.touched
+        if left is not None and x <= left.last:
+            entry: RunEntry = left
+            run = Keyed(key, starts[i])  # type: ignore[index]
+        else:
+            if self.terminated.covers(t) or self._below_floor(t):
+                raise self._late(t)
+            right = None if starts is None or i + 1 >= len(starts) else starts[i + 1]
+            joins_left = left is not None and x - left.last <= gap
+            joins_right = right is not None and right - x <= gap
+            if joins_left and joins_right:  # t bridges two runs: the later one merges in
+                assert left is not None and starts is not None and right is not None
+                gone = Keyed(key, right)
+                later: RunEntry = open_.pop(gone)  # type: ignore[assignment]
+                merge_into(left, later)
+                left.last = later.last
+                del starts[i + 1]
+                self._others -= 1
+                self._nkeyed -= 1
+                self.rekeyed.append((gone, None))
+                if touched is not None:
+                    touched.add(gone)
+                entry, run = left, Keyed(key, starts[i])
+            elif joins_left:
+                assert left is not None and starts is not None
+                left.last = x
+                entry, run = left, Keyed(key, starts[i])
+            elif joins_right:  # t comes first in the run after it: the run's key moves
+                assert starts is not None and right is not None
+                moved = Keyed(key, right)
+                entry = open_.pop(moved)  # type: ignore[assignment]
+                open_[t] = entry
+                starts[i + 1] = x
+                self.rekeyed.append((moved, t))
+                if touched is not None:
+                    touched.add(moved)
+                run = t
+            else:
+                entry = new_run(x, now_ms)
+                open_[t] = entry
+                if starts is None:
+                    self._keyed[key] = [x]
+                else:
+                    starts.insert(i + 1, x)
+                self._others += 1
+                self._nkeyed += 1
+                run, new = t, True
+        entry.xor ^= xor
+        entry.records += records
+        entry.reports += reports
+        entry.add_ranges(ranges)
+        self._kdirty[key] = None
+        self.dirty = True
+        if touched is not None:
+            touched.add(run)
+        if entry.ranges:
+            starts_heaps = self._starts
+            assert type(run.time) is int
+            for part, (lo, _) in entry.ranges.items():
+                heap = starts_heaps.get(part)
+                if heap is None:
+                    starts_heaps[part] = [(lo, key, run.time)]
+                    continue
+                heapq.heappush(heap, (lo, key, run.time))
+                if len(heap) > 4 * self._nkeyed + 64:  # mostly passed-over entries
+                    self._index_starts()
+        return new
+
+    def drain_rekeyed(self) -> list[tuple[Time, Time | None]]:
+        """The run-start changes since the last call (:attr:`rekeyed`), oldest first."""
+        out, self.rekeyed = self.rekeyed, []
+        return out
 
     def report_block(
         self,
@@ -773,10 +980,11 @@ class SegmentTable:
             )
         if state.covers(t):
             return False
-        for u, entry in self._newly_covered(state, t):
-            entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
-            if self.touched is not None:
-                self.touched.add(u)
+        if self.gap_ms is None:  # a session's sealed-at is its bound's (_session_termination)
+            for u, entry in self._newly_covered(state, t):
+                entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
+                if self.touched is not None:
+                    self.touched.add(u)
         # the seals ``t`` evicts are of its own chain class (one per key: not a walk of all)
         for gone in state.seals.of_class(chain_class(t)):
             if less_equal(gone, t):
@@ -981,6 +1189,9 @@ class SegmentTable:
     ) -> None:
         """Terminate the leading times (``gap`` None) or sessions of ``key`` that may
         terminate; register what the next one waits for."""
+        if gap is not None and self.runs:
+            self._close_runs(key, sources, gap, out)
+            return
         times = self._keyed[key]
         open_ = self.open
         sub = self.substream
@@ -1018,6 +1229,43 @@ class SegmentTable:
             self._others -= closed
             self._unindex_keyed(key, times[:closed])
 
+    def _close_runs(
+        self, key: str, sources: list[SourceState], gap: int, out: list[Termination]
+    ) -> None:
+        """:meth:`_close_key` over ``key``'s session runs: one entry, one look, per session."""
+        starts = self._keyed[key]
+        open_ = self.open
+        sub = self.substream
+        closed = 0
+        for start in starts:
+            run = Keyed(key, start)
+            e: RunEntry = open_[run]  # type: ignore[assignment]
+            bound = Keyed(key, e.last + gap)
+            blocker = self._blocker(bound, sources)
+            if blocker is not False:
+                if blocker is not None:
+                    heapq.heappush(blocker.waiting, (bound.time, key))  # type: ignore[union-attr,arg-type]
+                break
+            if e.xor != 0:
+                break  # a report for it dirties the key
+            out.append(Termination(
+                sub, run, e.offset_ranges(), e.records,
+                max((s.covered_at(bound) for s in sources), default=0), e.first_seen_ms,
+                until=Keyed(key, e.last),
+            ))
+            del open_[run]
+            if self.touched is not None:
+                self.touched.add(run)
+            self._closed_keyed(Keyed(key, e.last))
+            closed += 1
+        if closed:
+            self._others -= closed
+            self._nkeyed -= closed
+            if closed == len(starts):
+                del self._keyed[key]
+            else:
+                del starts[:closed]
+
     def _session_termination(
         self, key: str, start: int, end: int, gap: int, members: Sequence[Time],
         entries: list[OpenEntry], sources: list[SourceState],
@@ -1033,7 +1281,7 @@ class SegmentTable:
             Keyed(key, start),
             hull.offset_ranges(),
             sum(e.records for e in entries),
-            sealed_at or max(e.sealed_at_ms for e in entries),
+            sealed_at,
             min(e.first_seen_ms for e in entries),
             until=Keyed(key, end),
             members=tuple(members),
@@ -1189,7 +1437,8 @@ class SegmentTable:
             key: str | None = None
             at = 0
             if isinstance(t, Keyed) and isinstance(t.time, int):
-                key, at = t.key, t.time + gap  # a session's time: the bound that closes it
+                last = e.last if type(e) is RunEntry else t.time
+                key, at = t.key, last + gap  # a session's time: the bound that closes it
             for name, (s, per_key) in list(waiting.items()):
                 if key is not None:  # covered by the keyed seal, or by the key's own
                     upto = s.keys_upto
@@ -1207,7 +1456,9 @@ class SegmentTable:
 
     def unsealed_sources(self, t: Time) -> list[str]:
         if self.gap_ms is not None and type(t) is Keyed and type(t.time) is int:
-            t = Keyed(t.key, t.time + self.gap_ms)  # what closes a session ending at t
+            e = self.open.get(t)
+            last = e.last if type(e) is RunEntry else t.time
+            t = Keyed(t.key, last + self.gap_ms)  # what closes a session ending at last
         return sorted(
             name
             for name, s in self.sources.items()
@@ -1247,6 +1498,7 @@ class SegmentTable:
                     [[s, p, lo, hi] for (s, p), (lo, hi) in e.ranges.items()],
                     e.first_seen_ms,
                     e.sealed_at_ms,
+                    *((e.last,) if type(e) is RunEntry else ()),
                 ]
                 for t, e in self.open.items()
             ],
@@ -1266,17 +1518,19 @@ class SegmentTable:
         }
 
     @classmethod
-    def from_state(cls, substream: str, state: Mapping[str, Any]) -> SegmentTable:
+    def from_state(
+        cls, substream: str, state: Mapping[str, Any], *, int_runs: bool = True
+    ) -> SegmentTable:
+        """The table a checkpoint holds (``int_runs``: which path it is loaded for; a session
+        table's per-time entries, as written before runs, are folded into runs)."""
         gap = state.get("gap_ms")
         table = cls(substream, None if gap is None else int(gap))
-        for wire, xor, records, reports, ranges, first, sealed in state["open"]:
-            table.open[time_from_wire(wire)] = OpenEntry(
-                int(xor),
-                int(records),
-                int(reports),
+        table.int_runs = int_runs
+        for wire, xor, records, reports, ranges, first, sealed, *last in state["open"]:
+            table.open[time_from_wire(wire)] = open_entry(
+                int(xor), int(records), int(reports),
                 {(s, int(p)): [int(lo), int(hi)] for s, p, lo, hi in ranges},
-                int(first),
-                int(sealed),
+                int(first), int(sealed), int(last[0]) if last else None,
             )
         for name, s in state["sources"].items():
             src = SourceState(str(s["role"]), active=bool(s["active"]))

@@ -118,6 +118,30 @@ class ProgressTracker:
         self._pending.extend(self.lower.update_iter([(time, 1)]))
         self.upper.insert(time)
 
+    def observe(self, time: Time) -> None:
+        """``time`` was seen again, or joined an active time's session run without being
+        active itself (the acker counts a session by its first time): only the upper
+        frontier may move."""
+        self.upper.insert(event_time(time) if self.keyed_floor else time)
+
+    def rekey(self, old: Time, new: Time | None) -> None:
+        """The active time ``old`` stands for a session run whose first time is now ``new``
+        (a record before it joined it), or (``new`` None) that run was merged into the one
+        before it: the lower frontier counts ``new`` instead of ``old``, or nothing.  Not
+        a completion: no ``EpochComplete`` is owed for ``old``."""
+        if old not in self.active:
+            if new is not None:
+                self.activate(new)
+            return
+        floor = self.keyed_floor
+        self.active.discard(old)
+        changes = [(event_time(old) if floor else old, -1)]
+        if new is not None:
+            self.active.add(new)
+            changes.append((event_time(new) if floor else new, 1))
+            self.upper.insert(event_time(new) if floor else new)
+        self._pending.extend(self.lower.update_iter(changes))
+
     def activate_many(self, times: Sequence[Time]) -> None:
         """:meth:`activate` for each of ``times`` (a report block's new times), in one
         lower-frontier update when they are all ints.  Same result: the pending changes are
