@@ -215,6 +215,10 @@ def open_entry(
     return run
 
 
+_PARTS: dict[tuple[str, int], tuple[str, int]] = {}
+"""One ``(stream, partition)`` tuple per data partition, shared by every run's hull."""
+
+
 class RunEntry(OpenEntry):
     """An open *session run* of a session table: its members' entries merged (xor, counts,
     offset hulls, the earliest ``first_seen_ms``) and its last time; the table keys it by its
@@ -222,13 +226,89 @@ class RunEntry(OpenEntry):
     acker's memory, changelog and close rate go with the sessions, not the records.  The
     termination rule needs no member's own xor: a run's xor is the XOR of every record id
     sent and received at its times, zero when each member's is (up to the 2^-64 chance of
-    ids cancelling, the same as within one time: trAcker's own argument)."""
+    ids cancelling, the same as within one time: trAcker's own argument).
 
-    __slots__ = ("last",)
+    The hull of the first data partition the run has records in is kept inline (``part``,
+    ``lo``, ``hi``), the others' in ``more`` (a session's records usually lie in one
+    partition: its key's): ``ranges`` is a fresh dict built from them, to read, not to
+    write into -- a dict per run cost ~300 bytes of a session's ~1 KB."""
+
+    __slots__ = ("hi", "last", "lo", "more", "part")
+
+    last: int
+    part: tuple[str, int] | None
+    lo: int
+    hi: int
+    more: dict[tuple[str, int], list[int]] | None
 
     def __init__(self, last: int) -> None:
         super().__init__()
         self.last = last
+        self.part, self.lo, self.hi, self.more = None, 0, 0, None
+
+    @property  # type: ignore[override]
+    def ranges(self) -> dict[tuple[str, int], list[int]]:
+        out = {} if self.part is None else {self.part: [self.lo, self.hi]}
+        if self.more:
+            out.update(self.more)
+        return out
+
+    @ranges.setter
+    def ranges(self, value: Mapping[tuple[str, int], Sequence[int]]) -> None:
+        self.part, self.more = None, None
+        for key, (lo, hi) in value.items():
+            self.add_hull(key, lo, hi)
+
+    def add_hull(self, key: tuple[str, int], lo: int, hi: int) -> bool:
+        """Widen the hull of ``key`` by ``[lo, hi)``; True iff its start moved (or it is new):
+        what the table's start heaps must hear of."""
+        part = self.part
+        if part is None:
+            self.part = _PARTS.setdefault(key, key)
+            self.lo, self.hi = lo, hi
+            return True
+        if part == key:
+            if hi > self.hi:
+                self.hi = hi
+            if lo < self.lo:
+                self.lo = lo
+                return True
+            return False
+        more = self.more
+        if more is None:
+            self.more = {_PARTS.setdefault(key, key): [lo, hi]}
+            return True
+        hull = more.get(key)
+        if hull is None:
+            more[_PARTS.setdefault(key, key)] = [lo, hi]
+            return True
+        if hi > hull[1]:
+            hull[1] = hi
+        if lo < hull[0]:
+            hull[0] = lo
+            return True
+        return False
+
+    def add_ranges(self, ranges: Iterable[OffsetRange]) -> None:
+        for r in ranges:
+            self.add_hull((r.stream, r.partition), r.start, r.end)
+
+    def offset_ranges(self) -> tuple[OffsetRange, ...]:
+        part = self.part
+        if part is None:
+            return ()
+        if not self.more:
+            return (offset_range(part[0], part[1], self.lo, self.hi),)
+        return tuple(offset_range(s, p, lo, hi) for (s, p), (lo, hi) in sorted(self.ranges.items()))
+
+    def starts(self) -> list[tuple[tuple[str, int], int]]:
+        """Per data partition, where the run's records begin."""
+        if self.part is None:
+            return []
+        out = [(self.part, self.lo)]
+        if self.more:
+            out.extend((key, hull[0]) for key, hull in self.more.items())
+        return out
 
 
 def new_run(last: int, first_seen_ms: int) -> RunEntry:
@@ -237,11 +317,31 @@ def new_run(last: int, first_seen_ms: int) -> RunEntry:
     e.xor = 0
     e.records = 0
     e.reports = 0
-    e.ranges = {}
     e.first_seen_ms = first_seen_ms
     e.sealed_at_ms = 0
     e.last = last
+    e.part = None
+    e.lo = e.hi = 0
+    e.more = None
     return e
+
+
+def _keyed_order(term: Termination) -> tuple[str, int]:
+    """:func:`sort_key` order for terminations of ``Keyed(k, int)`` times (the key, then the
+    time: what ``sort_key`` compares for them), without building the whole key."""
+    t: Keyed = term.time  # type: ignore[assignment]
+    return t.key, t.time  # type: ignore[return-value]
+
+
+def _start_in(e: OpenEntry, part: tuple[str, int]) -> int | None:
+    """Where ``e``'s records begin in data partition ``part`` (None: none there)."""
+    if type(e) is RunEntry:
+        if e.part == part:
+            return e.lo
+        hull = None if e.more is None else e.more.get(part)
+    else:
+        hull = e.ranges.get(part)
+    return None if hull is None else hull[0]
 
 
 def merge_into(into: OpenEntry, other: OpenEntry) -> None:
@@ -292,6 +392,8 @@ class SourceState:
     def covered_at(self, t: Time) -> int:
         """When this source's seals first covered ``t`` (as far as the antichain remembers).
         Only seals of ``t``'s chain class can cover it: looked up there, not in every key's."""
+        if not self.seal_ms and self._keyed_covers(t):  # only the keyed seal (the usual case)
+            return self.keys_upto_ms
         seal_ms = self.seal_ms
         times = [
             ms for s in self.seals.of_class(chain_class(t))
@@ -606,7 +708,7 @@ class SegmentTable:
                 while heap:
                     lo, k, x = heap[0]
                     e = open_.get(Keyed(k, x))
-                    if e is not None and (hull := e.ranges.get(key)) is not None and hull[0] == lo:
+                    if e is not None and _start_in(e, key) == lo:
                         break
                     heapq.heappop(heap)
                 if heap:
@@ -764,7 +866,7 @@ class SegmentTable:
         left: RunEntry | None = None
         if starts is not None and i >= 0:
             left = open_[Keyed(key, starts[i])]  # type: ignore[assignment]
-        new = False
+        new = restart = False
         touched = self.touched
         if left is not None and x <= left.last:
             entry: RunEntry = left
@@ -787,7 +889,7 @@ class SegmentTable:
                 self.rekeyed.append((gone, None))
                 if touched is not None:
                     touched.add(gone)
-                entry, run = left, Keyed(key, starts[i])
+                entry, run, restart = left, Keyed(key, starts[i]), True
             elif joins_left:
                 assert left is not None and starts is not None
                 left.last = x
@@ -801,7 +903,7 @@ class SegmentTable:
                 self.rekeyed.append((moved, t))
                 if touched is not None:
                     touched.add(moved)
-                run = t
+                run, restart = t, True
             else:
                 entry = new_run(x, now_ms)
                 open_[t] = entry
@@ -815,23 +917,31 @@ class SegmentTable:
         entry.xor ^= xor
         entry.records += records
         entry.reports += reports
-        entry.add_ranges(ranges)
+        first = run.time
+        assert type(first) is int
+        for r in ranges:  # a start heap hears of a hull's start when it moves down
+            part = (r.stream, r.partition)
+            if entry.add_hull(part, r.start, r.end) and not restart:
+                self._push_start(part, r.start, key, first)
+        if restart:  # the run's key moved, or it absorbed another: every start anew
+            for part, lo in entry.starts():
+                self._push_start(part, lo, key, first)
         self._kdirty[key] = None
         self.dirty = True
         if touched is not None:
             touched.add(run)
-        if entry.ranges:
-            starts_heaps = self._starts
-            assert type(run.time) is int
-            for part, (lo, _) in entry.ranges.items():
-                heap = starts_heaps.get(part)
-                if heap is None:
-                    starts_heaps[part] = [(lo, key, run.time)]
-                    continue
-                heapq.heappush(heap, (lo, key, run.time))
-                if len(heap) > 4 * self._nkeyed + 64:  # mostly passed-over entries
-                    self._index_starts()
         return new
+
+    def _push_start(self, part: tuple[str, int], lo: int, key: str, start: int) -> None:
+        """Where the open keyed time ``Keyed(key, start)``'s records now begin in ``part``
+        (:attr:`_starts`; an entry it supersedes is passed over lazily)."""
+        heap = self._starts.get(part)
+        if heap is None:
+            self._starts[part] = [(lo, key, start)]
+            return
+        heapq.heappush(heap, (lo, key, start))
+        if len(heap) > 4 * self._nkeyed + 64:  # mostly passed-over entries
+            self._index_starts()
 
     def drain_rekeyed(self) -> list[tuple[Time, Time | None]]:
         """The run-start changes since the last call (:attr:`rekeyed`), oldest first."""
@@ -1169,7 +1279,7 @@ class SegmentTable:
                 for key in list(islice(dirty, looked)):
                     del dirty[key]
                 self.dirty = True
-        out.sort(key=lambda term: sort_key(term.time))
+        out.sort(key=_keyed_order)
         return out
 
     def _blocker(self, bound: Keyed, sources: list[SourceState]) -> SourceState | bool | None:
@@ -1237,6 +1347,7 @@ class SegmentTable:
         open_ = self.open
         sub = self.substream
         closed = 0
+        touched = self.touched
         for start in starts:
             run = Keyed(key, start)
             e: RunEntry = open_[run]  # type: ignore[assignment]
@@ -1248,15 +1359,18 @@ class SegmentTable:
                 break
             if e.xor != 0:
                 break  # a report for it dirties the key
-            out.append(Termination(
-                sub, run, e.offset_ranges(), e.records,
-                max((s.covered_at(bound) for s in sources), default=0), e.first_seen_ms,
-                until=Keyed(key, e.last),
-            ))
+            until = Keyed(key, e.last)
+            sealed_at = 0
+            for s in sources:
+                ms = s.covered_at(bound)
+                if ms > sealed_at:
+                    sealed_at = ms
+            out.append(Termination(sub, run, e.offset_ranges(), e.records, sealed_at,
+                                   e.first_seen_ms, until=until))
             del open_[run]
-            if self.touched is not None:
-                self.touched.add(run)
-            self._closed_keyed(Keyed(key, e.last))
+            if touched is not None:
+                touched.add(run)
+            self._closed_keyed(until)
             closed += 1
         if closed:
             self._others -= closed

@@ -259,12 +259,15 @@ class ProgressTracker:
     ) -> tuple[OffsetRange, ...]:
         """Account for ``time`` (and its session members) completing; its merged ranges."""
         retired = [time, *(m for m in members if m != time)]
+        active, floor = self.active, self.keyed_floor
         for t in retired:
-            self.activate(t)
-            self.active.discard(t)
-            if type(t) is Keyed and type(t.time) is int and t in self.upper:
+            if t not in active:
+                self.activate(t)
+            active.discard(t)
+            # (an event-time upper frontier holds no keyed time: nothing to prune later)
+            if not floor and type(t) is Keyed and type(t.time) is int and t in self.upper:
                 heapq.heappush(self._keyed_upper, (t.time, t.key))
-        if self.keyed_floor:
+        if floor:
             retired = [event_time(t) for t in retired]
         self._pending.extend(self.lower.update_iter([(t, -1) for t in retired]))
         merged = merge_ranges(list(ranges))
