@@ -1250,6 +1250,11 @@ class SegmentTable:
         (:meth:`_generic_terminations`, :meth:`_session_terminations`), but only the keys
         that may have changed are looked at (the keyed index's invariant), so a step costs
         what changed, not one look per open key."""
+        if any(s.keys_upto is None and not len(s.seals) for s in sources):
+            # A source that sealed nothing covers no key: none closes, and none waits in a
+            # heap (its first seal of a key dirties that key; its first keyed seal, all).
+            self._kdirty = {}
+            return []
         if self._kall:
             self._kall = False
             self._kdirty = dict.fromkeys(self._keyed)

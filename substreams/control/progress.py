@@ -206,11 +206,14 @@ class ProgressTracker:
             return self.complete(c.time, c.ranges, c.records, c.sealed_at_ms, open_starts,
                                  until=c.until, members=members)
         before = self.completed // self.snapshot_every
-        epochs = tuple(
-            Completion(c.time, self._retire(c.time, c.ranges, members), c.records,
-                       c.sealed_at_ms, c.until)
-            for c, members in done
-        )
+        if self.keyed_floor and self.int_runs:
+            epochs = self._retire_sessions(done)
+        else:
+            epochs = tuple(
+                Completion(c.time, self._retire(c.time, c.ranges, members), c.records,
+                           c.sealed_at_ms, c.until)
+                for c, members in done
+            )
         out: list[ControlBody] = [
             EpochsComplete(self.substream, epochs, tuple(self._pending.drain()))
         ]
@@ -277,6 +280,32 @@ class ProgressTracker:
         self.completed += 1
         self.last_completed = time
         return merged
+
+    def _retire_sessions(
+        self, done: Sequence[tuple[Completion, Iterable[Time]]]
+    ) -> tuple[Completion, ...]:
+        """:meth:`_retire` for a run of completions of an event-time tracker, with one
+        lower-frontier update for the run (the same net change as one per time: only the
+        frontier's changes are published, and they consolidate)."""
+        active = self.active
+        lowered: list[tuple[Time, int]] = []
+        data_end = self.data_end
+        epochs: list[Completion] = []
+        for c, members in done:
+            for t in (c.time, *(m for m in members if m != c.time)):
+                if t not in active:
+                    self.activate(t)
+                active.discard(t)
+                lowered.append((event_time(t), -1))
+            merged = merge_ranges(list(c.ranges))
+            for r in merged:
+                key = (r.stream, r.partition)
+                data_end[key] = max(data_end.get(key, 0), r.end)
+            epochs.append(Completion(c.time, merged, c.records, c.sealed_at_ms, c.until))
+        self._pending.extend(self.lower.update_iter(lowered))
+        self.completed += len(epochs)
+        self.last_completed = epochs[-1].time
+        return tuple(epochs)
 
     def prune_keyed(self, floor: int | None) -> None:
         """Forget upper-frontier keyed times at or below ``floor`` that are complete: every
