@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from substreams.acker.state import AckerState
-from substreams.acker.table import OpenEntry, SegmentTable
+from substreams.acker.table import OpenEntry, RunEntry, SegmentTable, open_entry
 from substreams.control.progress import ProgressTracker
 from substreams.errors import ProtocolError
 from substreams.frontier import Keyed, Time, UpperAntichain
@@ -122,9 +122,13 @@ def _class_in(v: Any) -> ChainClass:
 
 
 def _entry_value(e: OpenEntry) -> list[Any]:
-    return [e.xor, e.records, e.reports,
-            [[s, p, lo, hi] for (s, p), (lo, hi) in e.ranges.items()],
-            e.first_seen_ms, e.sealed_at_ms]
+    """An open entry's value; a session run's (:class:`RunEntry`) ends with its last time."""
+    value = [e.xor, e.records, e.reports,
+             [[s, p, lo, hi] for (s, p), (lo, hi) in e.ranges.items()],
+             e.first_seen_ms, e.sealed_at_ms]
+    if type(e) is RunEntry:
+        value.append(e.last)
+    return value
 
 
 def _encode(key: EntryKey, state: AckerState) -> list[Any]:
@@ -633,11 +637,11 @@ def _build(
         kind, sub = key[0], key[1]
         table = state.tables.get(sub)
         if kind == "o" and table is not None:
-            xor, records, reports, ranges, first, sealed = v
-            table.open[key[2]] = OpenEntry(
+            xor, records, reports, ranges, first, sealed, *last = v
+            table.open[key[2]] = open_entry(
                 int(xor), int(records), int(reports),
                 {(s, int(p)): [int(lo), int(hi)] for s, p, lo, hi in ranges},
-                int(first), int(sealed),
+                int(first), int(sealed), int(last[0]) if last else None,
             )
         elif kind == "t" and table is not None:
             for w in v:

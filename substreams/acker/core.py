@@ -107,6 +107,7 @@ from substreams.control.messages import (
     ControlBody,
     ControlRecord,
     FrontierSnapshot,
+    OffsetRange,
     SourceEvicted,
     completion,
 )
@@ -456,8 +457,8 @@ class AckerCore:
                     continue
                 tables[e.substream] = table
             try:
-                if table.report(e.time, e.xor, e.records, e.reports, e.ranges, now):
-                    trackers[e.substream].activate(e.time)
+                apply_entry(table, trackers[e.substream], e.time, e.xor, e.records, e.reports,
+                            e.ranges, now)
             except Violation as v:
                 problems.append((REASON_TERMINATED, v.reason))
         for block in body.columns:
@@ -703,6 +704,24 @@ class AckerCore:
             if update is not None:
                 out.append((self.control_topics[sub], update))
         return out
+
+
+def apply_entry(
+    table: SegmentTable, tracker: ProgressTracker, t: Time, xor: int, records: int,
+    reports: int, ranges: Iterable[OffsetRange], now: int,
+) -> None:
+    """Apply one report entry to ``table`` and what it changed to ``tracker``: a newly open
+    time is activated; in a session table, a time that joined a run moves only the upper
+    frontier, and a run whose first time moved or that merged into another is followed
+    (:meth:`ProgressTracker.rekey`: the tracker counts a run by its first time).  Raises
+    :class:`Violation` as :meth:`SegmentTable.report` does."""
+    if table.report(t, xor, records, reports, ranges, now):
+        tracker.activate(t)
+    elif table.runs:
+        tracker.observe(t)
+    if table.rekeyed:
+        for old, new in table.drain_rekeyed():
+            tracker.rekey(old, new)
 
 
 def apply_block(

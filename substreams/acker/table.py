@@ -201,6 +201,159 @@ def new_entry(first_seen_ms: int) -> OpenEntry:
 _new_object = object.__new__
 
 
+def open_entry(
+    xor: int, records: int, reports: int, ranges: dict[tuple[str, int], list[int]],
+    first_seen_ms: int, sealed_at_ms: int, last: int | None,
+) -> OpenEntry:
+    """An entry as a checkpoint or changelog holds it: a :class:`RunEntry` when it has a
+    ``last`` (a session run), else an :class:`OpenEntry`."""
+    if last is None:
+        return OpenEntry(xor, records, reports, ranges, first_seen_ms, sealed_at_ms)
+    run = new_run(last, first_seen_ms)
+    run.xor, run.records, run.reports, run.ranges = xor, records, reports, ranges
+    run.sealed_at_ms = sealed_at_ms
+    return run
+
+
+_PARTS: dict[tuple[str, int], tuple[str, int]] = {}
+"""One ``(stream, partition)`` tuple per data partition, shared by every run's hull."""
+
+
+class RunEntry(OpenEntry):
+    """An open *session run* of a session table: its members' entries merged (xor, counts,
+    offset hulls, the earliest ``first_seen_ms``) and its last time; the table keys it by its
+    first time.  Why: one entry per open session, not one per (key, event time) -- the
+    acker's memory, changelog and close rate go with the sessions, not the records.  The
+    termination rule needs no member's own xor: a run's xor is the XOR of every record id
+    sent and received at its times, zero when each member's is (up to the 2^-64 chance of
+    ids cancelling, the same as within one time: trAcker's own argument).
+
+    The hull of the first data partition the run has records in is kept inline (``part``,
+    ``lo``, ``hi``), the others' in ``more`` (a session's records usually lie in one
+    partition: its key's): ``ranges`` is a fresh dict built from them, to read, not to
+    write into -- a dict per run cost ~300 bytes of a session's ~1 KB."""
+
+    __slots__ = ("hi", "last", "lo", "more", "part")
+
+    last: int
+    part: tuple[str, int] | None
+    lo: int
+    hi: int
+    more: dict[tuple[str, int], list[int]] | None
+
+    def __init__(self, last: int) -> None:
+        super().__init__()
+        self.last = last
+        self.part, self.lo, self.hi, self.more = None, 0, 0, None
+
+    @property  # type: ignore[override]
+    def ranges(self) -> dict[tuple[str, int], list[int]]:
+        out = {} if self.part is None else {self.part: [self.lo, self.hi]}
+        if self.more:
+            out.update(self.more)
+        return out
+
+    @ranges.setter
+    def ranges(self, value: Mapping[tuple[str, int], Sequence[int]]) -> None:
+        self.part, self.more = None, None
+        for key, (lo, hi) in value.items():
+            self.add_hull(key, lo, hi)
+
+    def add_hull(self, key: tuple[str, int], lo: int, hi: int) -> bool:
+        """Widen the hull of ``key`` by ``[lo, hi)``; True iff its start moved (or it is new):
+        what the table's start heaps must hear of."""
+        part = self.part
+        if part is None:
+            self.part = _PARTS.setdefault(key, key)
+            self.lo, self.hi = lo, hi
+            return True
+        if part == key:
+            if hi > self.hi:
+                self.hi = hi
+            if lo < self.lo:
+                self.lo = lo
+                return True
+            return False
+        more = self.more
+        if more is None:
+            self.more = {_PARTS.setdefault(key, key): [lo, hi]}
+            return True
+        hull = more.get(key)
+        if hull is None:
+            more[_PARTS.setdefault(key, key)] = [lo, hi]
+            return True
+        if hi > hull[1]:
+            hull[1] = hi
+        if lo < hull[0]:
+            hull[0] = lo
+            return True
+        return False
+
+    def add_ranges(self, ranges: Iterable[OffsetRange]) -> None:
+        for r in ranges:
+            self.add_hull((r.stream, r.partition), r.start, r.end)
+
+    def offset_ranges(self) -> tuple[OffsetRange, ...]:
+        part = self.part
+        if part is None:
+            return ()
+        if not self.more:
+            return (offset_range(part[0], part[1], self.lo, self.hi),)
+        return tuple(offset_range(s, p, lo, hi) for (s, p), (lo, hi) in sorted(self.ranges.items()))
+
+    def starts(self) -> list[tuple[tuple[str, int], int]]:
+        """Per data partition, where the run's records begin."""
+        if self.part is None:
+            return []
+        out = [(self.part, self.lo)]
+        if self.more:
+            out.extend((key, hull[0]) for key, hull in self.more.items())
+        return out
+
+
+def new_run(last: int, first_seen_ms: int) -> RunEntry:
+    """:func:`new_entry` for a run ending at ``last``."""
+    e = _new_object(RunEntry)
+    e.xor = 0
+    e.records = 0
+    e.reports = 0
+    e.first_seen_ms = first_seen_ms
+    e.sealed_at_ms = 0
+    e.last = last
+    e.part = None
+    e.lo = e.hi = 0
+    e.more = None
+    return e
+
+
+def _keyed_order(term: Termination) -> tuple[str, int]:
+    """:func:`sort_key` order for terminations of ``Keyed(k, int)`` times (the key, then the
+    time: what ``sort_key`` compares for them), without building the whole key."""
+    t: Keyed = term.time  # type: ignore[assignment]
+    return t.key, t.time  # type: ignore[return-value]
+
+
+def _start_in(e: OpenEntry, part: tuple[str, int]) -> int | None:
+    """Where ``e``'s records begin in data partition ``part`` (None: none there)."""
+    if type(e) is RunEntry:
+        if e.part == part:
+            return e.lo
+        hull = None if e.more is None else e.more.get(part)
+    else:
+        hull = e.ranges.get(part)
+    return None if hull is None else hull[0]
+
+
+def merge_into(into: OpenEntry, other: OpenEntry) -> None:
+    """Fold ``other``'s accounting into ``into`` (two runs joined by a time between them)."""
+    into.xor ^= other.xor
+    into.records += other.records
+    into.reports += other.reports
+    into.add_ranges(other.offset_ranges())
+    into.first_seen_ms = min(into.first_seen_ms, other.first_seen_ms)
+    into.sealed_at_ms = max(into.sealed_at_ms, other.sealed_at_ms)
+
+
 @dataclass
 class SourceState:
     """A registered process: its role and (for sources) what it sealed and when."""
@@ -239,6 +392,8 @@ class SourceState:
     def covered_at(self, t: Time) -> int:
         """When this source's seals first covered ``t`` (as far as the antichain remembers).
         Only seals of ``t``'s chain class can cover it: looked up there, not in every key's."""
+        if not self.seal_ms and self._keyed_covers(t):  # only the keyed seal (the usual case)
+            return self.keys_upto_ms
         seal_ms = self.seal_ms
         times = [
             ms for s in self.seals.of_class(chain_class(t))
@@ -339,6 +494,17 @@ class SegmentTable:
         self.touched: set[Time] | None = None
         """With :meth:`track_open`: the times whose entry was added, changed or removed
         since the changelog last drained it (:mod:`substreams.acker.changelog`)."""
+        self.rekeyed: list[tuple[Time, Time | None]] = []
+        """Session runs (:class:`RunEntry`) whose first time changed since the caller last
+        drained this: ``(old, new)`` when a record before a run joined it, ``(old, None)``
+        when a record between two runs merged the later one into the earlier.  The progress
+        tracker counts a run by its first time (:meth:`ProgressTracker.rekey`)."""
+
+    @property
+    def runs(self) -> bool:
+        """Open keyed times are kept as session runs (:class:`RunEntry`): a session table on
+        the per-run path.  The reference path keeps one entry per time."""
+        return self.gap_ms is not None and self.int_runs
 
     def track_open(self) -> None:
         """Record from now on which open times change (:attr:`touched`)."""
@@ -450,17 +616,30 @@ class SegmentTable:
 
     def _check_open(self, t: Time) -> None:
         if t not in self.open and (self.terminated.covers(t) or self._below_floor(t)):
+            if self.gap_ms is not None and self._inside_open_session(t):
+                return  # its session is still open: the record joins it (rule as for runs)
             raise self._late(t)
+
+    def _inside_open_session(self, t: Time) -> bool:
+        """``t`` lies between the first and last time of an open session of its key (the
+        reference: the key's open times cut into runs)."""
+        if type(t) is not Keyed or type(t.time) is not int:
+            return False
+        x, gap = t.time, self.gap_ms or 0
+        times = by_key(u for u in self.open if type(u) is Keyed and u.key == t.key)
+        return any(run[0] <= x <= run[-1] for run in run_members(times.get(t.key, []), gap))
 
     def _entry(self, t: Time, now_ms: int) -> tuple[OpenEntry, bool]:
         entry = self.open.get(t)
         if entry is not None:
             return entry, False
         entry = new_entry(now_ms)
-        sealed = [
-            s.covered_at(t) for s in self.sources.values() if s.role == SOURCE and s.covers(t)
-        ]
-        entry.sealed_at_ms = max(sealed, default=0)
+        if self.gap_ms is None:  # a session's sealed-at is its bound's (_session_termination)
+            sealed = [
+                s.covered_at(t) for s in self.sources.values()
+                if s.role == SOURCE and s.covers(t)
+            ]
+            entry.sealed_at_ms = max(sealed, default=0)
         self.open[t] = entry
         self._index(t)
         if self.touched is not None:
@@ -490,7 +669,8 @@ class SegmentTable:
                     times.append(inner)
                 else:
                     insort(times, inner)
-                self._by_time.add((inner, key))
+                if self.gap_ms is None:  # a keyed seal's sealed-at look-up (not sessions)
+                    self._by_time.add((inner, key))
                 self._nkeyed += 1
                 self._kdirty[key] = None
 
@@ -505,9 +685,10 @@ class SegmentTable:
         else:
             gone = set(inners)
             self._keyed[key] = [x for x in times if x not in gone]
-        by_time = self._by_time
-        for inner in inners:
-            by_time.remove((inner, key))
+        if self.gap_ms is None:
+            by_time = self._by_time
+            for inner in inners:
+                by_time.remove((inner, key))
         self._nkeyed -= len(inners)
 
     def _closed_keyed(self, t: Time) -> None:
@@ -527,7 +708,7 @@ class SegmentTable:
                 while heap:
                     lo, k, x = heap[0]
                     e = open_.get(Keyed(k, x))
-                    if e is not None and (hull := e.ranges.get(key)) is not None and hull[0] == lo:
+                    if e is not None and _start_in(e, key) == lo:
                         break
                     heapq.heappop(heap)
                 if heap:
@@ -560,8 +741,34 @@ class SegmentTable:
         self._reindex()
         self.dirty = True
 
+    def _fold_runs(self) -> None:
+        """Per-time entries of a session table as runs (a checkpoint written before runs, or
+        a table filled in by the reference path): each key's open times cut by ``gap``, each
+        run's entries merged into one :class:`RunEntry` keyed by its first time."""
+        gap = self.gap_ms or 0
+        per_key: dict[str, list[tuple[int, OpenEntry]]] = {}
+        for t, e in self.open.items():
+            if type(t) is Keyed and type(t.time) is int:  # (a session table holds no other)
+                per_key.setdefault(t.key, []).append((t.time, e))
+        folded: dict[Time, OpenEntry] = {}
+        for key, items in per_key.items():
+            items.sort(key=lambda item: item[0])
+            run: RunEntry | None = None
+            for x, e in items:
+                last = e.last if type(e) is RunEntry else x
+                if run is not None and x - run.last <= gap:
+                    merge_into(run, e)
+                    run.last = max(run.last, last)
+                    continue
+                run = new_run(last, e.first_seen_ms)
+                merge_into(run, e)
+                folded[Keyed(key, x)] = run
+        self.open = folded
+
     def _reindex(self) -> None:
         """Rebuild the indexes from ``open`` (after a load or a generic termination)."""
+        if self.runs and any(type(e) is not RunEntry for e in self.open.values()):
+            self._fold_runs()
         self._ints = sorted(t for t in self.open if type(t) is int)
         self._nonzero = {t for t in self._ints if self.open[t].xor}
         self._others = len(self.open) - len(self._ints)
@@ -572,8 +779,11 @@ class SegmentTable:
         for times in keyed.values():
             times.sort()
         self._keyed = keyed
-        self._by_time = SortedList((x, k) for k, times in keyed.items() for x in times)
-        self._nkeyed = len(self._by_time)
+        self._by_time = SortedList(
+            () if self.gap_ms is not None
+            else ((x, k) for k, times in keyed.items() for x in times)
+        )
+        self._nkeyed = sum(len(times) for times in keyed.values())
         self._kdirty = {}
         self._kall = True
         self._term_heap = [
@@ -603,6 +813,8 @@ class SegmentTable:
                 f"substream '{self.substream}' is a session substream: times must be "
                 f"Keyed(key, event_ms), got {t!r}"
             )
+        if self.runs:
+            return self._report_run(t, xor, records, reports, ranges, now_ms)  # type: ignore[arg-type]
         self._check_open(t)
         entry, new = self._entry(t, now_ms)
         entry.xor ^= xor
@@ -630,6 +842,111 @@ class SegmentTable:
                 if len(heap) > 4 * self._nkeyed + 64:  # mostly passed-over entries
                     self._index_starts()
         return new
+
+    def _report_run(
+        self,
+        t: Keyed,
+        xor: int,
+        records: int,
+        reports: int,
+        ranges: Iterable[OffsetRange],
+        now_ms: int,
+    ) -> bool:
+        """:meth:`report` into a session table's runs (:class:`RunEntry`): the time joins
+        the run it lies in or within ``gap`` of (extending it, or merging the two runs it
+        joins), or opens a run of its own (True).  Same runs as cutting the open times at
+        every step (:func:`~substreams.frontier.sessions.run_members`): adding a time only
+        ever joins runs, and a run's entry is its members' merged."""
+        key, x = t.key, t.time
+        assert type(x) is int
+        gap = self.gap_ms or 0
+        open_ = self.open
+        starts = self._keyed.get(key)
+        i = -1 if starts is None else bisect_right(starts, x) - 1
+        left: RunEntry | None = None
+        if starts is not None and i >= 0:
+            left = open_[Keyed(key, starts[i])]  # type: ignore[assignment]
+        new = restart = False
+        touched = self.touched
+        if left is not None and x <= left.last:
+            entry: RunEntry = left
+            run = Keyed(key, starts[i])  # type: ignore[index]
+        else:
+            if self.terminated.covers(t) or self._below_floor(t):
+                raise self._late(t)
+            right = None if starts is None or i + 1 >= len(starts) else starts[i + 1]
+            joins_left = left is not None and x - left.last <= gap
+            joins_right = right is not None and right - x <= gap
+            if joins_left and joins_right:  # t bridges two runs: the later one merges in
+                assert left is not None and starts is not None and right is not None
+                gone = Keyed(key, right)
+                later: RunEntry = open_.pop(gone)  # type: ignore[assignment]
+                merge_into(left, later)
+                left.last = later.last
+                del starts[i + 1]
+                self._others -= 1
+                self._nkeyed -= 1
+                self.rekeyed.append((gone, None))
+                if touched is not None:
+                    touched.add(gone)
+                entry, run, restart = left, Keyed(key, starts[i]), True
+            elif joins_left:
+                assert left is not None and starts is not None
+                left.last = x
+                entry, run = left, Keyed(key, starts[i])
+            elif joins_right:  # t comes first in the run after it: the run's key moves
+                assert starts is not None and right is not None
+                moved = Keyed(key, right)
+                entry = open_.pop(moved)  # type: ignore[assignment]
+                open_[t] = entry
+                starts[i + 1] = x
+                self.rekeyed.append((moved, t))
+                if touched is not None:
+                    touched.add(moved)
+                run, restart = t, True
+            else:
+                entry = new_run(x, now_ms)
+                open_[t] = entry
+                if starts is None:
+                    self._keyed[key] = [x]
+                else:
+                    starts.insert(i + 1, x)
+                self._others += 1
+                self._nkeyed += 1
+                run, new = t, True
+        entry.xor ^= xor
+        entry.records += records
+        entry.reports += reports
+        first = run.time
+        assert type(first) is int
+        for r in ranges:  # a start heap hears of a hull's start when it moves down
+            part = (r.stream, r.partition)
+            if entry.add_hull(part, r.start, r.end) and not restart:
+                self._push_start(part, r.start, key, first)
+        if restart:  # the run's key moved, or it absorbed another: every start anew
+            for part, lo in entry.starts():
+                self._push_start(part, lo, key, first)
+        self._kdirty[key] = None
+        self.dirty = True
+        if touched is not None:
+            touched.add(run)
+        return new
+
+    def _push_start(self, part: tuple[str, int], lo: int, key: str, start: int) -> None:
+        """Where the open keyed time ``Keyed(key, start)``'s records now begin in ``part``
+        (:attr:`_starts`; an entry it supersedes is passed over lazily)."""
+        heap = self._starts.get(part)
+        if heap is None:
+            self._starts[part] = [(lo, key, start)]
+            return
+        heapq.heappush(heap, (lo, key, start))
+        if len(heap) > 4 * self._nkeyed + 64:  # mostly passed-over entries
+            self._index_starts()
+
+    def drain_rekeyed(self) -> list[tuple[Time, Time | None]]:
+        """The run-start changes since the last call (:attr:`rekeyed`), oldest first."""
+        out, self.rekeyed = self.rekeyed, []
+        return out
 
     def report_block(
         self,
@@ -773,10 +1090,11 @@ class SegmentTable:
             )
         if state.covers(t):
             return False
-        for u, entry in self._newly_covered(state, t):
-            entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
-            if self.touched is not None:
-                self.touched.add(u)
+        if self.gap_ms is None:  # a session's sealed-at is its bound's (_session_termination)
+            for u, entry in self._newly_covered(state, t):
+                entry.sealed_at_ms = max(entry.sealed_at_ms, sealed_at_ms)
+                if self.touched is not None:
+                    self.touched.add(u)
         # the seals ``t`` evicts are of its own chain class (one per key: not a walk of all)
         for gone in state.seals.of_class(chain_class(t)):
             if less_equal(gone, t):
@@ -932,6 +1250,11 @@ class SegmentTable:
         (:meth:`_generic_terminations`, :meth:`_session_terminations`), but only the keys
         that may have changed are looked at (the keyed index's invariant), so a step costs
         what changed, not one look per open key."""
+        if any(s.keys_upto is None and not len(s.seals) for s in sources):
+            # A source that sealed nothing covers no key: none closes, and none waits in a
+            # heap (its first seal of a key dirties that key; its first keyed seal, all).
+            self._kdirty = {}
+            return []
         if self._kall:
             self._kall = False
             self._kdirty = dict.fromkeys(self._keyed)
@@ -961,7 +1284,7 @@ class SegmentTable:
                 for key in list(islice(dirty, looked)):
                     del dirty[key]
                 self.dirty = True
-        out.sort(key=lambda term: sort_key(term.time))
+        out.sort(key=_keyed_order)
         return out
 
     def _blocker(self, bound: Keyed, sources: list[SourceState]) -> SourceState | bool | None:
@@ -981,6 +1304,9 @@ class SegmentTable:
     ) -> None:
         """Terminate the leading times (``gap`` None) or sessions of ``key`` that may
         terminate; register what the next one waits for."""
+        if gap is not None and self.runs:
+            self._close_runs(key, sources, gap, out)
+            return
         times = self._keyed[key]
         open_ = self.open
         sub = self.substream
@@ -1018,6 +1344,47 @@ class SegmentTable:
             self._others -= closed
             self._unindex_keyed(key, times[:closed])
 
+    def _close_runs(
+        self, key: str, sources: list[SourceState], gap: int, out: list[Termination]
+    ) -> None:
+        """:meth:`_close_key` over ``key``'s session runs: one entry, one look, per session."""
+        starts = self._keyed[key]
+        open_ = self.open
+        sub = self.substream
+        closed = 0
+        touched = self.touched
+        for start in starts:
+            run = Keyed(key, start)
+            e: RunEntry = open_[run]  # type: ignore[assignment]
+            bound = Keyed(key, e.last + gap)
+            blocker = self._blocker(bound, sources)
+            if blocker is not False:
+                if blocker is not None:
+                    heapq.heappush(blocker.waiting, (bound.time, key))  # type: ignore[union-attr,arg-type]
+                break
+            if e.xor != 0:
+                break  # a report for it dirties the key
+            until = Keyed(key, e.last)
+            sealed_at = 0
+            for s in sources:
+                ms = s.covered_at(bound)
+                if ms > sealed_at:
+                    sealed_at = ms
+            out.append(Termination(sub, run, e.offset_ranges(), e.records, sealed_at,
+                                   e.first_seen_ms, until=until))
+            del open_[run]
+            if touched is not None:
+                touched.add(run)
+            self._closed_keyed(until)
+            closed += 1
+        if closed:
+            self._others -= closed
+            self._nkeyed -= closed
+            if closed == len(starts):
+                del self._keyed[key]
+            else:
+                del starts[:closed]
+
     def _session_termination(
         self, key: str, start: int, end: int, gap: int, members: Sequence[Time],
         entries: list[OpenEntry], sources: list[SourceState],
@@ -1033,7 +1400,7 @@ class SegmentTable:
             Keyed(key, start),
             hull.offset_ranges(),
             sum(e.records for e in entries),
-            sealed_at or max(e.sealed_at_ms for e in entries),
+            sealed_at,
             min(e.first_seen_ms for e in entries),
             until=Keyed(key, end),
             members=tuple(members),
@@ -1189,7 +1556,8 @@ class SegmentTable:
             key: str | None = None
             at = 0
             if isinstance(t, Keyed) and isinstance(t.time, int):
-                key, at = t.key, t.time + gap  # a session's time: the bound that closes it
+                last = e.last if type(e) is RunEntry else t.time
+                key, at = t.key, last + gap  # a session's time: the bound that closes it
             for name, (s, per_key) in list(waiting.items()):
                 if key is not None:  # covered by the keyed seal, or by the key's own
                     upto = s.keys_upto
@@ -1207,7 +1575,9 @@ class SegmentTable:
 
     def unsealed_sources(self, t: Time) -> list[str]:
         if self.gap_ms is not None and type(t) is Keyed and type(t.time) is int:
-            t = Keyed(t.key, t.time + self.gap_ms)  # what closes a session ending at t
+            e = self.open.get(t)
+            last = e.last if type(e) is RunEntry else t.time
+            t = Keyed(t.key, last + self.gap_ms)  # what closes a session ending at last
         return sorted(
             name
             for name, s in self.sources.items()
@@ -1247,6 +1617,7 @@ class SegmentTable:
                     [[s, p, lo, hi] for (s, p), (lo, hi) in e.ranges.items()],
                     e.first_seen_ms,
                     e.sealed_at_ms,
+                    *((e.last,) if type(e) is RunEntry else ()),
                 ]
                 for t, e in self.open.items()
             ],
@@ -1266,17 +1637,19 @@ class SegmentTable:
         }
 
     @classmethod
-    def from_state(cls, substream: str, state: Mapping[str, Any]) -> SegmentTable:
+    def from_state(
+        cls, substream: str, state: Mapping[str, Any], *, int_runs: bool = True
+    ) -> SegmentTable:
+        """The table a checkpoint holds (``int_runs``: which path it is loaded for; a session
+        table's per-time entries, as written before runs, are folded into runs)."""
         gap = state.get("gap_ms")
         table = cls(substream, None if gap is None else int(gap))
-        for wire, xor, records, reports, ranges, first, sealed in state["open"]:
-            table.open[time_from_wire(wire)] = OpenEntry(
-                int(xor),
-                int(records),
-                int(reports),
+        table.int_runs = int_runs
+        for wire, xor, records, reports, ranges, first, sealed, *last in state["open"]:
+            table.open[time_from_wire(wire)] = open_entry(
+                int(xor), int(records), int(reports),
                 {(s, int(p)): [int(lo), int(hi)] for s, p, lo, hi in ranges},
-                int(first),
-                int(sealed),
+                int(first), int(sealed), int(last[0]) if last else None,
             )
         for name, s in state["sources"].items():
             src = SourceState(str(s["role"]), active=bool(s["active"]))

@@ -118,6 +118,30 @@ class ProgressTracker:
         self._pending.extend(self.lower.update_iter([(time, 1)]))
         self.upper.insert(time)
 
+    def observe(self, time: Time) -> None:
+        """``time`` was seen again, or joined an active time's session run without being
+        active itself (the acker counts a session by its first time): only the upper
+        frontier may move."""
+        self.upper.insert(event_time(time) if self.keyed_floor else time)
+
+    def rekey(self, old: Time, new: Time | None) -> None:
+        """The active time ``old`` stands for a session run whose first time is now ``new``
+        (a record before it joined it), or (``new`` None) that run was merged into the one
+        before it: the lower frontier counts ``new`` instead of ``old``, or nothing.  Not
+        a completion: no ``EpochComplete`` is owed for ``old``."""
+        if old not in self.active:
+            if new is not None:
+                self.activate(new)
+            return
+        floor = self.keyed_floor
+        self.active.discard(old)
+        changes = [(event_time(old) if floor else old, -1)]
+        if new is not None:
+            self.active.add(new)
+            changes.append((event_time(new) if floor else new, 1))
+            self.upper.insert(event_time(new) if floor else new)
+        self._pending.extend(self.lower.update_iter(changes))
+
     def activate_many(self, times: Sequence[Time]) -> None:
         """:meth:`activate` for each of ``times`` (a report block's new times), in one
         lower-frontier update when they are all ints.  Same result: the pending changes are
@@ -182,11 +206,14 @@ class ProgressTracker:
             return self.complete(c.time, c.ranges, c.records, c.sealed_at_ms, open_starts,
                                  until=c.until, members=members)
         before = self.completed // self.snapshot_every
-        epochs = tuple(
-            Completion(c.time, self._retire(c.time, c.ranges, members), c.records,
-                       c.sealed_at_ms, c.until)
-            for c, members in done
-        )
+        if self.keyed_floor and self.int_runs:
+            epochs = self._retire_sessions(done)
+        else:
+            epochs = tuple(
+                Completion(c.time, self._retire(c.time, c.ranges, members), c.records,
+                           c.sealed_at_ms, c.until)
+                for c, members in done
+            )
         out: list[ControlBody] = [
             EpochsComplete(self.substream, epochs, tuple(self._pending.drain()))
         ]
@@ -235,12 +262,15 @@ class ProgressTracker:
     ) -> tuple[OffsetRange, ...]:
         """Account for ``time`` (and its session members) completing; its merged ranges."""
         retired = [time, *(m for m in members if m != time)]
+        active, floor = self.active, self.keyed_floor
         for t in retired:
-            self.activate(t)
-            self.active.discard(t)
-            if type(t) is Keyed and type(t.time) is int and t in self.upper:
+            if t not in active:
+                self.activate(t)
+            active.discard(t)
+            # (an event-time upper frontier holds no keyed time: nothing to prune later)
+            if not floor and type(t) is Keyed and type(t.time) is int and t in self.upper:
                 heapq.heappush(self._keyed_upper, (t.time, t.key))
-        if self.keyed_floor:
+        if floor:
             retired = [event_time(t) for t in retired]
         self._pending.extend(self.lower.update_iter([(t, -1) for t in retired]))
         merged = merge_ranges(list(ranges))
@@ -250,6 +280,32 @@ class ProgressTracker:
         self.completed += 1
         self.last_completed = time
         return merged
+
+    def _retire_sessions(
+        self, done: Sequence[tuple[Completion, Iterable[Time]]]
+    ) -> tuple[Completion, ...]:
+        """:meth:`_retire` for a run of completions of an event-time tracker, with one
+        lower-frontier update for the run (the same net change as one per time: only the
+        frontier's changes are published, and they consolidate)."""
+        active = self.active
+        lowered: list[tuple[Time, int]] = []
+        data_end = self.data_end
+        epochs: list[Completion] = []
+        for c, members in done:
+            for t in (c.time, *(m for m in members if m != c.time)):
+                if t not in active:
+                    self.activate(t)
+                active.discard(t)
+                lowered.append((event_time(t), -1))
+            merged = merge_ranges(list(c.ranges))
+            for r in merged:
+                key = (r.stream, r.partition)
+                data_end[key] = max(data_end.get(key, 0), r.end)
+            epochs.append(Completion(c.time, merged, c.records, c.sealed_at_ms, c.until))
+        self._pending.extend(self.lower.update_iter(lowered))
+        self.completed += len(epochs)
+        self.last_completed = epochs[-1].time
+        return tuple(epochs)
 
     def prune_keyed(self, floor: int | None) -> None:
         """Forget upper-frontier keyed times at or below ``floor`` that are complete: every

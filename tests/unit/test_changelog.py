@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from substreams.acker import changelog
 from substreams.acker.changelog import StateLog, base_of, is_first_chunk, read_header, restore
-from substreams.acker.core import announce
+from substreams.acker.core import announce, apply_entry
 from substreams.acker.state import AckerState
 from substreams.acker.table import SOURCE, STAGE, Violation
 from substreams.control.messages import OffsetRange
@@ -73,8 +73,7 @@ def apply(state: AckerState, o: tuple[Any, ...], now: int) -> None:
     try:
         if kind == "report":
             _, sub, t, x, rs = o
-            if state.tables[sub].report(t, x, 1, 1, rs, now):
-                state.trackers[sub].activate(t)
+            apply_entry(state.tables[sub], state.trackers[sub], t, x, 1, 1, rs, now)
         elif kind == "seal":
             _, sub, src, t = o
             if state.tables[sub].seal(src, t, now, now):
@@ -182,8 +181,7 @@ def test_a_large_state_is_written_as_it_changes() -> None:
     table.register("a", SOURCE)
     for k in range(20_000):
         t = Keyed(f"user-{k:07d}", 1_000)
-        if table.report(t, 0, 1, 1, [OffsetRange("s", 0, k, k + 1)], 5):
-            tracker.activate(t)
+        apply_entry(table, tracker, t, 0, 1, 1, [OffsetRange("s", 0, k, k + 1)], 5)
     log = StateLog(state)
     log.small_entries = 0
     state.checkpoints += 1
@@ -191,8 +189,8 @@ def test_a_large_state_is_written_as_it_changes() -> None:
     log.committed()
     assert all(len(r) <= changelog.RECORD_BYTES for r in first)
     assert len(first) > 1  # a whole snapshot, in several records
-    table.report(Keyed("user-0000007", 1_001), 0, 1, 1, [OffsetRange("s", 0, 9, 10)], 6)
-    tracker.activate(Keyed("user-0000007", 1_001))
+    apply_entry(table, tracker, Keyed("user-0000007", 1_001), 0, 1, 1,
+                [OffsetRange("s", 0, 9, 10)], 6)
     state.checkpoints += 1
     delta = log.records()
     log.committed()
