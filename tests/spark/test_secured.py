@@ -1,0 +1,157 @@
+"""A secured cluster end to end: ONE embedded Apache Kafka with a SASL_SSL listener
+(SCRAM-SHA-512, a throwaway CA), the StandardAuthorizer and no access without an ACL; the
+demo's pipeline against it (publisher, acker, ``notifications()``, the Spark firm query on
+the JVM read) from one ``kafka.security`` block, a wrong password's one-line error.
+
+Why under tests/spark: the firm query shares the session's SparkSession (its Kafka
+connector is set when the JVM starts); the broker is this module's own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from substreams.app import Application
+from substreams.config import Config, load_config
+from substreams.kafka import client
+from substreams.kafka.embedded import KafkaCluster
+from substreams.kafka.topics import ensure_topics
+from substreams.spark.frames import run_frames
+from substreams.spark.jvm_read import jvm_unsupported
+from tests.conftest import CLICK_SCHEMA
+from tests.spark.conftest import running_acker, wait_for_epochs, window_clicks
+
+pytestmark = pytest.mark.spark
+
+PASSWORD_ENV = "SUBSTREAMS_TEST_KAFKA_PASSWORD"
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    with KafkaCluster(tmp_path_factory.mktemp("kafka-secure"), secure=True) as cluster:
+        yield cluster
+
+
+SecuredConfig = Callable[..., Config]
+
+
+@pytest.fixture
+def secured_config(
+    secured: KafkaCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> SecuredConfig:
+    """A config whose clients log in as ``user`` (default: the super user), its topics
+    created by the super user.  The password is in a file (what Spark's Python workers,
+    started with the session, can read), or with ``via_env`` in
+    ``$SUBSTREAMS_TEST_KAFKA_PASSWORD``."""
+    admin = secured.admin_security
+    assert admin is not None and admin.ca_file and admin.password_file
+
+    def factory(user: str = "admin", password: str | None = None, *,
+                suffix: str | None = None, create: bool = True, via_env: bool = False
+                ) -> Config:
+        suffix = suffix or uuid.uuid4().hex[:8]
+        secret = password or Path(str(admin.password_file)).read_text().strip()
+        source: dict[str, str] = {"password_env": PASSWORD_ENV}
+        if via_env:
+            monkeypatch.setenv(PASSWORD_ENV, secret)
+        else:
+            (tmp_path / f"{user}.password").write_text(secret + "\n")
+            source = {"password_file": f"{user}.password"}
+        (tmp_path / "click.avsc").write_text(json.dumps(CLICK_SCHEMA))
+        doc: dict[str, Any] = {
+            "kafka": {
+                "bootstrap": secured.bootstrap,
+                "security": {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+                             "username": user, **source, "ca_file": admin.ca_file},
+            },
+            "streams": [{"name": f"clicks-{suffix}", "schema": "click.avsc",
+                         "order_key": "ts", "partitions": 2}],
+            "substreams": [{"name": f"w-{suffix}", "stream": f"clicks-{suffix}",
+                            "kind": "tumbling", "size_ms": 1000}],
+            "acker": {"name": f"acker-{suffix}", "acks_topic": f"_acks-{suffix}",
+                      "control_topic_prefix": f"_control-{suffix}.",
+                      "command_topic": f"_commands-{suffix}",
+                      "response_topic": f"_responses-{suffix}",
+                      "dead_letter_topic": f"_dlq-{suffix}", "heartbeat_ms": 200},
+        }
+        path = tmp_path / f"substreams-{user}-{suffix}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        config = load_config(path)
+        if create:
+            from dataclasses import replace
+
+            as_admin = replace(config, kafka=replace(config.kafka, security=admin))
+            ensure_topics(client.admin(secured.bootstrap, as_admin), config.topics())
+        return config
+
+    return factory
+
+
+def test_the_pipeline_runs_against_the_secured_cluster(
+    secured_config: SecuredConfig, spark: SparkSession, tmp_path: Path
+) -> None:
+    """Publisher, acker, ``notifications()`` with the records, and the firm query read by
+    Spark's own Kafka source (no fallback to the Python read), all over SASL_SSL."""
+    config = secured_config()
+    (w,) = (s.name for s in config.substreams)
+    (clicks,) = (s.name for s in config.streams)
+    assert jvm_unsupported(config, clicks) is None
+    windows = [(0, 6), (1, 4), (2, 5)]
+    want: Counter[tuple[int, str]] = Counter()
+    with running_acker(config), Application(config).publisher(clicks, "src") as pub:
+        for window, n in windows:
+            for c in window_clicks(window, n):
+                pub.publish(c, key=str(c["user"]))
+                want[(window, str(c["url"]))] += 1
+            pub.seal(w, window)
+        pub.flush()
+        wait_for_epochs(config, w, len(windows), timeout=60)
+    with Application(config).notifications(
+        w, from_="beginning", records=True, idle_timeout=5
+    ) as notes:
+        got = [(int(n.time), len(n.entries)) for n in notes]  # type: ignore[call-overload]
+    assert got == windows
+
+    seen: list[tuple[int, str, int]] = []
+
+    def counts(df: DataFrame) -> DataFrame:
+        return (df.where(~F.col("is_notification"))
+                .groupBy("control_offset", "control_index", "epoch", "epoch_int", "url")
+                .agg(F.count("*").alias("clicks")))
+
+    def collect(df: DataFrame, _: int) -> None:
+        seen.extend((int(r["epoch_int"]), str(r["url"]), int(r["clicks"]))
+                    for r in df.collect())
+
+    # run_frames refuses a config the JVM cannot read: it ran on Spark's Kafka source
+    run_frames(counts, config, w, name="secured", spark=spark, once=True,
+               checkpoint=tmp_path / "q", on_results=collect)
+    assert sorted(seen) == sorted((win, u, n) for (win, u), n in want.items())
+
+
+def test_a_wrong_password_fails_fast_naming_user_and_broker(
+    secured: KafkaCluster, secured_config: SecuredConfig
+) -> None:
+    """One line naming the principal and the broker, no traceback, within seconds."""
+    config = secured_config(password="not-the-password", create=False, via_env=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "substreams", "topics", "create", "-c", str(config.path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "'admin'" in lines[0] and secured.bootstrap in lines[0], lines[0]
+    assert "authentication failed" in lines[0].lower()
+    assert "not-the-password" not in proc.stderr + proc.stdout
