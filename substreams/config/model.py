@@ -411,6 +411,11 @@ class AckerConfig:
     ] = 64 * MIB
     """Size retention of each acker's checkpoint topic.  Never a time retention: recovery
     needs the latest checkpoint however long the acker was down."""
+    trusted_writers: tuple[Text, ...] = ()
+    """More writer names (shell patterns, ``direct.*``) whose control records readers obey,
+    besides the ones the config implies: the acker (its name and its shards'), each
+    punctuation substream's aligner, operators' chain resumes
+    (:mod:`substreams.control.writers`).  Any other writer's record is refused."""
 
     def control_topic(self, substream: str) -> str:
         """The control topic (punctuations, notifications) of substream ``substream``."""
