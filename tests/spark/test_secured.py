@@ -19,16 +19,19 @@ from typing import Any
 
 import pytest
 import yaml
+from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from substreams.app import Application
 from substreams.config import Config, load_config
 from substreams.kafka import client
+from substreams.kafka.acls import apply_acls, role_acls
 from substreams.kafka.embedded import KafkaCluster
 from substreams.kafka.topics import ensure_topics
 from substreams.spark.frames import run_frames
 from substreams.spark.jvm_read import jvm_unsupported
+from substreams.streams.evolution import register_stream
 from tests.conftest import CLICK_SCHEMA
 from tests.spark.conftest import running_acker, wait_for_epochs, window_clicks
 
@@ -93,13 +96,15 @@ def secured_config(
 
             as_admin = replace(config, kafka=replace(config.kafka, security=admin))
             ensure_topics(client.admin(secured.bootstrap, as_admin), config.topics())
+            for stream in config.streams:  # what `topics create` does (the schema topic)
+                register_stream(as_admin, stream.name, secured.bootstrap)
         return config
 
     return factory
 
 
 def test_the_pipeline_runs_against_the_secured_cluster(
-    secured_config: SecuredConfig, spark: SparkSession, tmp_path: Path
+    secured: KafkaCluster, secured_config: SecuredConfig, spark: SparkSession, tmp_path: Path
 ) -> None:
     """Publisher, acker, ``notifications()`` with the records, and the firm query read by
     Spark's own Kafka source (no fallback to the Python read), all over SASL_SSL."""
@@ -134,8 +139,14 @@ def test_the_pipeline_runs_against_the_secured_cluster(
         seen.extend((int(r["epoch_int"]), str(r["url"]), int(r["clicks"]))
                     for r in df.collect())
 
+    # the query logs in as a user with the spark role's ACLs only
+    user = f"spark-{uuid.uuid4().hex[:8]}"
+    secured.add_user(user, f"pw-{user}")
+    apply_acls(client.admin(secured.bootstrap, config), f"User:{user}",
+               role_acls(config, "spark"))
+    as_spark = secured_config(user, f"pw-{user}", suffix=w.rsplit("-", 1)[1], create=False)
     # run_frames refuses a config the JVM cannot read: it ran on Spark's Kafka source
-    run_frames(counts, config, w, name="secured", spark=spark, once=True,
+    run_frames(counts, as_spark, w, name="secured", spark=spark, once=True,
                checkpoint=tmp_path / "q", on_results=collect)
     assert sorted(seen) == sorted((win, u, n) for (win, u), n in want.items())
 
@@ -155,3 +166,67 @@ def test_a_wrong_password_fails_fast_naming_user_and_broker(
     assert "'admin'" in lines[0] and secured.bootstrap in lines[0], lines[0]
     assert "authentication failed" in lines[0].lower()
     assert "not-the-password" not in proc.stderr + proc.stdout
+
+
+def _delivery_error(producer: Any, topic: str) -> str:
+    """Produce one record to ``topic``: the error it got ("" when delivered)."""
+    errors: list[str] = []
+    try:
+        producer.produce(topic, value=b"x", partition=0,
+                         on_delivery=lambda err, _: errors.append(str(err) if err else ""))
+        producer.flush(15)
+    except KafkaException as exc:
+        errors.append(str(exc))
+    return errors[0] if errors else "not delivered within 15 s"
+
+
+def test_each_role_does_its_job_and_is_refused_beyond_it(
+    secured: KafkaCluster, secured_config: SecuredConfig, tmp_path: Path
+) -> None:
+    """Users with exactly the ACLs ``substreams acls`` generates: the publisher publishes,
+    the acker notifies, the reader reads the notes and their records; a publisher writing a
+    control topic and a reader writing anything are refused by the broker."""
+    suffix = uuid.uuid4().hex[:8]
+    admin_config = secured_config(suffix=suffix)
+    users = {role: f"{role}-{suffix}" for role in ("publisher", "acker", "reader")}
+    for role, user in users.items():
+        secured.add_user(user, f"pw-{user}")
+        if role == "publisher":  # through the command, as an operator would
+            proc = subprocess.run(
+                [sys.executable, "-m", "substreams", "acls", "-c", str(admin_config.path),
+                 "--role", role, "--principal", f"User:{user}", "--apply"],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert proc.returncode == 0, proc.stderr
+            assert f"ACLs for User:{user} (publisher) created" in proc.stdout
+        else:
+            apply_acls(client.admin(secured.bootstrap, admin_config), f"User:{user}",
+                       role_acls(admin_config, role))
+    pub, ack, reader = (secured_config(user, f"pw-{user}", suffix=suffix, create=False)
+                        for user in users.values())
+    (w,) = (s.name for s in pub.substreams)
+    (clicks,) = (s.name for s in pub.streams)
+    control = pub.acker.control_topic(w)
+    with running_acker(ack), Application(pub).publisher(clicks, "src") as publisher:
+        for window, n in ((0, 3), (1, 2)):
+            for c in window_clicks(window, n):
+                publisher.publish(c, key=str(c["user"]))
+            publisher.seal(w, window)
+        publisher.flush()
+        with Application(reader).notifications(
+            w, from_="beginning", records=True, idle_timeout=10
+        ) as notes:
+            got = []
+            for note in notes:
+                got.append((int(note.time), len(note.entries)))  # type: ignore[call-overload]
+                if len(got) == 2:
+                    break
+    assert got == [(0, 3), (1, 2)]
+
+    # plain (not idempotent) producers: the refusal is the topic's, not the producer id's
+    plain = {"enable.idempotence": False, "acks": 1}
+    refused = _delivery_error(client.producer(secured.bootstrap, pub, **plain), control)
+    assert "authorization failed" in refused.lower(), refused
+    refused = _delivery_error(client.producer(secured.bootstrap, reader, **plain), clicks)
+    assert "authorization failed" in refused.lower(), refused
+    assert _delivery_error(client.producer(secured.bootstrap, pub, **plain), clicks) == ""
