@@ -8,9 +8,11 @@ connector is set when the JVM starts); the broker is this module's own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,11 +29,13 @@ from substreams.app import Application
 from substreams.config import Config, load_config
 from substreams.kafka import client
 from substreams.kafka.acls import apply_acls, role_acls
+from substreams.kafka.clock import Deadline
 from substreams.kafka.embedded import KafkaCluster
 from substreams.kafka.topics import ensure_topics
 from substreams.spark.frames import run_frames
 from substreams.spark.jvm_read import jvm_unsupported
 from substreams.streams.evolution import register_stream
+from substreams.ui.model import DashboardModel
 from tests.conftest import CLICK_SCHEMA
 from tests.spark.conftest import running_acker, wait_for_epochs, window_clicks
 
@@ -114,7 +118,7 @@ def test_the_pipeline_runs_against_the_secured_cluster(
     assert jvm_unsupported(config, clicks) is None
     windows = [(0, 6), (1, 4), (2, 5)]
     want: Counter[tuple[int, str]] = Counter()
-    with running_acker(config), Application(config).publisher(clicks, "src") as pub:
+    with acker_with_commands(config), Application(config).publisher(clicks, "src") as pub:
         for window, n in windows:
             for c in window_clicks(window, n):
                 pub.publish(c, key=str(c["user"]))
@@ -122,6 +126,23 @@ def test_the_pipeline_runs_against_the_secured_cluster(
             pub.seal(w, window)
         pub.flush()
         wait_for_epochs(config, w, len(windows), timeout=60)
+        status = cli("acker", "status", "-c", str(config.path))
+        assert config.acker.name in status and w in status
+    assert "OK" in cli("verify", "-c", str(config.path))
+    assert cli("tail", "-c", str(config.path), clicks).count("'url'") == sum(
+        n for _, n in windows)
+    model = DashboardModel(config)  # the dashboard's follower
+    model.start()
+    try:
+        deadline = Deadline(30)
+        shown: list[str] = []
+        while len(shown) < len(windows) and not deadline.passed:
+            model.wait(model.version, 1.0)
+            [card] = model.snapshot()["substreams"]
+            shown = [n["time"] for n in card["notifications"]]
+        assert sorted(shown) == [str(win) for win, _ in windows]
+    finally:
+        model.close()
     with Application(config).notifications(
         w, from_="beginning", records=True, idle_timeout=5
     ) as notes:
@@ -149,6 +170,28 @@ def test_the_pipeline_runs_against_the_secured_cluster(
     run_frames(counts, as_spark, w, name="secured", spark=spark, once=True,
                checkpoint=tmp_path / "q", on_results=collect)
     assert sorted(seen) == sorted((win, u, n) for (win, u), n in want.items())
+
+
+@contextlib.contextmanager
+def acker_with_commands(config: Config) -> Iterator[None]:
+    """The acker as `acker run` runs it (with its command handler), in a thread."""
+    stop = threading.Event()
+    service = Application(config).acker()
+    thread = threading.Thread(target=service.run, args=(stop,), daemon=True, name="acker")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def cli(*args: str) -> str:
+    """A ``substreams`` command's output (it must succeed)."""
+    proc = subprocess.run([sys.executable, "-m", "substreams", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 def test_a_wrong_password_fails_fast_naming_user_and_broker(
