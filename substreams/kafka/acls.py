@@ -23,8 +23,9 @@ Roles:
 * ``reader``: read the data, control (prefixed: checkpoints and schemas too) and
   dead-letter topics; read the groups its consumers name (never joined);
 * ``spark``: a reader that also writes results as a stage: the publisher's rights on the
-  data topics, its groups ``substreams.`` (prefixed: units and stages commit offsets in
-  their transactions).
+  data topics, the sink's commit topics ``_substreams.commits.<stream>`` (it creates them),
+  its groups ``substreams.`` (prefixed: units and stages commit offsets in their
+  transactions).
 """
 
 from __future__ import annotations
@@ -86,6 +87,12 @@ def schema_topic(config: Config) -> str:
     return f"{config.acker.control_topic_prefix}__schemas"
 
 
+def commit_topic(stream: str) -> str:
+    """:func:`substreams.spark.executor.commit_topic` (above this module; a test keeps the
+    two equal): a Spark sink's batch and unit markers for ``stream``."""
+    return f"_substreams.commits.{stream}"
+
+
 def _topic(name: str, *ops: Operation, prefixed: bool = False) -> list[Acl]:
     pattern: Pattern = "PREFIXED" if prefixed else "LITERAL"
     return [Acl("TOPIC", pattern, name, op) for op in ("DESCRIBE", *ops)]
@@ -127,6 +134,8 @@ def role_acls(config: Config, role: str, streams: Sequence[str] = ()) -> list[Ac
         acls += _topic(a.dead_letter_topic, "READ")
         acls.append(_group(CLIENT_GROUPS))
     if role == "spark":
+        for name in written:  # the sink's batch markers, created by the query itself
+            acls += _topic(commit_topic(name), "WRITE", "READ", "CREATE", "DESCRIBE_CONFIGS")
         acls += _topic(a.dead_letter_topic, "WRITE")
         acls.append(_group("substreams."))  # units' and stages' offsets, Spark's JVM read
     if role == "acker":

@@ -9,7 +9,14 @@ import pytest
 
 from substreams.config import AckerConfig, Config, KafkaConfig, StreamConfig, SubstreamConfig
 from substreams.errors import ConfigError, SubstreamsError
-from substreams.kafka.acls import ROLES, Acl, check_principal, role_acls, schema_topic
+from substreams.kafka.acls import (
+    ROLES,
+    Acl,
+    check_principal,
+    commit_topic,
+    role_acls,
+    schema_topic,
+)
 from substreams.streams import evolution
 
 
@@ -52,6 +59,9 @@ def test_a_reader_writes_nothing_and_a_publisher_only_its_streams() -> None:
 def test_names_are_the_codes() -> None:
     cfg = config()
     assert schema_topic(cfg) == evolution.schema_topic(cfg)
+    from substreams.spark.executor import commit_topic as sink_topic
+
+    assert commit_topic("counts") == sink_topic("counts")
     from substreams.acker.service import transactional_id as acker_txn
     from substreams.streams.publisher import transactional_id as pub_txn
 
