@@ -377,7 +377,11 @@ class KafkaCluster:
             d = self.node_dir(node.node_id)
             (d / "logs").mkdir(parents=True, exist_ok=True)
             props = self._properties(node)
-            (d / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+            path = d / "server.properties"
+            if self.secure:  # it holds the super user's and the keystore's passwords
+                path.touch(mode=0o600)
+                path.chmod(0o600)
+            path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
             (d / "log4j2.properties").write_text(LOG4J2)
             if not (d / "data" / "meta.properties").exists():
                 # With static controller.quorum.voters, `format` takes no quorum flag.
