@@ -1,7 +1,8 @@
 """Readers refuse what the acker did not write: a forged ``EpochComplete`` and a forged
 snapshot, written to a control topic by another writer (ACLs off: anyone may write), are
 refused -- logged, counted, never obeyed -- by every reader: ``notifications()`` (the
-subscriber), the Spark source's control scanner and the dashboard."""
+subscriber), the Spark source's control scanner, the dashboard and a dead-letter replay's
+check of which times are closed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from substreams.app import Application
 from substreams.config import Config
 from substreams.control.io import ControlWriter
 from substreams.control.messages import EpochComplete, FrontierSnapshot
+from substreams.dead_letters import closed_times
 from substreams.frontier import Antichain, UpperAntichain
 from substreams.kafka.clock import Deadline
 from substreams.spark.offsets import ControlScanner
@@ -22,7 +24,7 @@ from tests.conftest import ConfigFactory
 
 
 def forged_topic(make_config: ConfigFactory) -> tuple[Config, str, str]:
-    """A control topic holding: the acker's EpochComplete 1, mallory's EpochComplete 2 and
+    """A control topic holding: the acker's EpochComplete 1, mallory's EpochComplete 5 and
     a snapshot saying everything below 100 is complete, the acker's EpochComplete 3."""
     config = make_config(
         [{"name": "clicks", "partitions": 1}],
@@ -35,7 +37,7 @@ def forged_topic(make_config: ConfigFactory) -> tuple[Config, str, str]:
     mallory = ControlWriter(config.kafka.bootstrap, "mallory", [topic], config,
                             transactional_id="mallory")
     acker.write([(topic, EpochComplete(sub, 1, (), 0, 0))])
-    mallory.write([(topic, EpochComplete(sub, 2, (), 0, 0))])
+    mallory.write([(topic, EpochComplete(sub, 5, (), 0, 0))])
     mallory.write([(topic, FrontierSnapshot(sub, Antichain([100]), UpperAntichain([100])))])
     acker.write([(topic, EpochComplete(sub, 3, (), 0, 0))])
     acker.close()
@@ -88,3 +90,7 @@ def test_every_reader_refuses_a_forged_notification(
     finally:
         model.close()
     assert foreign("dashboard", topic) >= 1
+
+    # a dead-letter replay: a forged notification closes no time
+    closed = closed_times(config, [sub])
+    assert closed(sub, 3) and not closed(sub, 4)
