@@ -71,17 +71,19 @@ class WriterCheck:
     def admits(self, topic: str, record: ControlRecord) -> bool:
         """Whether a reader may use ``record`` read from ``topic``."""
         writer = record.writer
-        if isinstance(record.body, ChainResume) and writer.startswith(OPERATOR_PREFIX):
-            return True
-        if any(fnmatch.fnmatchcase(writer, p) for p in self.patterns):
-            return True
         names = self.exact.get(topic)
         if names is None:
-            return self._checkpoint_writer(topic, writer)
-        if writer in names:
+            if self._checkpoint_writer(topic, writer):
+                return True
+        elif writer in names:  # the common case first: the acker's own record
             return True
-        base = self.shard_bases.get(topic)
-        return base is not None and writer.startswith(f"{base}.shard")
+        else:
+            base = self.shard_bases.get(topic)
+            if base is not None and writer.startswith(f"{base}.shard"):
+                return True
+        if isinstance(record.body, ChainResume) and writer.startswith(OPERATOR_PREFIX):
+            return True
+        return any(fnmatch.fnmatchcase(writer, p) for p in self.patterns)
 
     def _checkpoint_writer(self, topic: str, writer: str) -> bool:
         """An acker's checkpoint topic is written by that acker; any other topic the config

@@ -109,8 +109,9 @@ def check_login(bootstrap: str, sec: SecurityConfig) -> None:
                     f"({_password_source(sec)}) and that the user exists"
                 )
             if err.code() == KafkaError._SSL:
+                who = f"user '{sec.username}'" if sec.sasl else sec.protocol
                 raise BrokerError(
-                    f"TLS with Kafka at {bootstrap} failed (user '{sec.username}'): "
+                    f"TLS with Kafka at {bootstrap} failed ({who}): "
                     f"{_ssl_reason(err.str())}; check kafka.security.ca_file "
                     f"({sec.ca_file or 'the system CAs'})"
                 )
