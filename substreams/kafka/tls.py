@@ -78,6 +78,23 @@ def _keytool(*args: str, stdin: bytes | None = None) -> bytes:
     return proc.stdout
 
 
+def _common(store: str) -> list[str]:
+    return ["-storetype", "PKCS12", "-storepass", store, "-keypass", store,
+            "-keyalg", "EC", "-groupname", "secp256r1", "-validity", str(VALID_DAYS)]
+
+
+def make_ca(creds: Credentials, store: str) -> str:
+    """A new CA in ``creds.folder``: its key in ``ca.p12`` (returned), its certificate in
+    ``ca.pem``."""
+    ca = str(creds.folder / "ca.p12")
+    _keytool("-genkeypair", "-alias", "ca", "-dname", "CN=substreams embedded CA",
+             "-ext", "bc:c", "-keystore", ca, *_common(store))
+    creds.ca_pem.write_bytes(
+        _keytool("-exportcert", "-rfc", "-alias", "ca", "-keystore", ca, "-storepass", store)
+    )
+    return ca
+
+
 def ensure_credentials(home: Path) -> Credentials:
     """The cluster's credentials, made on first use (a restart keeps them: the brokers'
     certificate and the users' SCRAM credentials in the formatted metadata must agree)."""
@@ -90,16 +107,10 @@ def ensure_credentials(home: Path) -> Credentials:
         stale.unlink()
     store = secrets.token_urlsafe(18)
     _secret_file(creds.store_password_file, store)
-    common = ["-storetype", "PKCS12", "-storepass", store, "-keypass", store,
-              "-keyalg", "EC", "-groupname", "secp256r1", "-validity", str(VALID_DAYS)]
-    ca, broker = str(creds.folder / "ca.p12"), str(creds.keystore)
-    _keytool("-genkeypair", "-alias", "ca", "-dname", "CN=substreams embedded CA",
-             "-ext", "bc:c", "-keystore", ca, *common)
-    creds.ca_pem.write_bytes(
-        _keytool("-exportcert", "-rfc", "-alias", "ca", "-keystore", ca, "-storepass", store)
-    )
+    ca = make_ca(creds, store)
+    broker = str(creds.keystore)
     _keytool("-genkeypair", "-alias", "broker", "-dname", "CN=localhost",
-             "-keystore", broker, *common)
+             "-keystore", broker, *_common(store))
     request = _keytool("-certreq", "-alias", "broker", "-keystore", broker, "-storepass", store)
     signed = _keytool(
         "-gencert", "-rfc", "-alias", "ca", "-keystore", ca, "-storepass", store,

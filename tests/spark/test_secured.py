@@ -31,6 +31,7 @@ from substreams.kafka import client
 from substreams.kafka.acls import apply_acls, role_acls
 from substreams.kafka.clock import Deadline
 from substreams.kafka.embedded import KafkaCluster
+from substreams.kafka.tls import Credentials, make_ca
 from substreams.kafka.topics import ensure_topics
 from substreams.spark.frames import run_frames
 from substreams.spark.jvm_read import jvm_unsupported
@@ -226,6 +227,27 @@ def _delivery_error(producer: Any, topic: str) -> str:
     except KafkaException as exc:
         errors.append(str(exc))
     return errors[0] if errors else "not delivered within 15 s"
+
+
+def test_a_certificate_another_ca_signed_fails_fast_naming_ca_file(
+    secured: KafkaCluster, secured_config: SecuredConfig, tmp_path: Path
+) -> None:
+    """A client that trusts another CA: one line naming the broker and ca_file."""
+    other = Credentials(tmp_path / "other")
+    other.folder.mkdir()
+    make_ca(other, "unused-store-password")
+    config = secured_config(create=False)
+    text = config.path.read_text().replace(str(secured.admin_security.ca_file),  # type: ignore[union-attr]
+                                           str(other.ca_pem))
+    config.path.write_text(text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "substreams", "topics", "create", "-c", str(config.path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert f"TLS with Kafka at {secured.bootstrap} failed" in line, line
+    assert str(other.ca_pem) in line and "certificate verify failed" in line, line
 
 
 def test_each_role_does_its_job_and_is_refused_beyond_it(
