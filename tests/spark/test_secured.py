@@ -67,8 +67,8 @@ def secured_config(
     assert admin is not None and admin.ca_file and admin.password_file
 
     def factory(user: str = "admin", password: str | None = None, *,
-                suffix: str | None = None, create: bool = True, via_env: bool = False
-                ) -> Config:
+                suffix: str | None = None, create: bool = True, via_env: bool = False,
+                mechanism: str = "acker") -> Config:
         suffix = suffix or uuid.uuid4().hex[:8]
         secret = password or Path(str(admin.password_file)).read_text().strip()
         source: dict[str, str] = {"password_env": PASSWORD_ENV}
@@ -88,7 +88,7 @@ def secured_config(
                          "order_key": "ts", "partitions": 2},
                         {**out_stream(f"counts-{suffix}", "url_count.avsc")}],
             "substreams": [{"name": f"w-{suffix}", "stream": f"clicks-{suffix}",
-                            "kind": "tumbling", "size_ms": 1000},
+                            "kind": "tumbling", "size_ms": 1000, "mechanism": mechanism},
                            {"name": f"cw-{suffix}", "stream": f"counts-{suffix}",
                             "kind": "epoch", "field": "window"}],
             "acker": {"name": f"acker-{suffix}", "acks_topic": f"_acks-{suffix}",
@@ -198,6 +198,34 @@ def cli(*args: str) -> str:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def test_the_punctuation_aligner_runs_against_the_secured_cluster(
+    secured_config: SecuredConfig,
+) -> None:
+    """The baseline mechanism too: punctuations in the data topic, the aligner's
+    notifications read back by ``notifications()``."""
+    config = secured_config(mechanism="punctuations")
+    w, clicks = config.substreams[0].name, config.streams[0].name
+    with Application(config).publisher(clicks, "src") as pub:
+        for window, n in ((0, 3), (1, 2)):
+            for c in window_clicks(window, n):
+                pub.publish(c, key=str(c["user"]))
+            pub.seal(w, window)
+        pub.flush()
+    with Application(config).aligner(w) as aligner:
+        deadline = Deadline(30)
+        while aligner.tracker.completed < 2 and not deadline.passed:
+            aligner.step()
+    got = []
+    with Application(config).notifications(
+        w, from_="beginning", records=True, idle_timeout=10
+    ) as notes:
+        for note in notes:
+            got.append((int(note.time), len(note.entries)))  # type: ignore[call-overload]
+            if len(got) == 2:
+                break
+    assert got == [(0, 3), (1, 2)]
 
 
 def test_a_wrong_password_fails_fast_naming_user_and_broker(
