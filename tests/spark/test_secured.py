@@ -68,7 +68,7 @@ def secured_config(
 
     def factory(user: str = "admin", password: str | None = None, *,
                 suffix: str | None = None, create: bool = True, via_env: bool = False,
-                mechanism: str = "acker") -> Config:
+                mechanism: str = "acker", stage: bool = False) -> Config:
         suffix = suffix or uuid.uuid4().hex[:8]
         secret = password or Path(str(admin.password_file)).read_text().strip()
         source: dict[str, str] = {"password_env": PASSWORD_ENV}
@@ -91,6 +91,8 @@ def secured_config(
                             "kind": "tumbling", "size_ms": 1000, "mechanism": mechanism},
                            {"name": f"cw-{suffix}", "stream": f"counts-{suffix}",
                             "kind": "epoch", "field": "window"}],
+            "stages": [{"name": f"st-{suffix}", "input": f"clicks-{suffix}",
+                        "output": f"counts-{suffix}"}] if stage else [],
             "acker": {"name": f"acker-{suffix}", "acks_topic": f"_acks-{suffix}",
                       "control_topic_prefix": f"_control-{suffix}.",
                       "command_topic": f"_commands-{suffix}",
@@ -226,6 +228,29 @@ def test_the_punctuation_aligner_runs_against_the_secured_cluster(
             if len(got) == 2:
                 break
     assert got == [(0, 3), (1, 2)]
+
+
+def test_a_stage_runs_against_the_secured_cluster(secured_config: SecuredConfig) -> None:
+    """A Python stage (its input group's offsets committed in its output transaction) between
+    the publisher and the acker: every window is notified once the stage's outputs are in."""
+    config = secured_config(stage=True)
+    w, clicks, out = config.substreams[0].name, config.streams[0].name, config.streams[1].name
+
+    def per_click(entry: Any) -> list[dict[str, Any]]:
+        return [{"window": entry.payload["ts"] // 1000, "url": entry.payload["url"],
+                 "clicks": 1}]
+
+    with acker_with_commands(config), Application(config).publisher(clicks, "src") as pub:
+        for window, n in ((0, 3), (1, 2)):
+            for c in window_clicks(window, n):
+                pub.publish(c, key=str(c["user"]))
+            pub.seal(w, window)
+        pub.flush()
+        with Application(config).stage(config.stages[0].name, per_click) as stage:
+            assert stage.run_until_idle(1.0, timeout=60) == 5
+        wait_for_epochs(config, w, 2, timeout=60)
+    assert sorted((r["window"], r["clicks"]) for r in output_rows(config, out)) == (
+        [(0, 1)] * 3 + [(1, 1)] * 2)
 
 
 def test_a_wrong_password_fails_fast_naming_user_and_broker(
