@@ -84,7 +84,8 @@ def check_login(bootstrap: str, sec: SecurityConfig) -> None:
     login (a wrong password, an unknown user) or the TLS handshake (a CA that did not sign
     the broker's certificate).  Why: librdkafka treats both as transient, so every client
     would retry them quietly until its own timeout -- a publisher that hangs, a CLI command
-    that says "timed out" after 30 s.  Once per process, broker and block."""
+    that says "timed out" after 30 s.  Once per process, broker and block (at most
+    :data:`LOGIN_PROBE_S`)."""
     if (bootstrap, sec) in _LOGGED_IN:
         return
     errors: list[KafkaError] = []
@@ -115,6 +116,9 @@ def check_login(bootstrap: str, sec: SecurityConfig) -> None:
                     f"{_ssl_reason(err.str())}; check kafka.security.ca_file "
                     f"({sec.ca_file or 'the system CAs'})"
                 )
+    # no answer at all: the broker is down or far, which the client's own calls report;
+    # probing again at every later client of this process would only add the wait
+    _LOGGED_IN.add((bootstrap, sec))
 
 
 def _password_source(sec: SecurityConfig) -> str:
