@@ -94,8 +94,10 @@ def _jaas(mechanism: str, username: str, secret: str) -> str:
 
 def java_options(sec: SecurityConfig | None) -> dict[str, str]:
     """Spark's Kafka source options (``kafka.<Java client key>``) for ``sec``.  The JAAS
-    line holds the password: Spark redacts option values matching ``password`` in plans
-    and its UI (``spark.redaction.regex``)."""
+    line holds the password: the JVM read hands these to the executor consumers' settings
+    and into no plan; passed to ``spark.read.format("kafka")`` by a user, Spark's
+    ``spark.redaction.regex`` (values matching ``password``) hides it in plans and the UI,
+    and the Java client logs it as ``[hidden]`` (a PASSWORD-type setting)."""
     if sec is None:
         return {}
     out: dict[str, str] = {"kafka.security.protocol": sec.protocol}
