@@ -38,6 +38,7 @@ from substreams.app import Application
 from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.control.messages import completions
+from substreams.control.writers import WriterCheck
 from substreams.errors import ProtocolError, PublisherFencedError, SubstreamsError
 from substreams.frontier import Time
 from substreams.kafka import client
@@ -292,12 +293,19 @@ def closed_times(config: Config, substreams: Sequence[str],
     substream's control topic read whole."""
     boot = client.resolve_bootstrap(config, bootstrap)
     done = Notified()
+    trusted = WriterCheck.of(config)
     for name in substreams:
+        topic = config.acker.control_topic(name)
         try:
-            records = read_control(boot, config.acker.control_topic(name), config)
+            records = read_control(boot, topic, config)
         except ProtocolError as exc:
             raise SubstreamsError(f"substream '{name}': {exc}") from exc
-        for _, rec in records:
+        for offset, rec in records:
+            if not trusted.admits(topic, rec):  # a foreign notification closes nothing
+                log.warning("control topic '%s' offset %d: record of writer '%s' refused: "
+                            "only %s may write this topic", topic, offset, rec.writer,
+                            trusted.trusted(topic))
+                continue
             for note in completions(rec.body):
                 done.add(name, note.time, note.until)
     return done

@@ -60,8 +60,9 @@ DEAD_LETTERS = Counter(
 )
 CONTROL_BAD_RECORDS = Counter(
     "substreams_control_bad_records",
-    "Control-topic records a long-running follower passed over (undecodable, or a broken "
-    "hash chain), each also logged with its topic, partition and offset.",
+    "Control-topic records a follower passed over (undecodable, a broken hash chain, or "
+    "written by a writer the config does not trust on that topic: foreign_writer), each also "
+    "logged with its topic, partition and offset.",
     ["reader", "topic", "kind"],
 )
 EVICTIONS = Counter(

@@ -400,6 +400,8 @@ class BenchContext:
                 "command_topic": f"_b.commands.{suffix}",
                 "response_topic": f"_b.responses.{suffix}",
                 "dead_letter_topic": f"_b.dlq.{suffix}",
+                # a bench's publisher may write its own control records (DIRECT)
+                "trusted_writers": ["direct.*"],
                 **(acker or {}),
             },
         }

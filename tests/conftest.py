@@ -142,9 +142,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                 compileall.compile_dir(ROOT / package, quiet=1)
 
 
-MODULE_FIXTURE_MODULES = frozenset({"test_broker_failures", "test_install"})
-"""Modules whose module-scoped fixture is costly (a 3-node cluster, a wheel in a fresh venv):
-under ``--dist loadgroup`` each runs on one worker, so the fixture starts once."""
+MODULE_FIXTURE_MODULES = frozenset({"test_broker_failures", "test_install", "test_secured"})
+"""Modules whose module-scoped fixture is costly (a 3-node cluster, a wheel in a fresh venv, a
+secured broker): under ``--dist loadgroup`` each runs on one worker, so the fixture starts
+once."""
 
 
 SPARK_GROUP = "spark"
@@ -306,6 +307,9 @@ def make_config(tmp_path: Path, bootstrap: str) -> ConfigFactory:
                 "command_topic": f"_commands-{suffix}",
                 "response_topic": f"_responses-{suffix}",
                 "dead_letter_topic": f"_dlq-{suffix}",
+                # the writers tests run besides the acker: publishers writing their own
+                # control records (DIRECT) and hand-made progress writers named acker...
+                "trusted_writers": ["direct.*", "acker*"],
                 **(acker or {}),
             },
         }

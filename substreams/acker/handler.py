@@ -73,6 +73,7 @@ from substreams.control.messages import (
     EpochsComplete,
 )
 from substreams.control.progress import event_time
+from substreams.control.writers import WriterCheck
 from substreams.errors import BrokerError, ProtocolError
 from substreams.frontier import Time, sort_key
 from substreams.kafka import client
@@ -317,6 +318,7 @@ class CommandHandler:
         self._control = ControlFollower(
             self.bootstrap, self.config, name="command handler: control", on_bad=LOG,
             resume=ResumeLookup(self.bootstrap, self.config),
+            writers=WriterCheck.of(self.config, also=(self.name,)),
         )
         starts = {t: self._recent(self._control.reader, t) for t in self._topic_sub}
         self._control.assign(starts)

@@ -39,16 +39,34 @@ def _recorded() -> embedded.BrokerState:
     show_default=True,
     help="1 node, or 3 (replication factor 3, min.insync.replicas=2).",
 )
-def start(port: int | None, nodes: str) -> None:
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="SASL_SSL only (SCRAM-SHA-512 users, a throwaway CA) and ACLs enforced (nothing "
+    "is allowed without one, except to the super user 'admin'); prints the kafka.security "
+    "block that logs in as admin.",
+)
+def start(port: int | None, nodes: str, secure: bool) -> None:
     """Start the broker(s) in the background, wait until they serve, record the address."""
-    state, started = embedded.start_recorded(port, int(nodes), progress=click.echo)
+    state, started = embedded.start_recorded(
+        port, int(nodes), progress=click.echo, secure=secure
+    )
     if started:
         click.echo(
-            f"broker started on {state.bootstrap} ({state.nodes} node(s), data and logs "
+            f"broker started on {state.bootstrap} ({state.nodes} node(s), "
+            f"{'SASL_SSL, ACLs enforced' if state.secure else 'PLAINTEXT'}, data and logs "
             f"in {state.home})"
         )
     else:
         click.echo(f"a broker already runs on {state.bootstrap}")
+    if state.secure:
+        admin = state.cluster().admin_security
+        assert admin is not None
+        click.echo("log in as the super user with this block in substreams.yaml (the "
+                   "password stays in its file):")
+        click.echo(f"kafka:\n  bootstrap: {state.bootstrap}\n  security:")
+        for key in ("protocol", "sasl_mechanism", "username", "password_file", "ca_file"):
+            click.echo(f"    {key}: {getattr(admin, key)}")
 
 
 @command.command()
@@ -66,7 +84,7 @@ def status() -> None:
     """Say which nodes run and whether the cluster answers Kafka requests."""
     state = _recorded()
     cluster = state.cluster()
-    answers = embedded.broker_answers(state.bootstrap)
+    answers = embedded.broker_answers(state.bootstrap, sec=cluster.admin_security)
     up = time.time() - state.started_at
     for node in cluster.nodes:
         pid = cluster.pid(node.node_id)

@@ -330,6 +330,7 @@ def _build(ctx: _Ctx, data: object, path: Path) -> Config:
     if not config.streams:
         raise ctx.error(("streams",), "at least one stream is required", value=[])
     _check_kafka(ctx, config)
+    config = _security(ctx, config)
     _unique(ctx, "stream", config.streams)
     for i, stream in enumerate(config.streams):
         loc = ("streams", i, "order_key")
@@ -403,6 +404,58 @@ def _check_kafka(ctx: _Ctx, config: Config) -> None:
             value=min_insync,
             allowed=f"1..{limit}",
         )
+
+
+def _security(ctx: _Ctx, config: Config) -> Config:
+    """``kafka.security``'s rules across keys; its files resolved against the config's
+    folder.  Only where the password is, never the password, is checked here: a config is
+    loaded on hosts (a CI job, ``config check``) that hold no secret."""
+    sec = config.kafka.security
+    if sec is None:
+        return config
+    loc: Loc = ("kafka", "security")
+    sources = [k for k in ("password_env", "password_file") if getattr(sec, k) is not None]
+    if sec.sasl:
+        if sec.username is None:
+            raise ctx.missing((*loc, "username"), f" (protocol {sec.protocol} logs in)")
+        if len(sources) != 1:
+            raise ctx.error(
+                (*loc, *sources[1:2]),
+                f"protocol {sec.protocol} needs exactly one of password_env, password_file "
+                f"(got {', '.join(sources) or 'neither'})",
+                allowed="password_env, password_file",
+            )
+    else:
+        for key in ("username", *sources):
+            if getattr(sec, key) is not None:
+                raise ctx.error(
+                    (*loc, key),
+                    f"protocol {sec.protocol} does not log in; {key} is only for SASL_SSL or "
+                    "SASL_PLAINTEXT",
+                    allowed="SASL_SSL, SASL_PLAINTEXT",
+                )
+    if sec.ca_file is not None and not sec.tls:
+        raise ctx.error(
+            (*loc, "ca_file"),
+            f"protocol {sec.protocol} does not use TLS; ca_file is only for SSL or SASL_SSL",
+            allowed="SSL, SASL_SSL",
+        )
+    if "security.protocol" in config.kafka.client:
+        raise ctx.error(
+            ("kafka", "client", "security.protocol"),
+            "set either kafka.security or the librdkafka security keys under kafka.client, "
+            "not both",
+        )
+    def resolved(value: str | None) -> str | None:
+        return None if value is None else str(ctx.base_dir / value)
+
+    security = dataclasses.replace(
+        sec, password_file=resolved(sec.password_file), ca_file=resolved(sec.ca_file)
+    )
+    if security.ca_file is not None and not Path(security.ca_file).is_file():
+        raise ctx.error((*loc, "ca_file"), f"no such file: {security.ca_file}",
+                        value=sec.ca_file)
+    return dataclasses.replace(config, kafka=dataclasses.replace(config.kafka, security=security))
 
 
 def _unique(ctx: _Ctx, what: str, items: Sequence[Any]) -> None:

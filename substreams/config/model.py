@@ -160,6 +160,45 @@ def _rebuild(cls: type[Any], fields: dict[str, Any]) -> Any:
     return cls(**fields)
 
 
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"]
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """How every client of the config authenticates and encrypts (``kafka.security``).
+
+    One block for all of them: :mod:`substreams.kafka.security` maps it onto librdkafka's
+    keys (publishers, ackers, readers, the CLI) and onto the Java client's (Spark's Kafka
+    source, ``kafka.*`` options).  The password is never a value of the file nor of this
+    object: only where to find it (``password_env`` or ``password_file``), read when a
+    client is built, so no repr, log line, pickle shipped to Spark or dashboard page holds
+    it.  Relative file paths are resolved against the config file's folder."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _FILE
+    protocol: SecurityProtocol = "SASL_SSL"
+    sasl_mechanism: SaslMechanism = "SCRAM-SHA-512"
+    username: Text | None = None
+    password_env: Text | None = None
+    """The environment variable holding the password (on every host a client runs on,
+    Spark executors included)."""
+    password_file: Text | None = None
+    """A file holding the password (its first line; a trailing newline is not part of it)."""
+    ca_file: Text | None = None
+    """PEM file of the CA(s) that signed the brokers' certificates (None: the system's)."""
+    check_hostname: Flag = True
+    """Check that the broker's certificate names the host connected to (turn off only for a
+    test cluster whose certificate does not)."""
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     """Where the broker is and how topics are created."""
@@ -172,6 +211,8 @@ class KafkaConfig:
         default_factory=_empty_client
     )
     """Extra librdkafka settings, passed through untouched (read-only mapping)."""
+    security: SecurityConfig | None = None
+    """TLS / SASL settings of every client (None: PLAINTEXT, or what ``client`` says)."""
     min_insync_replicas: Count | None = None
     """None: 2 when the replication factor is >= 3, else 1 (:func:`default_min_insync`)."""
     data_retention_ms: RetentionMs = 7 * DAY_MS
@@ -370,6 +411,11 @@ class AckerConfig:
     ] = 64 * MIB
     """Size retention of each acker's checkpoint topic.  Never a time retention: recovery
     needs the latest checkpoint however long the acker was down."""
+    trusted_writers: tuple[Text, ...] = ()
+    """More writer names (shell patterns, ``direct.*``) whose control records readers obey,
+    besides the ones the config implies: the acker (its name and its shards'), each
+    punctuation substream's aligner, operators' chain resumes
+    (:mod:`substreams.control.writers`).  Any other writer's record is refused."""
 
     def control_topic(self, substream: str) -> str:
         """The control topic (punctuations, notifications) of substream ``substream``."""

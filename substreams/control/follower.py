@@ -8,6 +8,11 @@ malformed record).  A record a reader cannot use is either a stop (:data:`RAISE`
 :class:`~substreams.errors.ProtocolError` naming topic, partition and offset) or, for a
 service that must keep serving, a logged and counted skip (:data:`LOG`:
 ``substreams_control_bad_records_total``); never a silent one.  The caller chooses, by name.
+
+A record by a writer the config does not trust on its topic
+(:class:`~substreams.control.writers.WriterCheck`) is refused whatever the rule: logged,
+counted (kind ``foreign_writer``) and passed over, never obeyed -- a stop would let anyone who
+can write the topic halt every reader.  It does not enter any chain either.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from substreams.config import Config
 from substreams.control.chain import ChainHead, TrustingVerifier
 from substreams.control.io import ResumeLookup, decode_control
 from substreams.control.messages import ControlRecord
+from substreams.control.writers import FOREIGN_WRITER, WriterCheck
 from substreams.errors import ProtocolError
 from substreams.kafka.read import Reader
 
@@ -73,7 +79,10 @@ class ControlFollower:
         on_bad: BadRecordRule,
         verify: bool = True,
         resume: ResumeLookup | None = None,
+        writers: WriterCheck | None = None,
     ) -> None:
+        """``writers``: whom to obey (default: the trusted writers of ``config``; none
+        checked without a config)."""
         if on_bad not in (RAISE, LOG):
             raise ValueError(f"on_bad must be {RAISE!r} or {LOG!r}, not {on_bad!r}")
         self.name = name
@@ -83,8 +92,11 @@ class ControlFollower:
         self.reader = Reader(bootstrap, config, name=name)
         self.verifiers: dict[str, TrustingVerifier] = {}
         self.positions: dict[str, int] = {}
+        self.writers = writers or (WriterCheck.of(config) if config is not None else None)
         self.bad = 0
         """Records passed over under :data:`LOG`."""
+        self.foreign = 0
+        """Records refused for their writer (:meth:`admits`)."""
         self._reanchor: set[tuple[str, str]] = set()
         """(topic, writer) whose chain broke under :data:`LOG`."""
 
@@ -141,7 +153,22 @@ class ControlFollower:
             return None
         return Followed(topic, partition, offset, rec)
 
+    def admits(self, topic: str, partition: int, offset: int, rec: ControlRecord) -> bool:
+        """Whether ``rec``'s writer may write ``topic``; a refusal is logged and counted."""
+        if self.writers is None or self.writers.admits(topic, rec):
+            return True
+        self.foreign += 1
+        metrics.CONTROL_BAD_RECORDS.labels(self.name, topic, FOREIGN_WRITER).inc()
+        log.warning(
+            "%s: control topic '%s' offset %d (partition %d): record of writer '%s' (%s) "
+            "refused: only %s may write this topic", self.name, topic, offset, partition,
+            rec.writer, type(rec.body).__name__, self.writers.trusted(topic),
+        )
+        return False
+
     def _check(self, topic: str, partition: int, offset: int, rec: ControlRecord) -> bool:
+        if not self.admits(topic, partition, offset, rec):
+            return False
         if not self.verify:
             return True
         verifier = self._verifier(topic)

@@ -45,6 +45,7 @@ from substreams.control.progress import event_time
 from substreams.control.ranges import EpochIndex, read_ranges
 from substreams.control.subscription import SubscriptionFrontiers
 from substreams.control.traffic import CONTROL_READ, TRAFFIC
+from substreams.control.writers import WriterCheck
 from substreams.errors import DecodeError, SubstreamsError
 from substreams.frontier import Antichain, Time
 from substreams.kafka import client
@@ -111,10 +112,15 @@ def find_latest_snapshot(
     window: int = 256,
 ) -> tuple[int, ControlRecord] | None:
     """The latest FrontierSnapshot of ``topic`` and its offset, or None (a backwards search
-    from the high watermark: :func:`~substreams.control.io.find_last`)."""
+    from the high watermark: :func:`~substreams.control.io.find_last`).  With a config, only
+    a snapshot by a writer it trusts (:class:`~substreams.control.writers.WriterCheck`):
+    a foreign one is never a starting point."""
+    check = WriterCheck.of(config) if config is not None else None
     return find_last(
-        bootstrap, topic, lambda rec: isinstance(rec.body, FrontierSnapshot), config,
-        timeout=timeout, window=window,
+        bootstrap, topic,
+        lambda rec: isinstance(rec.body, FrontierSnapshot)
+        and (check is None or check.admits(topic, rec)),
+        config, timeout=timeout, window=window,
     )
 
 

@@ -34,9 +34,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from substreams.config import Config, KafkaConfig
+from substreams.config import Config, KafkaConfig, SecurityConfig
 from substreams.errors import BrokerError
-from substreams.kafka import write
+from substreams.kafka import security, write
 from substreams.kafka.clock import Deadline, retry
 from substreams.kafka.embedded import read_state
 
@@ -59,19 +59,85 @@ def resolve_bootstrap(config: Config | None = None, override: str | None = None)
         or os.environ.get(ENV_BOOTSTRAP)
         or (config.kafka.bootstrap if config else "embedded")
     )
-    if wanted != "embedded":
-        return wanted
-    state = read_state()
-    if state is None:
-        raise BrokerError(
-            "kafka.bootstrap is 'embedded' but no embedded broker is running; "
-            "start one with `substreams broker start` (or set SUBSTREAMS_BOOTSTRAP=host:port)"
-        )
-    return state.bootstrap
+    if wanted == "embedded":
+        state = read_state()
+        if state is None:
+            raise BrokerError(
+                "kafka.bootstrap is 'embedded' but no embedded broker is running; start one "
+                "with `substreams broker start` (or set SUBSTREAMS_BOOTSTRAP=host:port)"
+            )
+        wanted = state.bootstrap
+    if config is not None and config.kafka.security is not None:
+        check_login(wanted, config.kafka.security)
+    return wanted
+
+
+LOGIN_PROBE_S = 5.0
+"""How long :func:`check_login` waits for the broker's answer before letting the client go
+on (a broker that does not answer is the caller's usual error, not a login problem)."""
+
+_LOGGED_IN: set[tuple[str, SecurityConfig]] = set()
+
+
+def check_login(bootstrap: str, sec: SecurityConfig) -> None:
+    """Fail fast, in one line naming the user and the broker, when the broker refuses the
+    login (a wrong password, an unknown user) or the TLS handshake (a CA that did not sign
+    the broker's certificate).  Why: librdkafka treats both as transient, so every client
+    would retry them quietly until its own timeout -- a publisher that hangs, a CLI command
+    that says "timed out" after 30 s.  Once per process, broker and block (at most
+    :data:`LOGIN_PROBE_S`)."""
+    if (bootstrap, sec) in _LOGGED_IN:
+        return
+    errors: list[KafkaError] = []
+    probe = AdminClient({
+        "bootstrap.servers": bootstrap, "log_level": 0, "error_cb": errors.append,
+        **security.rdkafka_settings(sec),
+    })
+    deadline = Deadline(LOGIN_PROBE_S)
+    while not deadline.passed:
+        try:
+            probe.list_topics(timeout=0.5)
+        except KafkaException:
+            probe.poll(0)
+        else:
+            _LOGGED_IN.add((bootstrap, sec))
+            return
+        for err in errors:
+            if err.code() == KafkaError._AUTHENTICATION:
+                raise BrokerError(
+                    f"Kafka at {bootstrap} refused user '{sec.username}': authentication "
+                    f"failed ({sec.sasl_mechanism}); check kafka.security's password "
+                    f"({_password_source(sec)}) and that the user exists"
+                )
+            if err.code() == KafkaError._SSL:
+                who = f"user '{sec.username}'" if sec.sasl else sec.protocol
+                raise BrokerError(
+                    f"TLS with Kafka at {bootstrap} failed ({who}): "
+                    f"{_ssl_reason(err.str())}; check kafka.security.ca_file "
+                    f"({sec.ca_file or 'the system CAs'})"
+                )
+    # no answer at all: the broker is down or far, which the client's own calls report;
+    # probing again at every later client of this process would only add the wait
+    _LOGGED_IN.add((bootstrap, sec))
+
+
+def _password_source(sec: SecurityConfig) -> str:
+    if sec.password_env is not None:
+        return f"${sec.password_env}"
+    return str(sec.password_file)
+
+
+def _ssl_reason(text: str) -> str:
+    """librdkafka's SSL error without its ``sasl_ssl://host:port/bootstrap: `` prefix."""
+    return text.split(": ", 1)[-1]
 
 
 def _extra(config: Config | None) -> dict[str, Any]:
-    return dict(config.kafka.client) if config else {}
+    """What the config adds to every client: ``kafka.security`` in librdkafka's keys, then
+    ``kafka.client`` as written."""
+    if config is None:
+        return {}
+    return {**security.rdkafka_settings(config.kafka.security), **config.kafka.client}
 
 
 def producer(

@@ -43,7 +43,9 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from substreams import jvm
+from substreams.config.model import SecurityConfig
 from substreams.errors import BrokerError
+from substreams.kafka import security, tls
 from substreams.kafka.clock import Deadline
 
 log = logging.getLogger(__name__)
@@ -139,9 +141,13 @@ def _port_free(port: int) -> bool:
         return True
 
 
-def broker_answers(bootstrap: str, timeout: float = 1.0) -> bool:
+def broker_answers(
+    bootstrap: str, timeout: float = 1.0, sec: SecurityConfig | None = None
+) -> bool:
     """True when a Kafka Metadata request to ``bootstrap`` succeeds."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "log_level": 0, **security.rdkafka_settings(sec)}
+    )
     try:
         admin.list_topics(timeout=timeout)
         return True
@@ -149,8 +155,12 @@ def broker_answers(bootstrap: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def _live_node_ids(bootstrap: str, timeout: float = 2.0) -> set[int]:
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+def _live_node_ids(
+    bootstrap: str, timeout: float = 2.0, sec: SecurityConfig | None = None
+) -> set[int]:
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "log_level": 0, **security.rdkafka_settings(sec)}
+    )
     try:
         meta = admin.list_topics(timeout=timeout)
     except Exception:
@@ -193,9 +203,12 @@ class KafkaCluster:
         port: int | None = None,
         progress: jvm.Progress | None = None,
         settings: Mapping[str, str] | None = None,
+        secure: bool = False,
     ) -> None:
         """``settings``: broker properties over ``cluster.env``'s (the benchmarks measure
-        what a setting moves; nothing else passes any)."""
+        what a setting moves; nothing else passes any).  ``secure``: clients reach the
+        brokers over SASL_SSL only (SCRAM-SHA-512, a throwaway CA: :mod:`tls`), and the
+        ``StandardAuthorizer`` refuses what no ACL allows (:meth:`_secure_properties`)."""
         if nodes not in (1, 3):
             raise BrokerError(f"--nodes must be 1 or 3, not {nodes}")
         self.home = home
@@ -203,6 +216,8 @@ class KafkaCluster:
         self._first_port = port
         self._progress = progress or jvm.stderr_progress
         self._settings = dict(settings or {})
+        self.secure = secure
+        self.credentials: tls.Credentials | None = None
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self.nodes: list[Node] = []
         self.cluster_id = ""
@@ -237,6 +252,11 @@ class KafkaCluster:
                 raise BrokerError(
                     f"{self.home} holds a {len(self.nodes)}-node cluster, not {self.size} nodes"
                 )
+            if bool(data.get("secure", False)) != self.secure:
+                was = "a secured" if data.get("secure") else "a plaintext"
+                raise BrokerError(
+                    f"{self.home} holds {was} cluster; remove it to start the other kind"
+                )
             return
         self.home.mkdir(parents=True, exist_ok=True)
         # Kafka's cluster ids are 16 random bytes in URL-safe base64 without padding.
@@ -259,6 +279,7 @@ class KafkaCluster:
                 {
                     "cluster_id": self.cluster_id,
                     "kafka_version": KAFKA_VERSION,
+                    "secure": self.secure,
                     "nodes": [asdict(n) for n in self.nodes],
                 },
                 indent=2,
@@ -267,16 +288,85 @@ class KafkaCluster:
 
     def _properties(self, node: Node) -> dict[str, str]:
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        client = "SASL_SSL" if self.secure else "PLAINTEXT"
         return {
             **cluster_settings(self.size),
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},"
+            "listeners": f"{client}://127.0.0.1:{node.port},"
             f"CONTROLLER://127.0.0.1:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "advertised.listeners": f"{client}://127.0.0.1:{node.port}",
             "log.dirs": str(self.node_dir(node.node_id) / "data"),
+            **(self._secure_properties() if self.secure else {}),
             **self._settings,
         }
+
+    def _secure_properties(self) -> dict[str, str]:
+        """Clients and brokers talk SASL_SSL with SCRAM-SHA-512; the controller listener
+        (127.0.0.1 only, brokers and controllers among themselves) SASL_PLAINTEXT with PLAIN
+        -- KRaft controllers cannot use SCRAM, whose credentials live in the metadata they
+        serve.  Every request needs an ACL except the super user's (``admin``: the brokers,
+        the controllers, the operator)."""
+        creds = self._creds()
+        admin, secret = tls.ADMIN, creds.admin_password()
+        store = creds.store_password()
+        return {
+            "listener.security.protocol.map": "CONTROLLER:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+            "inter.broker.listener.name": "SASL_SSL",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+                f'{security.SCRAM_MODULE} required username="{admin}" password="{secret}";',
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config":
+                f'{security.PLAIN_MODULE} required username="{admin}" password="{secret}" '
+                f'user_{admin}="{secret}";',
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.location": str(creds.keystore),
+            "ssl.keystore.password": store,
+            "ssl.key.password": store,
+            "ssl.truststore.type": "PEM",  # a broker is a client of the others
+            "ssl.truststore.location": str(creds.ca_pem),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "false",
+            "super.users": f"User:{admin}",
+        }
+
+    def add_user(self, name: str, password: str) -> None:
+        """Create (or change the password of) SCRAM-SHA-512 user ``name``, as the super user;
+        what ``kafka-configs --alter --add-config SCRAM-SHA-512=...`` does."""
+        from confluent_kafka.admin import (
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialUpsertion,
+        )
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0,
+                             **security.rdkafka_settings(self.admin_security)})
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        futures = admin.alter_user_scram_credentials(
+            [UserScramCredentialUpsertion(name, info, password.encode())]
+        )
+        for future in futures.values():
+            future.result(30)
+
+    def _creds(self) -> tls.Credentials:
+        if self.credentials is None:
+            self.credentials = tls.ensure_credentials(self.home)
+        return self.credentials
+
+    @property
+    def admin_security(self) -> SecurityConfig | None:
+        """The super user's ``kafka.security`` block (None for a PLAINTEXT cluster): what
+        ``broker start --secure`` prints and the readiness check uses."""
+        if not self.secure:
+            return None
+        creds = self._creds()
+        return SecurityConfig(
+            protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", username=tls.ADMIN,
+            password_file=str(creds.admin_password_file), ca_file=str(creds.ca_pem),
+        )
 
     def prepare(self) -> None:
         """Write each node's files and format the storage of those never formatted."""
@@ -287,7 +377,11 @@ class KafkaCluster:
             d = self.node_dir(node.node_id)
             (d / "logs").mkdir(parents=True, exist_ok=True)
             props = self._properties(node)
-            (d / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+            path = d / "server.properties"
+            if self.secure:  # it holds the super user's and the keystore's passwords
+                path.touch(mode=0o600)
+                path.chmod(0o600)
+            path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
             (d / "log4j2.properties").write_text(LOG4J2)
             if not (d / "data" / "meta.properties").exists():
                 # With static controller.quorum.voters, `format` takes no quorum flag.
@@ -301,6 +395,9 @@ class KafkaCluster:
                     "-c",
                     str(d / "server.properties"),
                 ]
+                if self.secure:  # the super user exists before any broker logs in as it
+                    secret = self._creds().admin_password()
+                    cmd += ["--add-scram", f"SCRAM-SHA-512=[name={tls.ADMIN},password={secret}]"]
                 formats.append(
                     (
                         node.node_id,
@@ -374,7 +471,9 @@ class KafkaCluster:
                     )
             live = set()
             for node_id in wanted:
-                live |= _live_node_ids(f"127.0.0.1:{self.node(node_id).port}", timeout=1.0)
+                live |= _live_node_ids(
+                    f"127.0.0.1:{self.node(node_id).port}", 1.0, self.admin_security
+                )
             if wanted <= live:
                 return
             if deadline.passed:
@@ -466,15 +565,16 @@ class BrokerState:
     nodes: int
     bootstrap: str
     started_at: float
+    secure: bool = False
 
     def cluster(self, progress: jvm.Progress | None = None) -> KafkaCluster:
-        c = KafkaCluster(Path(self.home), self.nodes, progress=progress)
+        c = KafkaCluster(Path(self.home), self.nodes, progress=progress, secure=self.secure)
         c._load_or_plan()
         return c
 
 
-def cluster_home(nodes: int, home: Path | None = None) -> Path:
-    return (home or substreams_home()) / f"kafka-{nodes}"
+def cluster_home(nodes: int, home: Path | None = None, secure: bool = False) -> Path:
+    return (home or substreams_home()) / (f"kafka-{nodes}" + ("-secure" if secure else ""))
 
 
 def read_state(home: Path | None = None) -> BrokerState | None:
@@ -496,21 +596,26 @@ def start_recorded(
     nodes: int = 1,
     home: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    secure: bool = False,
 ) -> tuple[BrokerState, bool]:
     """Start a detached cluster and record it; returns (state, started_now)."""
     home = home or substreams_home()
     existing = read_state(home)
     if existing is not None:
-        if existing.nodes != nodes:
+        if existing.nodes != nodes or existing.secure != secure:
+            kind = "secured " if existing.secure else ""
             raise BrokerError(
-                f"a {existing.nodes}-node cluster already runs on {existing.bootstrap}; "
+                f"a {existing.nodes}-node {kind}cluster already runs on {existing.bootstrap}; "
                 "`substreams broker stop` it first"
             )
         return existing, False
-    cluster = KafkaCluster(cluster_home(nodes, home), nodes, port=port, progress=progress)
+    cluster = KafkaCluster(
+        cluster_home(nodes, home, secure), nodes, port=port, progress=progress, secure=secure
+    )
     cluster.start()
     state = BrokerState(
-        home=str(cluster.home), nodes=nodes, bootstrap=cluster.bootstrap, started_at=time.time()
+        home=str(cluster.home), nodes=nodes, bootstrap=cluster.bootstrap, started_at=time.time(),
+        secure=secure,
     )
     (home / STATE_FILE).write_text(json.dumps(asdict(state)))
     return state, True

@@ -40,7 +40,9 @@ Where the JVM cannot serve (the Python read path stays, :func:`jvm_unsupported`)
 (records before their epoch is complete, with data offsets in the offset log); a payload with
 nested or multi-branch fields (the Python source gives them as JSON text, ``from_avro`` as
 structs: the same job would see other values); a config with ``kafka.client`` settings
-(librdkafka properties, which Spark's Java Kafka client does not take by the same names).
+other than the security ones (librdkafka properties the Java client does not take by the same
+names).  ``kafka.security`` and the librdkafka security keys of ``kafka.client`` are mapped
+onto the Java client's (:func:`security_options`), so a secured cluster is read in the JVM.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from typing import Any
 
 from substreams.config import Config
 from substreams.control.messages import OffsetRange
+from substreams.kafka import security
 from substreams.spark.schema import PayloadLayout
 from substreams.streams.schemas import (
     PREFIX_BYTES,
@@ -77,13 +80,23 @@ def jvm_unsupported(config: Config, stream: str) -> str | None:
     nested = [n for n, j in zip(layout.names, layout.as_json, strict=True) if j]
     if nested:
         return f"stream '{stream}' has nested or multi-branch fields {nested} (JSON text)"
-    if config.kafka.client:
-        return "the config sets kafka.client (librdkafka properties)"
+    unmapped = security.unmapped_client_keys(config.kafka.client)
+    if unmapped:
+        return f"the config sets kafka.client {unmapped} (librdkafka properties)"
     return None
 
 
+def security_options(config: Config) -> dict[str, str]:
+    """The Java client's security options of ``config`` (``kafka.security``, else the
+    security keys of ``kafka.client``) for Spark's Kafka source."""
+    if config.kafka.security is not None:
+        return security.java_options(config.kafka.security)
+    return security.java_client_options(config.kafka.client)
+
+
 def kafka_options(
-    bootstrap: str, topic: str, ranges: Sequence[OffsetRange], group_id: str
+    bootstrap: str, topic: str, ranges: Sequence[OffsetRange], group_id: str,
+    secured: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The Kafka source's options for one batch read of ``ranges`` of ``topic``: per
     partition, from the lowest start to the highest end (records of other epochs in
@@ -112,6 +125,7 @@ def kafka_options(
         # requests in order: the offsets request waited behind it, up to 500 ms per task
         # (the JVM read's per-call floor; substreams_bench.spark_read_floor).
         "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
+        **(secured or {}),  # :func:`security_options`
     }
 
 
@@ -545,7 +559,9 @@ def unplaced_records(
 
     keep, decode, kept, fields = _RecordColumns.of(
         spark, config, stream, substream, decoding).jvm_steps
-    kafka = direct_jdf(spark, kafka_options(bootstrap, stream, ranges, group_id))
+    kafka = direct_jdf(
+        spark, kafka_options(bootstrap, stream, ranges, group_id, security_options(config))
+    )
     return DataFrame(kafka.filter(keep).select(decode).filter(kept).select(fields), spark)
 
 

@@ -115,6 +115,7 @@ class DashboardModel:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: str | None = None
+        self._follower: ControlFollower | None = None
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -126,6 +127,7 @@ class DashboardModel:
             self.bootstrap, self.config, name="dashboard", on_bad=LOG,
             resume=ResumeLookup(self.bootstrap, self.config),
         )
+        self._follower = follower
         starts = {
             t: self._position_checkpoints(follower.reader, t, shard.name)
             for t, shard in self.shards.items()
@@ -281,6 +283,9 @@ class DashboardModel:
             "sources": self._sources_view(),
             "blockers": self._blockers_view(),
             "error": self.error,
+            # Records refused for their writer (not the acker; docs/design.md, "Threat model
+            # and writer identity"): each is logged with its topic and offset.
+            "refused_records": self._follower.foreign if self._follower is not None else 0,
         }
 
     def _substream_view(self, sub: _Substream) -> dict[str, Any]:
