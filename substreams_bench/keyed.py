@@ -1,6 +1,7 @@
 """`substreams bench keyed`: one acker shard holding K open sessions (issue #42's targets).
 
-Per K (and records per key R): a session substream (gap 30 s), one source, K keys x R
+Per K (and records per key R): a session substream (gap 30 s), one source (and, up to
+100,000 keys, two sources sharing every key: each session has records of both), K keys x R
 records reported to the acks topic (pre-written: the acker alone is measured, as in `bench
 acker`'s throughput row), then
 
@@ -72,6 +73,7 @@ STEADY_STEPS = 200
 COLUMNS = [
     Column("keys", "open sessions", "{:,}"),
     Column("records_per_key", "records/key"),
+    Column("sources", "sources"),
     Column("open_s", "open: apply s", "{:.1f}"),
     Column("rss_per_session", "RSS B/session", "{:,.0f}"),
     Column("max_record_kb", "max record KB", "{:.1f}"),
@@ -107,41 +109,54 @@ class _Acks:
     """The acks topic of one run, written as a source's agent would (one ack message per
     flush), with the sequence numbers the acker's exactly-once rule wants."""
 
-    def __init__(self, config: Config, bootstrap: str) -> None:
+    def __init__(self, config: Config, bootstrap: str, sources: int = 1) -> None:
         self.config, self.bootstrap = config, bootstrap
         self.sub = config.substreams[0].name
-        self.seq = 1
+        self.sources = [f"src{i}" for i in range(sources)]
+        self.seqs = dict.fromkeys(self.sources, 1)
         settings: dict[str, Any] = {"linger.ms": 20}
         self._producer = client.producer(bootstrap, config, **settings)
 
-    def send(self, body: Any) -> None:
+    def send(self, body: Any, source: str = "src0") -> None:
         produce(self._producer, self.config.acker.acks_topic,
-                encode_ack(AckMessage("src", self.seq, 0, body, "inc")),
+                encode_ack(AckMessage(source, self.seqs[source], 0, body, "inc")),
                 partition=0, headers=ack_headers())
-        self.seq += 1
+        self.seqs[source] += 1
 
     def flush(self) -> None:
         self._producer.flush(120)
 
     def sessions(self, keys: int, per_key: int) -> int:
-        """Register, then K x R reports (a data record each, offsets in order); how many
-        ack messages that made."""
-        first = self.seq
-        self.send(Register((self.sub,), writer="bench-src"))
-        entries: list[AckEntry] = []
+        """Register every source, then K x R reports (a data record each, offsets in order),
+        the records of every key dealt round the sources (sources sharing keys: each
+        session has records of several); how many ack messages that made."""
+        first = sum(self.seqs.values())
+        for src in self.sources:
+            self.send(Register((self.sub,), writer=f"bench-{src}"), src)
+        pending: dict[str, list[AckEntry]] = {src: [] for src in self.sources}
         offset = 0
+        n = len(self.sources)
         for r in range(per_key):
             for k in range(keys):
+                src = self.sources[(k + r) % n]
+                entries = pending[src]
                 entries.append(AckEntry(self.sub, Keyed(f"user-{k:08d}", 1_000 + r * 10), 0, 1,
                                         2, (OffsetRange("bench", 0, offset, offset + 1),)))
                 offset += 1
                 if len(entries) == PER_MESSAGE:
-                    self.send(AckReport(tuple(entries), ()))
-                    entries = []
-        if entries:
-            self.send(AckReport(tuple(entries), ()))
+                    self.send(AckReport(tuple(entries), ()), src)
+                    entries.clear()
+        for src, entries in pending.items():
+            if entries:
+                self.send(AckReport(tuple(entries), ()), src)
         self.flush()
-        return self.seq - first
+        return sum(self.seqs.values()) - first
+
+    def close_all(self) -> None:
+        """Every source's keyed seal past every session's end + gap."""
+        for src in self.sources:
+            self.send(AckReport((), (SealEntry(self.sub, 10**12, 1, True),)), src)
+        self.flush()
 
 
 def _step(
@@ -173,9 +188,9 @@ def _apply_all(service: AckerService, messages: int, sizes: list[list[int]],
         _step(service, sizes, times)
 
 
-def one(ctx: BenchContext, keys: int, per_key: int) -> dict[str, Any]:
+def one(ctx: BenchContext, keys: int, per_key: int, sources: int = 1) -> dict[str, Any]:
     config = _config(ctx)
-    acks = _Acks(config, ctx.bootstrap)
+    acks = _Acks(config, ctx.bootstrap, sources)
     messages = acks.sessions(keys, per_key)
     gc.collect()
     idle = _rss()
@@ -209,8 +224,7 @@ def one(ctx: BenchContext, keys: int, per_key: int) -> dict[str, Any]:
     # close: one keyed seal past every session's end + gap
     before = service.notifications
     close_steps: list[float] = []
-    acks.send(AckReport((), (SealEntry(acks.sub, 10**12, 1, True),)))
-    acks.flush()
+    acks.close_all()
     t1 = time.perf_counter()
     deadline = t1 + 1800
     while service.notifications - before < keys and time.perf_counter() < deadline:
@@ -221,9 +235,10 @@ def one(ctx: BenchContext, keys: int, per_key: int) -> dict[str, Any]:
     records = [n for txn in sizes for n in txn]
     txns = [sum(txn) for txn in sizes]
     return {
-        "measurement": f"{keys:,} sessions x {per_key} records",
+        "measurement": f"{keys:,} sessions x {per_key} records, {sources} source(s)",
         "keys": keys,
         "records_per_key": per_key,
+        "sources": sources,
         "samples": len(open_steps),
         "open_s": round(open_s, 2),
         "rss_per_session": round(held / keys, 1),
@@ -238,17 +253,17 @@ def one(ctx: BenchContext, keys: int, per_key: int) -> dict[str, Any]:
         "close_per_s": round(notified / close_s, 1) if close_s else None,
         "close_step_max_ms": round(max(close_steps, default=0) * 1000, 1),
         # on the state of K open sessions: a second run whose acker stops before the seal
-        "recovery_s": _recovery(ctx, keys, per_key),
+        "recovery_s": _recovery(ctx, keys, per_key, sources),
         "notified": notified,
         "expected_notifications": keys,
         "notifications": notified,
     }
 
 
-def _recovery(ctx: BenchContext, keys: int, per_key: int) -> float | None:
+def _recovery(ctx: BenchContext, keys: int, per_key: int, sources: int = 1) -> float | None:
     ctx.reset()
     config = _config(ctx)
-    messages = _Acks(config, ctx.bootstrap).sessions(keys, per_key)
+    messages = _Acks(config, ctx.bootstrap, sources).sessions(keys, per_key)
     service = Application(config, ctx.bootstrap).acker(max_batch=50)
     service.start()
     _apply_all(service, messages, [], [])
@@ -274,11 +289,17 @@ def run(ctx: BenchContext) -> BenchResult:
     per_keys = [3] if ctx.quick else [3, 100]
     # Smallest first, by open times: RSS above the process's before a run is only meaningful
     # when no larger run came before it (freed memory is kept by the allocator and reused).
-    runs = sorted(((k, r) for r in per_keys for k in grid if k * r <= 3_000_000),
-                  key=lambda kr: (kr[0] * kr[1], kr[1]))
-    for keys, per_key in ctx.track(runs, lambda kr: f"{kr[0]:,} keys x {kr[1]}"):
-        result.rows.append(one(ctx, keys, per_key))
-    rows = [r for r in result.rows if r["records_per_key"] == per_keys[0]]
+    # ... and 2 sources sharing every key (each session has records of both, both must
+    # seal) for the first records-per-key, up to 100,000 keys.
+    runs = [(k, r, 1) for r in per_keys for k in grid if k * r <= 3_000_000]
+    runs += [(k, per_keys[0], 2) for k in grid if k <= 100_000]
+    runs.sort(key=lambda kr: (kr[0] * kr[1], kr[1], kr[2]))
+    for keys, per_key, sources in ctx.track(
+        runs, lambda kr: f"{kr[0]:,} keys x {kr[1]}, {kr[2]} source(s)"
+    ):
+        result.rows.append(one(ctx, keys, per_key, sources))
+    rows = [r for r in result.rows
+            if r["records_per_key"] == per_keys[0] and r.get("sources", 1) == 1]
     big = max(rows, key=lambda r: r["keys"])
     small = min(rows, key=lambda r: r["keys"])
     longest = max(max(r["open_step_max_ms"], r["close_step_max_ms"]) for r in result.rows)
@@ -321,7 +342,7 @@ def plot(result: BenchResult, path: Path) -> None:
     """Sessions/s and steady step p99 against K."""
     import matplotlib.pyplot as plt
 
-    rows = [r for r in result.rows if r["records_per_key"] == 3]
+    rows = [r for r in result.rows if r["records_per_key"] == 3 and r.get("sources", 1) == 1]
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 4))
     ks = [r["keys"] for r in rows]
     a.plot(ks, [r["close_per_s"] or 0 for r in rows], marker="o")
