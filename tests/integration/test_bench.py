@@ -356,9 +356,11 @@ def test_bench_keyed_quick_writes_json_with_every_target(bootstrap: str, tmp_pat
     assert done.returncode == 0, done.stderr + done.stdout
     assert "bench keyed (quick)" in done.stdout and "target met" in done.stdout
     data = json.loads((out / "keyed.json").read_text())
-    small, big = data["rows"]
-    for row, keys in ((small, 300), (big, 1200)):
-        assert row["keys"] == keys and row["records_per_key"] == 3, row
+    rows = data["rows"]  # smallest first; one source, then two sharing every key
+    assert [(r["keys"], r["sources"]) for r in rows] == [(300, 1), (300, 2), (1200, 1), (1200, 2)]
+    for row in rows:
+        keys = row["keys"]
+        assert row["records_per_key"] == 3, row
         assert row["notified"] == keys, row  # one seal closed every session, each once
         assert row["recovery_s"] is not None and row["recovery_s"] > 0, row
         assert 0 < row["max_record_kb"] <= 256 and row["rss_per_session"] > 0, row
