@@ -8,6 +8,7 @@ from substreams.config.loader import load_config, load_config_text
 from substreams.config.model import (
     AckerConfig,
     Config,
+    ForeignSource,
     KafkaConfig,
     SealPolicy,
     StageConfig,
@@ -19,6 +20,7 @@ from substreams.config.model import (
 __all__ = [
     "AckerConfig",
     "Config",
+    "ForeignSource",
     "KafkaConfig",
     "SealPolicy",
     "StageConfig",
