@@ -73,6 +73,13 @@ input offsets)."""
 
 STATE_VERSION = 1
 
+COMMIT_MS = 100
+"""How long read records may wait in a partition's open transaction when no seal moved (a
+seal commits at once, with every record before it): a commit per poll would cost a
+transaction, an offset commit and their markers per partition per few milliseconds."""
+MAX_PENDING = 20_000
+"""A partition's open transaction commits once it holds this many records, whatever else."""
+
 
 def source_id(partition: int) -> str:
     """The source that follows input partition ``partition`` (whatever instance runs it)."""
@@ -136,6 +143,10 @@ class PartitionFollower:
         )
         self.bad = BadRecords(ingest.config, self.letters.service, writer=self.letters)
         self.position = 0
+        self.pending = 0
+        """Records read into the open transaction."""
+        self.opened_at: float | None = None
+        """When the open transaction got its first record (monotonic s)."""
         self.dirty = True
         """Something waits for a commit though no record came: at first, the partition's
         offset (so that every instance sees it is followed: :meth:`Ingest.all_followed`)."""
@@ -234,6 +245,9 @@ class PartitionFollower:
         self._publish(run, keys, offsets)
         if msgs:
             self.position = (msgs[-1].offset() or 0) + 1
+            self.pending += len(msgs)
+            if self.opened_at is None:
+                self.opened_at = time.monotonic()
 
     def release(self) -> None:
         """Sealing is allowed from now on: the event times seen before it count."""
@@ -316,13 +330,24 @@ class PartitionFollower:
         self.dirty = True
 
     def idle(self, now_ms: int) -> None:
-        """Seal what ``idle_ms`` of quiet allows (committed by :meth:`commit`)."""
-        if not self.ingest.sealing:
+        """Seal what ``idle_ms`` of quiet allows (committed by :meth:`commit`) -- only while
+        the partition is read to its end: a partition the ingest lags behind is not quiet,
+        and an idle seal then would make the records still to be read late."""
+        if not self.ingest.sealing or not self.ingest.at_end(self.partition):
             return
         for name, clock in self.clocks.items():
             sealed = clock.idle(now_ms)
             if sealed is not None:
                 self._seal(name, sealed)
+
+    def due(self, now: float) -> bool:
+        """Whether the open transaction commits now: a seal (or the first offset) waits, or
+        its records waited ``COMMIT_MS``, or there are ``MAX_PENDING`` of them."""
+        if self.dirty:
+            return True
+        opened = self.opened_at
+        return opened is not None and (now - opened >= COMMIT_MS / 1000
+                                       or self.pending >= MAX_PENDING)
 
     def commit(self, group_metadata: Any) -> None:
         """The open transaction with this partition's next offset and seal state."""
@@ -331,12 +356,15 @@ class PartitionFollower:
         self.publisher.send_offsets([tp], group_metadata)
         self.publisher.commit()
         self.dirty = False
+        self.pending = 0
+        self.opened_at = None
         self.counts.commits += 1
 
     def close(self) -> None:
         """Let go without an Unregister: stopping an ingest is a pause, its sources stay
         registered and their open times wait for the next process (or an eviction), as
-        after a crash.  Every step committed what it read, so nothing is dropped."""
+        after a crash.  :meth:`Ingest.run` committed what it read first (a stop by an
+        error drops the open transaction, whose records are read again after a restart)."""
         self.publisher.abort()
 
 
@@ -369,6 +397,7 @@ class Ingest:
         self.decoder = ForeignDecoder(self.stream, lookup)
         self.max_batch = max_batch
         self.group = group_id(stream)
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix=f"ingest-{stream}")
         self.sealing = False
         """Whether this instance seals: only once every partition of the topic has been
         followed (has a committed offset), or an instance started alone would let windows
@@ -468,14 +497,29 @@ class Ingest:
         for p, batch in by_partition.items():
             self.followers[p].take(batch)
         now = self.app.clock.now_ms()
-        meta = None
-        for p, follower in self.followers.items():
+        for follower in self.followers.values():
             follower.idle(now)
-            if p in by_partition or follower.dirty:
-                if meta is None:
-                    meta = self.reader.consumer.consumer_group_metadata()
-                follower.commit(meta)
+        mono = time.monotonic()
+        due = [f for f in self.followers.values() if f.due(mono)]
+        if due:
+            meta = self.reader.consumer.consumer_group_metadata()
+            if len(due) == 1:
+                due[0].commit(meta)
+            else:  # the commits wait on the broker: side by side, not one after the other
+                for future in [self._pool.submit(f.commit, meta) for f in due]:
+                    future.result()
         return len(msgs)
+
+    def at_end(self, partition: int) -> bool:
+        """Whether the input partition is read to its end (nothing fetched after its EOF)."""
+        return (self.topic, partition) in self.reader.at_end
+
+    def flush(self) -> None:
+        """Commit every partition's open transaction now (tests, a clean stop)."""
+        meta = self.reader.consumer.consumer_group_metadata()
+        for follower in self.followers.values():
+            if follower.dirty or follower.opened_at is not None:
+                follower.commit(meta)
 
     def counts(self) -> Counts:
         """The sums over this instance's partitions."""
@@ -500,6 +544,7 @@ class Ingest:
                 if on_progress is not None and time.monotonic() >= due:
                     due = time.monotonic() + every_s
                     on_progress(self.counts())
+            self.flush()
         finally:
             self.close()
 
@@ -516,6 +561,7 @@ class Ingest:
         self._closed = True
         for follower in getattr(self, "followers", {}).values():
             follower.close()  # never raises
+        self._pool.shutdown(wait=False)
         self.reader.close()
 
     def __enter__(self) -> Ingest:

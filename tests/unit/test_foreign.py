@@ -214,3 +214,15 @@ def test_instances_split_the_partitions_exactly(partitions: int, instances: int)
 def test_an_instance_outside_the_count_is_refused() -> None:
     with pytest.raises(SubstreamsError, match="instance 2 of 2"):
         owned(4, 2, 2)
+
+
+def test_the_error_for_an_untracked_topic_says_what_to_do() -> None:
+    """A plain producer's JSON on a data topic: the reader's error points at `source:` and
+    `substreams ingest`."""
+    from substreams.errors import ForeignRecordError
+
+    with pytest.raises(ForeignRecordError) as info:
+        Codec(SCHEMA).decode_single(b'{"user": "a", "ts": 5}')
+    message = str(info.value)
+    assert "no C3 01 marker" in message
+    assert "streams[].source" in message and "substreams ingest" in message
