@@ -17,7 +17,8 @@ end -> notification p50/p99 (the moment ``notifications()`` delivers the window 
 in event time, which is wall-clock time here), and every window's per-user counts, read
 from the notification's records (a firm read), checked against what was produced.
 Targets: foreign records per CPU-second >= 0.8x the publisher line's; notification p99
-<= 2x the publisher line's; 0 wrong windows in every line.
+<= 2x the publisher line's (the line without a kill: the kill's restart is in the other's
+p99, reported, not judged); 0 wrong windows in every line (the kill changes no count).
 """
 
 from __future__ import annotations
@@ -335,7 +336,7 @@ def run(ctx: BenchContext) -> BenchResult:
         result.targets.append(Target(f"{row['line']}: records per CPU-s vs publisher",
                                      f">= {MIN_CPU_RATIO}x", f"{ratio:.2f}x",
                                      ratio >= MIN_CPU_RATIO))
-        if row["p99_ms"] is not None and base["p99_ms"]:
+        if row["p99_ms"] is not None and base["p99_ms"] and not row["line"].endswith("SIGKILL"):
             p99 = row["p99_ms"] / base["p99_ms"]
             result.targets.append(Target(f"{row['line']}: notification p99 vs publisher",
                                          f"<= {MAX_P99_RATIO}x", f"{p99:.2f}x",

@@ -257,3 +257,56 @@ def test_two_instances_split_the_partitions(make_config: ConfigFactory) -> None:
             with running(second):
                 sent = truth(rows)
                 check_exactly_once(config, sub, sent, set(sent))
+
+
+def test_confluent_avro_topic_across_two_schema_ids(make_config: ConfigFactory) -> None:
+    """confluent-kafka's own AvroSerializer (registering through its SchemaRegistryClient)
+    writes the Schema Registry wire format with two writer schemas -- the second reorders
+    the fields and adds one with a default -- and the ingest resolves both ids into the
+    stream's schema: exact windows; a record of an id the registry does not know is
+    dead-lettered with its offset.  The registry is a double (tests/registry_double.py says
+    why no real one runs here)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from substreams.streams.foreign import REASON_UNKNOWN_ID, confluent_frame
+    from tests.conftest import CLICK_SCHEMA
+    from tests.registry_double import registry_double
+
+    v2 = {**CLICK_SCHEMA, "fields": [
+        {"name": "ts", "type": "long"}, {"name": "url", "type": "string"},
+        {"name": "user", "type": "string"},
+        {"name": "referrer", "type": ["null", "string"], "default": None}]}
+    with registry_double() as url:
+        config = foreign_config(make_config, partitions=2, fmt="confluent-avro",
+                                extra={"registry_url": url})
+        topic, sub = topic_of(config), config.substreams[0].name
+        registry = SchemaRegistryClient({"url": url})
+        ctx = SerializationContext(topic, MessageField.VALUE)
+        one = AvroSerializer(registry, json.dumps(CLICK_SCHEMA))
+        two = AvroSerializer(registry, json.dumps(v2))
+        producer = plain_producer(config)
+        rows = plan(2, 40, seed=5)
+        for i, (p, ts, u) in enumerate(rows):
+            if i < len(rows) // 2:
+                value = one({"user": f"u{i % 5}", "url": u, "ts": ts}, ctx)
+            else:
+                value = two({"user": f"u{i % 5}", "url": u, "ts": ts, "referrer": "x"}, ctx)
+            assert value is not None and value[0] == 0
+            producer.produce(topic, value, partition=p)
+        producer.flush(30)
+        ids = {int.from_bytes(v[1:5], "big") for v in (
+            one({"user": "a", "url": "/", "ts": 0}, ctx),
+            two({"user": "a", "url": "/", "ts": 0, "referrer": None}, ctx)) if v}
+        assert len(ids) == 2  # two schema ids in the topic
+        producer.produce(topic, confluent_frame(999, b"\x00"), partition=0)  # offset 40
+        producer.flush(30)
+        for p, ts, u in closers(rows, 2):
+            producer.produce(topic, one({"user": "c", "url": u, "ts": ts}, ctx), partition=p)
+        producer.flush(30)
+        with acker(config), running(Ingest(config, config.streams[0].name)):
+            sent = truth(rows)
+            check_exactly_once(config, sub, sent, set(sent))
+    letters = [d for d in read_dead_letters(config) if d.topic == topic]
+    assert [(d.reason, d.partition, d.offset) for d in letters] == [(REASON_UNKNOWN_ID, 0, 40)]
