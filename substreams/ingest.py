@@ -73,11 +73,11 @@ input offsets)."""
 
 STATE_VERSION = 1
 
-COMMIT_MS = 100
+COMMIT_MS = 250
 """How long read records may wait in a partition's open transaction when no seal moved (a
 seal commits at once, with every record before it): a commit per poll would cost a
 transaction, an offset commit and their markers per partition per few milliseconds."""
-MAX_PENDING = 20_000
+MAX_PENDING = 5_000
 """A partition's open transaction commits once it holds this many records, whatever else."""
 
 

@@ -134,9 +134,9 @@ class ForeignDecoder:
         return self._confluent(data)
 
     def _json(self, data: bytes) -> dict[str, Any]:
-        try:
-            payload = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
+        try:  # a str: json.loads of bytes first guesses their encoding, per record
+            payload = json.loads(data.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError included
             raise ForeignPayloadError(
                 REASON_NOT_JSON,
                 f"topic '{self.topic}': not JSON ({exc}); {len(data)} bytes starting "

@@ -310,3 +310,40 @@ def test_confluent_avro_topic_across_two_schema_ids(make_config: ConfigFactory) 
             check_exactly_once(config, sub, sent, set(sent))
     letters = [d for d in read_dead_letters(config) if d.topic == topic]
     assert [(d.reason, d.partition, d.offset) for d in letters] == [(REASON_UNKNOWN_ID, 0, 40)]
+
+
+def test_a_replaced_ingest_is_fenced(make_config: ConfigFactory) -> None:
+    """A second process following the same partitions fences the first: the first's next
+    commit raises PublisherFencedError (it writes nothing more), the second goes on from the
+    committed offsets and the windows stay exact."""
+    import pytest
+
+    from substreams.errors import PublisherFencedError
+
+    config = foreign_config(make_config, partitions=2)
+    topic, sub = topic_of(config), config.substreams[0].name
+    rows = plan(2, 60, seed=2)
+    producer = plain_producer(config)
+    produce(producer, topic, rows[:60])
+    stream = config.streams[0].name
+    with acker(config):
+        old = Ingest(config, stream)
+        deadline = time.monotonic() + 20
+        while old.counts().records < 60 and time.monotonic() < deadline:
+            old.step(0.1)
+        old.flush()
+        new = spawn_ingest(config)  # another process: its publishers fence these
+        try:
+            produce(producer, topic, rows[60:])
+            assert wait_progress(new, timeout=60)  # started (fenced the old), wrote records
+            produce(producer, topic, closers(rows, 2))  # the old one reads, cannot commit
+            with pytest.raises(PublisherFencedError):
+                for _ in range(400):
+                    old.step(0.05)
+                    old.flush()
+            old.close()
+            sent = truth(rows)
+            check_exactly_once(config, sub, sent, set(sent))
+        finally:
+            new.send_signal(signal.SIGTERM)
+            new.wait(30)

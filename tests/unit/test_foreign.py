@@ -226,3 +226,48 @@ def test_the_error_for_an_untracked_topic_says_what_to_do() -> None:
     message = str(info.value)
     assert "no C3 01 marker" in message
     assert "streams[].source" in message and "substreams ingest" in message
+
+
+def test_a_stream_without_order_key_keeps_its_own_ingest_time() -> None:
+    """Event times out of order and no order key field: the publisher writes them (no
+    OrderKeyRegressionError, no field added), each record's order key its clock in ms,
+    non-decreasing also when the clock steps back."""
+    from substreams.config.loader import load_config_text
+    from substreams.kafka.clock import SimClock
+    from substreams.kafka.memory import MemoryLog
+    from substreams.kafka.memproducer import MemoryProducers
+    from substreams.streams.publisher import Publisher
+    from substreams.streams.schemas import Codec, envelope_schema
+    from tests.unit.test_publisher_memory import ROOT, delivered_records
+
+    config = load_config_text(
+        "streams:\n  - {name: clicks, schema: avro/click.avsc, partitions: 1}\n"
+        "substreams:\n  - {name: w, stream: clicks, kind: tumbling, field: ts, size_ms: 10}\n",
+        ROOT / "substreams.yaml",
+    )
+    class Skewed(SimClock):
+        """A wall clock that can step back (NTP), as the real one can."""
+
+        skew = 0
+
+        def now_ms(self) -> int:
+            return super().now_ms() + self.skew
+
+    clock = Skewed()
+    log = MemoryLog(clock)
+    log.create_topics({"clicks": 1})
+    pub = Publisher(config, "clicks", "web", bootstrap="memory/p", mechanisms={},
+                    producers=MemoryProducers(log, lambda *_: None), schemas=lambda *_: None,
+                    clock=clock)
+    start = clock.now_ms()
+    pub.publish({"user": "a", "url": "/1", "ts": 50})
+    clock.advance_ms(5)
+    pub.publish_many([{"user": "a", "url": "/2", "ts": 20},
+                      {"user": "a", "url": "/3", "ts": 35}])
+    clock.skew = -3  # the wall clock steps back: the key does not
+    pub.publish({"user": "a", "url": "/4", "ts": 10})
+    pub.flush()
+    codec = Codec(envelope_schema(config.stream("clicks").schema))
+    got = [codec.decode_single(r.value) for r in delivered_records(log, "clicks", 1)]
+    assert [g["payload"]["ts"] for g in got] == [50, 20, 35, 10]
+    assert [g["order_key"] for g in got] == [start, start + 5, start + 5, start + 5]
