@@ -79,6 +79,11 @@ seal commits at once, with every record before it): a commit per poll would cost
 transaction, an offset commit and their markers per partition per few milliseconds."""
 MAX_PENDING = 5_000
 """A partition's open transaction commits once it holds this many records, whatever else."""
+FETCH_WAIT_MS = 100
+"""How long the broker holds a fetch of the foreign topic that finds nothing new.  Not a
+latency: a fetch returns as soon as a record is there (``fetch.min.bytes`` 1); the
+readers' default here (10 ms) has a caught-up ingest fetch 100 times a second: at 2,000
+records/s, 233 -> 183 µs of the ingest's CPU per record (profiled, load ~8)."""
 
 
 def source_id(partition: int) -> str:
@@ -406,7 +411,8 @@ class Ingest:
         self._others: list[int] = []
         self._checked = 0.0
         self.reader = Reader(self.bootstrap, config, name=f"ingest '{stream}': topic "
-                             f"'{self.topic}'", **{"group.id": self.group})
+                             f"'{self.topic}'", **{"group.id": self.group,
+                                                   "fetch.wait.max.ms": FETCH_WAIT_MS})
         try:
             count = self._partitions()
             self.partitions = owned(count, instance, instances)

@@ -258,13 +258,13 @@ def _line(ctx: BenchContext, name: str, rate: int, seconds: float) -> dict[str, 
             _wait_registered(config)
             b0 = _cpu_s(broker) if broker else 0.0
             kill_at = seconds / 2 if name.endswith("SIGKILL") else None
-            result: dict[str, Any] = {}
 
-            def produce() -> None:
-                result["written"], result["seconds"] = _produce_foreign(config, rate, seconds)
-
-            writer = threading.Thread(target=produce)
-            writer.start()
+            out = config.path.with_suffix(".produced.json")
+            writer = subprocess.Popen(  # its own process, as another team's service
+                [sys.executable, "-m", "substreams_bench.foreign", "produce", str(config.path),
+                 str(rate), str(seconds), str(out)], stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             if kill_at is not None:
                 time.sleep(kill_at)
                 cpu_s += _cpu_s(proc.pid)
@@ -272,8 +272,12 @@ def _line(ctx: BenchContext, name: str, rate: int, seconds: float) -> dict[str, 
                 proc.wait(10)
                 proc = _spawn_ingest(config, log_path)
                 procs.append(proc)
-            writer.join()
-            written, elapsed = result["written"], result["seconds"]
+            _, err = writer.communicate(timeout=seconds + 120)
+            if writer.returncode:
+                raise RuntimeError(f"producer process failed: {err.decode()[-1500:]}")
+            doc = json.loads(out.read_text())
+            written = [(int(n), int(ts)) for n, ts in doc["written"]]
+            elapsed = doc["seconds"]
             truth = _truth(written)
             observer.wait_for(set(truth), 60)
             cpu_s += _cpu_s(proc.pid)
@@ -285,13 +289,14 @@ def _line(ctx: BenchContext, name: str, rate: int, seconds: float) -> dict[str, 
             out = config.path.with_suffix(".pub.json")
             b0 = _cpu_s(broker) if broker else 0.0
             pub = subprocess.run(
-                [sys.executable, "-m", "substreams_bench.foreign", str(config.path), str(rate),
-                 str(seconds), str(out)], capture_output=True, text=True, timeout=seconds + 120,
+                [sys.executable, "-m", "substreams_bench.foreign", "publish", str(config.path),
+                 str(rate), str(seconds), str(out)], capture_output=True, text=True,
+                timeout=seconds + 120,
             )
             if pub.returncode:
                 raise RuntimeError(f"publisher process failed: {pub.stderr[-1500:]}")
             doc = json.loads(out.read_text())
-            written = [tuple(x) for x in doc["written"]]
+            written = [(int(n), int(ts)) for n, ts in doc["written"]]
             elapsed, cpu_s = doc["seconds"], doc["cpu_s"]
             truth = _truth(written)
             observer.wait_for(set(truth), 60)
@@ -368,5 +373,12 @@ def plot(result: BenchResult, path: Path) -> None:
     save_figure(fig, path)
 
 
-if __name__ == "__main__":  # the publisher line's own process
-    publisher_main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])
+def producer_main(path: str, rate: int, seconds: float, out: str) -> None:
+    """The foreign lines' writer process: a plain producer, as another team's service."""
+    written, elapsed = _produce_foreign(load_config(path), rate, seconds)
+    Path(out).write_text(json.dumps({"written": written, "seconds": elapsed}))
+
+
+if __name__ == "__main__":  # the writers' own processes
+    main_of = {"publish": publisher_main, "produce": producer_main}[sys.argv[1]]
+    main_of(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])

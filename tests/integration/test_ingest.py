@@ -194,6 +194,21 @@ def test_sigkilled_ingest_gives_exact_windows_of_a_plain_json_topic(
     assert b"read " in err  # progress lines
 
 
+def test_ingest_of_a_stream_without_source_is_a_one_line_error(
+    make_config: ConfigFactory,
+) -> None:
+    from click.testing import CliRunner
+
+    from substreams.cli.main import cli
+
+    config = make_config([{"name": "clicks"}], create=False)
+    got = CliRunner().invoke(cli, ["ingest", "-c", str(config.path), "--stream",
+                                   config.streams[0].name])
+    assert got.exit_code == 2
+    assert "has no source topic to follow" in got.output
+    assert "Traceback" not in got.output
+
+
 def test_bad_and_late_records_are_dead_lettered_with_their_offsets(
     make_config: ConfigFactory,
 ) -> None:
