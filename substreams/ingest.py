@@ -79,6 +79,10 @@ seal commits at once, with every record before it): a commit per poll would cost
 transaction, an offset commit and their markers per partition per few milliseconds."""
 MAX_PENDING = 5_000
 """A partition's open transaction commits once it holds this many records, whatever else."""
+LINGER_MS = 10
+"""How long a step gathers records after the first one came: on a live topic records come a
+few at a time, and a step per record or two costs more than the records (a poll, a run, the
+commit checks).  At most this much latency."""
 FETCH_WAIT_MS = 100
 """How long the broker holds a fetch of the foreign topic that finds nothing new.  Not a
 latency: a fetch returns as soon as a record is there (``fetch.min.bytes`` 1); the
@@ -495,6 +499,15 @@ class Ingest:
             for follower in self.followers.values():
                 follower.release()
         msgs = self.reader.poll_batch(timeout, self.max_batch)
+        if msgs and len(msgs) < self.max_batch:
+            # Linger: a live topic's records arrive a few at a time, and a step per record
+            # or two cost more than the records (polls, runs, commit checks).
+            until = time.monotonic() + LINGER_MS / 1000
+            while len(msgs) < self.max_batch:
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                msgs += self.reader.poll_batch(left, self.max_batch - len(msgs))
         by_partition: dict[int, list[Message]] = {}
         for msg in msgs:
             p = msg.partition()

@@ -362,3 +362,31 @@ def test_a_replaced_ingest_is_fenced(make_config: ConfigFactory) -> None:
         finally:
             new.send_signal(signal.SIGTERM)
             new.wait(30)
+
+
+def test_quiet_partitions_seal_by_idleness_once_read_to_their_end(
+    make_config: ConfigFactory,
+) -> None:
+    """No closing record: partition 0 gets a burst of clicks at the clock's event times,
+    partition 1 nothing at all.  Each partition, read to its end and quiet for idle_ms,
+    seals up to the clock on its own, so the burst's windows close with exactly its
+    records, and nothing was late."""
+    config = foreign_config(make_config, partitions=2, idle_ms=300)
+    topic, sub = topic_of(config), config.substreams[0].name
+    producer = plain_producer(config)
+    now = int(time.time() * 1000)
+    rows = [(0, now - 400 + i * 10, f"/0/{i}") for i in range(30)]
+    produce(producer, topic, rows)
+    sent = truth(rows)
+    with acker(config), running(Ingest(config, config.streams[0].name)) as ingest:
+        deadline = time.monotonic() + 30
+        notes = wait_notifications(config, sub, len(sent))
+        while not set(sent) <= {n.time for n in notes} and time.monotonic() < deadline:
+            notes = wait_notifications(config, sub, len(notes) + 1, timeout=2)
+        assert ingest.counts().late == {}
+    times = [n.time for n in notes]
+    assert len(times) == len(set(times)) and sorted(times) == times
+    # the burst's windows with exactly its records; an idle seal's own time is announced
+    # empty (a seal of a time without records opens it)
+    assert {n.time: n.records for n in notes if n.records} == {
+        w: len(v) for w, v in sent.items()}
