@@ -502,12 +502,9 @@ class Ingest:
         if msgs and len(msgs) < self.max_batch:
             # Linger: a live topic's records arrive a few at a time, and a step per record
             # or two cost more than the records (polls, runs, commit checks).
-            until = time.monotonic() + LINGER_MS / 1000
-            while len(msgs) < self.max_batch:
-                left = until - time.monotonic()
-                if left <= 0:
-                    break
-                msgs += self.reader.poll_batch(left, self.max_batch - len(msgs))
+            # Slept, then taken whole: a poll with a timeout wakes per record.
+            time.sleep(LINGER_MS / 1000)
+            msgs += self.reader.poll(0, self.max_batch - len(msgs))
         by_partition: dict[int, list[Message]] = {}
         for msg in msgs:
             p = msg.partition()
