@@ -12,7 +12,9 @@ each on a fresh broker with its acker as its own process:
 - ``foreign json + SIGKILL``: the same, the ingest process SIGKILLed halfway and restarted.
 
 Per line: records/s written, CPU per record of the writing process (the publisher's, or the
-ingest's: the plain producer is the user's own and not counted) and of the broker, window
+ingest's: the plain producer is the user's own and not counted; each from the moment it is
+ready -- publishers open, topic followed --, the kill line's restart included) and of the
+broker, window
 end -> notification p50/p99 (the moment ``notifications()`` delivers the window minus its end
 in event time, which is wall-clock time here), and every window's per-user counts, read
 from the notification's records (a firm read), checked against what was produced.
@@ -256,6 +258,9 @@ def _line(ctx: BenchContext, name: str, rate: int, seconds: float) -> dict[str, 
             proc = _spawn_ingest(config, log_path)
             procs = [proc]
             _wait_registered(config)
+            # from the moment it follows the topic, as the publisher line's clock starts
+            # once its publishers are open (imports and start-up are not per record)
+            cpu_s -= _cpu_s(proc.pid)
             b0 = _cpu_s(broker) if broker else 0.0
             kill_at = seconds / 2 if name.endswith("SIGKILL") else None
 
