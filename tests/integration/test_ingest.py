@@ -390,3 +390,27 @@ def test_quiet_partitions_seal_by_idleness_once_read_to_their_end(
     # empty (a seal of a time without records opens it)
     assert {n.time: n.records for n in notes if n.records} == {
         w: len(v) for w, v in sent.items()}
+
+
+def test_avro_single_object_topic(make_config: ConfigFactory) -> None:
+    """A producer writing Avro single-object encoding of the stream's schema (no envelope):
+    exact windows; a JSON record among them is dead-lettered as not single-object."""
+    from substreams.streams.foreign import REASON_NOT_AVRO
+    from substreams.streams.schemas import Codec
+
+    config = foreign_config(make_config, partitions=2, fmt="avro")
+    topic, sub = topic_of(config), config.substreams[0].name
+    codec = Codec(config.streams[0].schema)
+    producer = plain_producer(config)
+    rows = plan(2, 40, seed=9)
+    for i, (p, ts, u) in enumerate(rows + closers(rows, 2)):
+        if i == 10:
+            producer.produce(topic, b'{"user": "j", "url": "/", "ts": 1}', partition=p)
+        producer.produce(topic, codec.encode_single({"user": f"u{i % 5}", "url": u, "ts": ts}),
+                         partition=p)
+    producer.flush(30)
+    with acker(config), running(Ingest(config, config.streams[0].name)):
+        sent = truth(rows)
+        check_exactly_once(config, sub, sent, set(sent))
+    letters = [d for d in read_dead_letters(config) if d.topic == topic]
+    assert [(d.reason, d.partition, d.offset) for d in letters] == [(REASON_NOT_AVRO, 0, 5)]
