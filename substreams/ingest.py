@@ -414,9 +414,9 @@ class Ingest:
         its registration)."""
         self._others: list[int] = []
         self._checked = 0.0
-        self.reader = Reader(self.bootstrap, config, name=f"ingest '{stream}': topic "
-                             f"'{self.topic}'", **{"group.id": self.group,
-                                                   "fetch.wait.max.ms": FETCH_WAIT_MS})
+        settings: dict[str, Any] = {"group.id": self.group, "fetch.wait.max.ms": FETCH_WAIT_MS}
+        self.reader = Reader(self.bootstrap, config,
+                             name=f"ingest '{stream}': topic '{self.topic}'", **settings)
         try:
             count = self._partitions()
             self.partitions = owned(count, instance, instances)
