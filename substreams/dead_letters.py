@@ -431,7 +431,8 @@ def _reported(
 
 def _order_key(config: Config, stream: str, d: Decision) -> int:
     try:
-        return int((d.payload or {})[config.stream(stream).order_key])
+        field = config.stream(stream).order_key
+        return 0 if field is None else int((d.payload or {})[field])
     except (KeyError, TypeError, ValueError):
         return 0
 

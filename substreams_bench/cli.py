@@ -41,7 +41,7 @@ from substreams_bench.harness import (
 
 BENCHES = (
     "traffic", "latency", "throughput", "spark", "acker", "recovery", "soak", "framing",
-    "keyed",
+    "keyed", "foreign",
 )
 
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 COMMANDS = (
     "broker", "topics", "config", "demo", "verify", "control", "align", "acker", "submit", "tail",
-    "ui", "spark_cluster", "dead_letters", "acls",
+    "ui", "spark_cluster", "dead_letters", "acls", "ingest",
 )
 """Modules ``substreams.cli.<name>_cmd``; the command's name is the module's with ``-`` for
 ``_``."""

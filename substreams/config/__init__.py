@@ -8,6 +8,7 @@ from substreams.config.loader import load_config, load_config_text
 from substreams.config.model import (
     AckerConfig,
     Config,
+    ForeignSource,
     KafkaConfig,
     SealPolicy,
     SecurityConfig,
@@ -20,6 +21,7 @@ from substreams.config.model import (
 __all__ = [
     "AckerConfig",
     "Config",
+    "ForeignSource",
     "KafkaConfig",
     "SealPolicy",
     "SecurityConfig",

@@ -333,8 +333,11 @@ def _build(ctx: _Ctx, data: object, path: Path) -> Config:
     config = _security(ctx, config)
     _unique(ctx, "stream", config.streams)
     for i, stream in enumerate(config.streams):
-        loc = ("streams", i, "order_key")
-        _check_field(ctx, loc, stream, stream.order_key, "order key", _INT_TYPES)
+        if stream.order_key is not None:
+            loc = ("streams", i, "order_key")
+            _check_field(ctx, loc, stream, stream.order_key, "order key", _INT_TYPES)
+        if stream.source is not None:
+            _check_source(ctx, ("streams", i, "source"), stream)
     _unique(ctx, "substream", config.substreams)
     subs = tuple(_substream(ctx, config, i, sub) for i, sub in enumerate(config.substreams))
     config = dataclasses.replace(config, substreams=subs)
@@ -500,6 +503,12 @@ def _substream(ctx: _Ctx, config: Config, i: int, sub: SubstreamConfig) -> Subst
     if sub.kind == "hopping":
         _check_hopping(ctx, loc, sub)
     if sub.kind in ("tumbling", "hopping", "session") and sub.field is None:
+        if stream.order_key is None:
+            raise ctx.missing(
+                (*loc, "field"),
+                f" (stream {stream.name!r} has no order_key to default to: name the "
+                "event-time field)",
+            )
         sub = dataclasses.replace(sub, field=stream.order_key)
     if sub.field is not None:
         role = "epoch field" if sub.kind == "epoch" else "event-time field"
@@ -531,6 +540,42 @@ def _substream(ctx: _Ctx, config: Config, i: int, sub: SubstreamConfig) -> Subst
             at_key=True,
         )
     return sub
+
+
+def _check_source(ctx: _Ctx, loc: Loc, stream: StreamConfig) -> None:
+    """The rules between a foreign source's keys: a registry for the Confluent wire format
+    (and only for it)."""
+    source = stream.source
+    assert source is not None
+    if source.format == "confluent-avro" and source.registry_url is None:
+        raise ctx.missing(
+            (*loc, "registry_url"),
+            " (format 'confluent-avro' resolves each record's schema id from a Schema "
+            "Registry, e.g. http://127.0.0.1:8081)",
+        )
+    if source.format != "confluent-avro" and source.registry_url is not None:
+        raise ctx.error(
+            (*loc, "registry_url"),
+            f"'registry_url' is only for format 'confluent-avro', not {source.format!r}",
+            value=source.registry_url,
+            at_key=True,
+        )
+    if stream.order_key is not None:
+        raise ctx.error(
+            ("streams", loc[1], "order_key"),
+            "a stream over an existing topic has the order key the framework keeps (the "
+            "ingest time): its records' event times may come in any order; remove order_key",
+            value=stream.order_key,
+            at_key=True,
+        )
+    if source.topic == stream.name:
+        raise ctx.error(
+            (*loc, "topic"),
+            f"the source topic {source.topic!r} is the stream's own topic: a stream over an "
+            "existing topic is a new topic that substreams writes; give the stream another "
+            "name",
+            value=source.topic,
+        )
 
 
 def _check_hopping(ctx: _Ctx, loc: Loc, sub: SubstreamConfig) -> None:
@@ -577,6 +622,10 @@ def _check_topics(ctx: _Ctx, config: Config) -> None:
     """Every topic must be distinct and short enough for Kafka, or two roles share data."""
     origins: list[tuple[str, Loc]] = [
         (s.name, ("streams", i, "name")) for i, s in enumerate(config.streams)
+    ]
+    origins += [
+        (s.source.topic, ("streams", i, "source", "topic"))
+        for i, s in enumerate(config.streams) if s.source is not None
     ]
     for i, sub in enumerate(config.substreams):
         origins.append((config.acker.control_topic(sub.name), ("substreams", i, "name")))

@@ -34,6 +34,9 @@ Mechanism = Literal["acker", "punctuations"]
 Bound = Literal["firm", "soft"]
 LateRule = Literal["raise", "dead_letter"]
 BadRecordRule = Literal["dead_letter", "fail"]
+ForeignFormat = Literal["json", "avro", "confluent-avro"]
+"""How the records of an existing topic a stream follows are encoded (``source.format``)."""
+ForeignStart = Literal["earliest", "latest"]
 """What a reader of a stream does with a record it cannot decode (``on_bad_record``)."""
 ClientValue = str | int | float | bool
 
@@ -252,6 +255,26 @@ def default_min_insync(replication_factor: int) -> int:
 
 
 @dataclass(frozen=True)
+class ForeignSource:
+    """An existing topic a stream follows (``streams[].source``): written by producers that
+    know nothing of substreams (a Java service, Kafka Connect, a plain confluent-kafka
+    client), read by ``substreams ingest``, which republishes each record into the stream
+    exactly once, its input offsets committed in the stream's transaction (docs/design.md,
+    "Any producer: a stream over an existing topic").
+
+    ``format``: ``json`` (a JSON object per record, validated against the stream's schema),
+    ``avro`` (Avro single-object encoding of the stream's schema), ``confluent-avro`` (the
+    Schema Registry wire format, magic 0 and a 4-byte schema id; needs ``registry_url``).
+    ``start``: where a first run starts when the topic has no committed position."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _FILE
+    topic: Topic
+    format: ForeignFormat = "json"
+    registry_url: Text | None = None
+    start: ForeignStart = "earliest"
+
+
+@dataclass(frozen=True)
 class StreamConfig:
     """A Kafka data topic (named like the stream) and the Avro schema of its records."""
 
@@ -262,8 +285,10 @@ class StreamConfig:
     schema: dict[str, Any]
     """The schema as JSON (not fastavro-parsed), so it can be re-serialised or shipped."""
     partitions: Count
-    order_key: Text
-    """An int/long field, non-decreasing per partition: what firm bounds are built on."""
+    order_key: Text | None = None
+    """An int/long field, non-decreasing per publisher; None (the default): the framework
+    keeps the order key itself -- each publisher's ingest time in ms, made non-decreasing
+    -- so a stream whose event times arrive out of order needs no field for it."""
     retention_ms: RetentionMs | None = None
     """The data topic's retention.ms (-1: forever); None: ``kafka.data_retention_ms``."""
     on_bad_record: BadRecordRule = "dead_letter"
@@ -271,6 +296,9 @@ class StreamConfig:
     fingerprint, a truncated body): ``dead_letter`` writes it to the dead-letter topic with
     its topic, partition, offset and reason and reads on; ``fail`` stops the reader with an
     error naming them (:mod:`substreams.streams.badrecords`)."""
+    source: ForeignSource | None = None
+    """An existing topic this stream follows (``substreams ingest``); None: the stream is
+    written by substreams' own publishers."""
 
 
 @dataclass(frozen=True)

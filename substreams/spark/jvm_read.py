@@ -59,6 +59,7 @@ from substreams.spark.schema import PayloadLayout
 from substreams.streams.schemas import (
     PREFIX_BYTES,
     SINGLE_OBJECT_MARKER,
+    UNTRACKED_HINT,
     envelope_schema,
     expanded,
     protocol_prefixes,
@@ -567,7 +568,7 @@ def unplaced_records(
 
 _BAD_DETAIL = {
     REASON_FOREIGN: "not a single-object encoded record (no C3 01 marker and 8-byte schema "
-                    "fingerprint before the body)",
+                    f"fingerprint before the body). {UNTRACKED_HINT}",
     REASON_UNKNOWN_SCHEMA: "written with a schema fingerprint no registered schema of the "
                            "stream has",
     REASON_UNDECODABLE: "its body does not decode with the writer schema its fingerprint "

@@ -86,6 +86,16 @@ class SealClock:
         self.sealed = upto
         return PolicySeal("keys" if self.substream.kind == "session" else "time", upto)
 
+    def state(self) -> tuple[int | None, int | None, int | None]:
+        """What a restarted source must continue from: (watermark, sealed, first time)."""
+        return self.watermark, self.sealed, self._first
+
+    def restore(self, state: tuple[int | None, int | None, int | None], now_ms: int) -> None:
+        """Continue a previous incarnation's promises (:meth:`state`): a new process of the
+        same source must never seal below, nor accept a record at, what it sealed."""
+        self.watermark, self.sealed, self._first = state
+        self._quiet_since = now_ms
+
     def upto(self, watermark: int) -> int:
         """The highest time sealed by a watermark (see the module docstring)."""
         kind = self.substream.kind

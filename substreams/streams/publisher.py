@@ -475,10 +475,11 @@ class Publisher:
                     "the publisher with substreams.app.Application(config).publisher(...)"
                 )
         if self._clocks:
-            self._policy_fields = [
-                (name, clock, clock.substream.field or self.stream_config.order_key)
-                for name, clock in self._clocks.items()
-            ]
+            self._policy_fields = []
+            for name, clock in self._clocks.items():
+                field = clock.substream.field or self.stream_config.order_key
+                assert field is not None  # the loader names one when the stream has no key
+                self._policy_fields.append((name, clock, field))
             self._start_ticking()
 
     def hook_for(self, substream: str) -> PublishHook | None:
@@ -654,8 +655,11 @@ class Publisher:
         return record
 
     def _order_key_of(self, payload: Mapping[str, Any], check_order: bool) -> int:
-        """The record's order key, refused below the last one written (with ``check_order``)."""
+        """The record's order key, refused below the last one written (with ``check_order``).
+        A stream without an ``order_key`` field: the publisher's own (:meth:`_kept_key`)."""
         field = self.stream_config.order_key
+        if field is None:
+            return self._kept_key()
         try:
             order_key = int(payload[field])
         except (KeyError, TypeError, ValueError) as exc:
@@ -1069,8 +1073,19 @@ class Publisher:
         """The batch's records into the open transaction (:func:`produce_batch`)."""
         produce_batch(self._producer, self.stream, values, parts, keys, callbacks, refused)
 
+    def _kept_key(self) -> int:
+        """The order key the framework keeps for a stream with no ``order_key`` field: this
+        publisher's clock in ms, never below the last key it wrote -- an ingest time, so
+        that event times may come in any order without a field added to the schema for it
+        (docs/design.md, "The order key the framework keeps")."""
+        now = self.clock.now_ms()
+        last = self._last_order_key
+        return now if last is None or now > last else last
+
     def _order_keys(self, payloads: Sequence[Mapping[str, Any]]) -> list[int]:
         field = self.stream_config.order_key
+        if field is None:
+            return [self._kept_key()] * len(payloads)
         try:
             return [int(p[field]) for p in payloads]
         except (KeyError, TypeError, ValueError):

@@ -130,6 +130,15 @@ def prefix_fingerprint(data: bytes) -> bytes | None:
     return data[len(SINGLE_OBJECT_MARKER):PREFIX_BYTES].hex().encode()
 
 
+UNTRACKED_HINT = (
+    "Records of a data topic are written by substreams' publishers; to track a topic "
+    "another producer writes (plain JSON, Avro, Confluent Schema Registry), declare a "
+    "stream over it (streams[].source: {topic: ..., format: json}) and run `substreams "
+    "ingest -c FILE --stream NAME` (README, \"Any producer\")."
+)
+"""What to do about a foreign record on a data topic: said by every reader's error."""
+
+
 class Codec:
     """Avro encoding with the writer fingerprint checked on the way back: single-object
     encoded (:meth:`encode_single`), or schemaless with the fingerprint in a header
@@ -182,7 +191,8 @@ class Codec:
             raise ForeignRecordError(
                 f"{self.label}: not a single-object encoded record (no C3 01 marker and "
                 f"8-byte schema fingerprint before the body; {len(data)} bytes starting "
-                f"{data[:PREFIX_BYTES].hex() or '<empty>'}); refusing to decode it"
+                f"{data[:PREFIX_BYTES].hex() or '<empty>'}); refusing to decode it. "
+                f"{UNTRACKED_HINT}"
             )
         return self._read(buf, found)
 

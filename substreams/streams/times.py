@@ -59,7 +59,7 @@ class TimeAssigner:
     of key ``k`` and of tuple times (antichains: no element ``<=`` another)."""
 
     substream: SubstreamConfig
-    order_key: str
+    order_key: str | None
     keys_sealed: int | None = None
     """This source's keyed seal (session/per_key), if any."""
     sealed: int | None = None
@@ -67,7 +67,12 @@ class TimeAssigner:
     sealed_other: list[tuple[int, ...]] = field(default_factory=list)
 
     def _field(self) -> str:
-        return self.substream.field or self.order_key
+        field = self.substream.field or self.order_key
+        if field is None:  # the loader names the field of a stream without an order key
+            raise SubstreamsError(
+                f"substream '{self.substream.name}' has no field and its stream no order key"
+            )
+        return field
 
     def time_of(self, payload: Mapping[str, Any]) -> Time:
         kind = self.substream.kind

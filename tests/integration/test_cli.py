@@ -45,7 +45,7 @@ def test_help_lists_commands_and_each_has_its_own_help() -> None:
         return CliRunner().invoke(cli, list(args), prog_name="substreams")
 
     for name in ("broker", "topics", "config", "demo", "tail", "ui", "spark-cluster",
-                 "dead-letters"):
+                 "dead-letters", "ingest"):
         assert name in top.stdout
         sub = invoke(name, "--help")
         assert sub.exit_code == 0 and "Usage:" in sub.output
