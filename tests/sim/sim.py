@@ -1383,6 +1383,7 @@ class AckerShell:
             for blocker in core.to_name(now):
                 self._name(blocker)
         effects = core.tick(now, positions)
+        core.check_invariants()  # every rule's stated invariant, after every step
         for f in effects.fence:
             sim.stats["fences"] += 1
             sim.spawn(self._fence_io(f.writer, f.why, None, [None]))
