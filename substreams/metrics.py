@@ -113,7 +113,7 @@ EPOCH_LATENCY = Histogram(
 )
 SERVICE_MESSAGES = Counter(
     "substreams_service_messages",
-    "Service messages by kind (punctuations, control records, acks): the traffic of seed 001.",
+    "Service messages by kind (punctuations, control records, acks): the trAcker paper's traffic.",
     ["kind", "substream"],
 )
 

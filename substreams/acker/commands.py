@@ -1,4 +1,4 @@
-"""The acker command protocol (seed 003, Materialize's compute protocol) written down as types.
+"""The acker command protocol (after Materialize's compute protocol) written down as types.
 
 Commands travel controller -> acker on ``acker.command_topic``, responses acker -> controller on
 ``acker.response_topic``; both topics have one partition, so each direction is delivered in

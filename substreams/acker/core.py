@@ -647,6 +647,58 @@ class AckerCore:
                 "source is evicted for the silence it causes"
             )
 
+    # -- invariants ----------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Raise :class:`AssertionError` naming the first broken rule or invariant of the
+        state (rules 1, 2, 6, 8 and the class doc), then check every table's, the liveness
+        and the holds'.  Pure and O(state): the simulator calls it after every step; the
+        service never does."""
+        state, name = self.state, self.name
+        owned = set(self.partitions)
+        for p in state.acks_offsets:
+            if p not in owned:
+                raise AssertionError(f"{name}: acks offset kept for partition {p}, which it "
+                                     f"does not own ({sorted(owned)})")
+        for sub in state.tables:  # rule 1
+            if self.home.get(sub) not in owned:
+                raise AssertionError(f"{name}: holds the table of '{sub}', whose home acks "
+                                     f"partition {self.home.get(sub)} is not one of its "
+                                     f"{sorted(owned)}")
+            if sub not in state.trackers:
+                raise AssertionError(f"{name}: table '{sub}' has no progress tracker")
+        for sub in state.last_notification:
+            if sub not in state.tables:
+                raise AssertionError(f"{name}: last notification of '{sub}', which it has "
+                                     "no table of")
+        for (source, p), session in state.sessions.items():  # rules 2 and 6
+            if p not in owned:
+                raise AssertionError(f"{name}: session of '{source}' on acks partition {p}, "
+                                     "which it does not own")
+            if session.evicted:
+                for sub, table in self._tables_of(p):
+                    if table.is_active_source(source):
+                        raise AssertionError(
+                            f"{name}: source '{source}' (incarnation {session.incarnation}) "
+                            f"was evicted on acks partition {p}, yet is still a registered "
+                            f"SOURCE of '{sub}' (rule 6)")
+        for key, (upto, _, cause) in self.evicting.items():  # the class doc
+            evicted = state.sessions.get(key)
+            if evicted is None:
+                raise AssertionError(f"{name}: evicting {key!r}, which has no session")
+            if evicted.evicted:
+                raise AssertionError(f"{name}: evicting {key!r}, whose session is evicted "
+                                     "already")
+            if cause not in EVICTION_CAUSES:
+                raise AssertionError(f"{name}: evicting {key!r} for cause {cause!r}, not one "
+                                     f"of {EVICTION_CAUSES}")
+            if upto is not None and upto < 0:
+                raise AssertionError(f"{name}: evicting {key!r} up to offset {upto}")
+        for table in state.tables.values():
+            table.check_invariants()
+        self.live.check_invariants()
+        self.holds.check_invariants(state.tables)
+
     # -- one step ------------------------------------------------------------------------
 
     def tick(self, now: int, positions: Mapping[int, int]) -> Effects:

@@ -72,6 +72,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 from substreams.acker.state import Blocker, Hold, SessionKey, SourceSession
 from substreams.acker.table import SegmentTable
@@ -122,9 +123,12 @@ class Liveness:
         self._probes: dict[int, deque[tuple[int, int]]] = {}
         self.horizon: dict[int, int] = {}
         self.blockers: dict[int, Blocker] = {}
+        self._read: dict[int, int] = {}
+        """The position of the last :meth:`advance` per partition (for the invariants)."""
 
     def advance(self, partition: int, position: int) -> None:
         """The acker has read ``partition`` up to ``position``: the horizon follows."""
+        self._read[partition] = position
         probes = self._probes.get(partition)
         while probes and probes[0][1] <= position:
             self.horizon[partition] = probes.popleft()[0]
@@ -143,6 +147,41 @@ class Liveness:
         held = self.blockers.get(partition)
         if held is None or held.offset != lso:
             self.blockers[partition] = Blocker(partition, lso, now)
+
+    def check_invariants(self) -> None:
+        """Raise :class:`AssertionError` naming the first broken invariant of the class doc
+        (probes in order and unreached, the horizon behind them, blockers where they hold).
+        Pure and O(state): for the simulator and tests, never on the acker's own path."""
+        for p, probes in self._probes.items():
+            if len(probes) > MAX_PROBES:
+                raise AssertionError(f"liveness: partition {p} keeps {len(probes)} probes, "
+                                     f"over {MAX_PROBES}")
+            pairs = list(probes)
+            for (t0, h0), (t1, h1) in pairwise(pairs):
+                if t1 < t0 or h1 < h0:
+                    raise AssertionError(
+                        f"liveness: partition {p}'s probes out of order: ({t0} ms, high {h0}) "
+                        f"before ({t1} ms, high {h1})")
+            read = self._read.get(p)
+            if pairs and read is not None and pairs[0][1] <= read:
+                raise AssertionError(
+                    f"liveness: partition {p}'s probe at {pairs[0][0]} ms (high {pairs[0][1]}) "
+                    f"was reached by position {read}, yet not taken into the horizon")
+            horizon = self.horizon.get(p)
+            if pairs and horizon is not None and horizon > pairs[0][0]:
+                raise AssertionError(
+                    f"liveness: partition {p}'s horizon {horizon} ms is past its unreached "
+                    f"probe at {pairs[0][0]} ms (rule 2: nothing after it is proven read)")
+        for p, blocker in self.blockers.items():
+            if blocker.partition != p:
+                raise AssertionError(f"liveness: the blocker of partition {p} is "
+                                     f"{blocker.describe()}")
+            if blocker.verdict not in ("waiting", "evicted", "fenced", "reported"):
+                raise AssertionError(f"liveness: blocker of partition {p} has verdict "
+                                     f"{blocker.verdict!r}")
+            if blocker.verdict != "waiting" and not blocker.looked:
+                raise AssertionError(f"liveness: {blocker.describe()} was judged "
+                                     f"({blocker.verdict}) before its first message was read")
 
     def to_name(self, now: int) -> list[Blocker]:
         """Blockers held for a third of the timeout whose first message was not read yet.
@@ -283,6 +322,27 @@ class Holds:
                     held[key] = Hold(sub, source, t, max(first_seen, start))
         self.watched, self.held = watched, held
         return sorted(held.values(), key=lambda h: (h.since_ms, h.substream, h.source))
+
+    def check_invariants(self, tables: Mapping[str, SegmentTable] | None = None) -> None:
+        """Raise :class:`AssertionError` naming the first broken invariant of the class doc
+        (a hold starts no earlier than its watch; with ``tables``, only registered sources
+        are watched).  Pure and O(state): never on the acker's own path."""
+        for key, hold in self.held.items():
+            start = self.watched.get(key)
+            if start is None:
+                raise AssertionError(f"holds: {key!r} holds {hold.time!r}, yet is not watched")
+            if hold.since_ms < start:
+                raise AssertionError(f"holds: {key!r} holds {hold.time!r} since "
+                                     f"{hold.since_ms} ms, before it was watched at {start} ms")
+            if (hold.substream, hold.source) != key:
+                raise AssertionError(f"holds: the hold under {key!r} is of "
+                                     f"{(hold.substream, hold.source)!r}")
+        if tables is not None:
+            for sub, source in self.watched:
+                table = tables.get(sub)
+                if table is None or source not in table.sources:
+                    raise AssertionError(f"holds: source '{source}' is watched in '{sub}', "
+                                         "where it never registered")
 
     def excuse(self, stall_ms: int) -> None:
         """Rule 7: the acker's own stall moves every hold's start (and watch) on."""

@@ -1584,6 +1584,110 @@ class SegmentTable:
             if s.role == SOURCE and s.active and not s.covers(t)
         )
 
+    # -- invariants ----------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Raise :class:`AssertionError` naming the first broken invariant of this table
+        (the termination rules' consequences, the indexes of :meth:`__init__`, the runs of
+        :class:`RunEntry`).  Pure and O(state): for the simulator and tests, never on the
+        acker's own path."""
+        where = f"table '{self.substream}'"
+        open_ = self.open
+        # rule 1: nothing terminates before a source registered
+        if self.terminated and not self.had_source:
+            raise AssertionError(f"{where}: times terminated, yet no source ever registered")
+        if any(s.role == SOURCE for s in self.sources.values()) and not self.had_source:
+            raise AssertionError(f"{where}: a SOURCE is registered, yet had_source is False")
+        for name, s in self.sources.items():
+            if not s.active and s.waiting:
+                raise AssertionError(f"{where}: unregistered source '{name}' has keys waiting "
+                                     f"for its keyed seal: {s.waiting[:3]!r}")
+        # rule 3: an open time is never at or below a terminated one (it would have had to
+        # terminate first; a report for it is refused as late)
+        terminated = self.terminated
+        for t in open_:
+            if terminated.covers(t):
+                raise AssertionError(f"{where}: open time {t!r} is at or below a terminated "
+                                     f"time ({terminated!r})")
+        # the int index
+        ints = sorted(t for t in open_ if type(t) is int)
+        if self._ints != ints:
+            raise AssertionError(f"{where}: _ints {self._ints[:8]!r}... is not the sorted "
+                                 f"open int times {ints[:8]!r}...")
+        nonzero = {t for t in ints if open_[t].xor}
+        if self._nonzero != nonzero:
+            raise AssertionError(f"{where}: _nonzero differs from the open int times with a "
+                                 f"nonzero xor by {sorted(self._nonzero ^ nonzero)[:8]!r}")
+        if self._others != len(open_) - len(ints):
+            raise AssertionError(f"{where}: _others is {self._others}, but "
+                                 f"{len(open_) - len(ints)} open times are not ints")
+        # the keyed index
+        keyed: dict[str, list[int]] = {}
+        for t in open_:
+            if type(t) is Keyed and type(t.time) is int:
+                keyed.setdefault(t.key, []).append(t.time)
+        for times in keyed.values():
+            times.sort()
+        if self._keyed != keyed:
+            bad = sorted(k for k in set(keyed) | set(self._keyed)
+                         if keyed.get(k) != self._keyed.get(k))
+            raise AssertionError(f"{where}: the keyed index differs from the open keyed "
+                                 f"times at keys {bad[:5]!r} (index "
+                                 f"{[self._keyed.get(k) for k in bad[:2]]!r}, open "
+                                 f"{[keyed.get(k) for k in bad[:2]]!r})")
+        nkeyed = sum(len(v) for v in keyed.values())
+        if self._nkeyed != nkeyed:
+            raise AssertionError(f"{where}: _nkeyed is {self._nkeyed}, but {nkeyed} open "
+                                 "keyed times")
+        if self.gap_ms is None:
+            by_time = sorted((x, k) for k, v in keyed.items() for x in v)
+            if list(self._by_time) != by_time:
+                raise AssertionError(f"{where}: _by_time does not hold exactly the open keyed "
+                                     "times by event time")
+        elif self._by_time:
+            raise AssertionError(f"{where}: a session table keeps no _by_time index")
+        # session runs: one RunEntry per open run, disjoint, more than gap apart
+        if self.runs:
+            gap = self.gap_ms or 0
+            for key, starts in keyed.items():
+                prev: RunEntry | None = None
+                for x in starts:
+                    e = open_[Keyed(key, x)]
+                    if type(e) is not RunEntry:
+                        raise AssertionError(f"{where}: open session time Keyed({key!r}, {x}) "
+                                             f"is a {type(e).__name__}, not a RunEntry")
+                    if e.last < x:
+                        raise AssertionError(f"{where}: run Keyed({key!r}, {x}) ends at "
+                                             f"{e.last}, before it starts")
+                    if e.part is None and e.more:
+                        raise AssertionError(f"{where}: run Keyed({key!r}, {x}) has hulls in "
+                                             "'more' but none inline")
+                    if prev is not None and x - prev.last <= gap:
+                        raise AssertionError(f"{where}: runs of key {key!r} ending at "
+                                             f"{prev.last} and starting at {x} are within "
+                                             f"gap {gap}: one session")
+                    prev = e
+        # the prune heap: every terminated keyed int time can be forgotten by it
+        heap = set(self._term_heap)
+        for t in terminated:
+            if type(t) is Keyed and type(t.time) is int and (t.time, t.key) not in heap:
+                raise AssertionError(f"{where}: terminated {t!r} has no entry in the prune "
+                                     "heap (it would never be forgotten)")
+        # the start heaps: every open keyed time's start in each partition has an entry
+        entries = {part: set(h) for part, h in self._starts.items()}
+        for t, e in open_.items():
+            if type(t) is Keyed and type(t.time) is int:
+                for part, (lo, _) in e.ranges.items():
+                    if (lo, t.key, t.time) not in entries.get(part, ()):
+                        raise AssertionError(f"{where}: open {t!r} begins at offset {lo} of "
+                                             f"{part!r}, but its start heap has no entry "
+                                             "(a snapshot's data_from would be too late)")
+        for name, s in self.sources.items():
+            for t in s.seal_ms:
+                if t not in s.seals:
+                    raise AssertionError(f"{where}: source '{name}' has a seal time for "
+                                         f"{t!r}, which is not in its seals")
+
     # -- checkpoint form -----------------------------------------------------------------
 
     def to_state(self, light: bool = False) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The rolling digest of seed 002: every control record hashes its predecessor.
+"""The rolling digest of shortbus (the relay network): every control record hashes its predecessor.
 
 digest(n) = SHA-256(digest(n-1) || Avro encoding of record n with its digest field empty),
 with digest(-1) = 32 zero bytes; ``seq`` counts the writer's records from 0.  One chain per

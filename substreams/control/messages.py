@@ -1,4 +1,4 @@
-"""The control-topic protocol written down as types (seed 000, mapped onto Kafka).
+"""The control-topic protocol written down as types (Strymon's, on Kafka).
 
 A substream's control topic is the only thing a subscriber needs to follow progress; it does
 not care whether the acker or the punctuation aligner wrote it.  The messages:

@@ -2,7 +2,7 @@
 
 Both progress writers (the acker and the punctuation aligner) use this class, so a
 subscriber sees the same protocol whichever mechanism produced it.  The lower frontier is
-seed 000's "antichain of minimal elements in active" (active = seen, not yet complete); the
+Strymon's "antichain of minimal elements in active" (active = seen, not yet complete); the
 upper frontier holds the maximal times seen.  Lower-frontier changes are not written on
 their own: they ride inside the next ``EpochComplete`` (or a ``FrontierUpdate`` on the
 writer's heartbeat when nothing completes), so a completed time costs one control record --

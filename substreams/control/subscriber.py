@@ -1,11 +1,11 @@
-"""The subscriber side of the control-topic protocol (seed 000, Strymon, mapped onto Kafka).
+"""The subscriber side of the control-topic protocol (Strymon's, mapped onto Kafka).
 
 A subscriber follows the control topics of one or more substreams and turns them into
 ``Data`` and ``FrontierAdvanced`` events.  Why a filter at all: a subscriber may join at any
 offset, and an epoch that was already active when it joined may have records it can no longer
-see (soft mode) or announcements it has missed; seed 000's *upper-frontier filter* drops every
+see (soft mode) or announcements it has missed; Strymon's *upper-frontier filter* drops every
 time at or below the snapshot's upper frontier until the lower frontier has passed it, so a
-subscriber sees each epoch whole or not at all.  Why one filter for all topics: seed 000 merges
+subscriber sees each epoch whole or not at all.  Why one filter for all topics: Strymon merges
 the parts' snapshots (upper by union, lower by meet) so atomicity holds across all of them.
 
 Firm mode builds a ``Data`` event from each ``EpochComplete`` (and from each epoch of an
@@ -435,7 +435,7 @@ class Subscriber:
     def _admits(
         self, topic: str, t: Time, ranges: Sequence[OffsetRange] | None
     ) -> bool:
-        """Seed 000's filter for time ``t`` of ``topic``'s substream.  A session substream
+        """Strymon's filter for time ``t`` of ``topic``'s substream.  A session substream
         publishes event-time frontiers (``ProgressTracker.keyed_floor``), so its keyed times
         are filtered by their event time; a completion whose offset ``ranges`` all start
         where this subscriber's data reading began or later was seen whole whatever its

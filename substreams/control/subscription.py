@@ -1,4 +1,4 @@
-"""Merged frontiers of a subscription and seed 000's epoch-atomicity filter (pure logic).
+"""Merged frontiers of a subscription and Strymon's epoch-atomicity filter (pure logic).
 
 Kept apart from the Kafka-facing `subscriber` so that the rules a subscriber follows can be
 tested exhaustively without a broker.
@@ -12,7 +12,7 @@ from substreams.frontier import Antichain, MutableAntichain, Time, UpperAntichai
 
 
 class SubscriptionFrontiers:
-    """Per-part lower frontiers, their meet, and seed 000's upper-frontier filter.
+    """Per-part lower frontiers, their meet, and Strymon's upper-frontier filter.
 
     A *part* is one control topic.  The filter is the union of the parts' starting-snapshot
     upper frontiers; an element is forgotten once the merged lower frontier has passed it

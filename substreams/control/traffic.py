@@ -1,6 +1,6 @@
 """Service-message accounting: how much control traffic each mechanism costs.
 
-Why counters in-process (and not broker metrics): the cost that matters in seed 001 is the
+Why counters in-process (and not broker metrics): the cost that matters in the trAcker paper is the
 number of service messages *delivered to processes* — a punctuation read by n consumer tasks
 costs n — which only the processes themselves see.  The counts live in the Prometheus
 counter ``substreams_service_messages_total{kind, substream}`` (so a scrape sees them);

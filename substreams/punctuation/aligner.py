@@ -1,7 +1,7 @@
 """Punctuation alignment: when a time of a substream is over, as pure logic (no Kafka).
 
-The punctuations baseline of seed 001: every producer writes its punctuations into every
-partition of the data topic, in-band, so they are ordered with its records.  Per data
+The trAcker paper's punctuations baseline: every producer writes its punctuations into
+every partition of the data topic, in-band, so they are ordered with its records.  Per data
 partition the aligner keeps the producers registered there (REGISTER / UNREGISTER) and, per
 producer, the upper antichain of the times it has sealed (``SEAL t``: no more records of
 this producer at times ``<= t`` in this partition; ``less_equal`` makes int, tuple and

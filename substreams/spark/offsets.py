@@ -115,11 +115,12 @@ class ControlScanner:
     it completes, numbered ``(control_offset, index)`` in order, and a scan that starts
     mid-topic first re-reads the panes before its position that its next windows hold.
 
-    Every record is checked against its writer's hash chain (seed 002): a gap, a replayed
-    or a modified record stops the query with a :class:`ProtocolError` instead of feeding
-    it a forged timeline.  Reading from the middle of the topic (a restart), the first
-    record of each writer is taken as the chain's anchor.  The Kafka consumer is created
-    lazily and never pickled: Spark may ship the reader (with its config, never a path).
+    Every record is checked against its writer's hash chain (shortbus's rolling digest): a
+    gap, a replayed or a modified record stops the query with a :class:`ProtocolError`
+    instead of feeding it a forged timeline.  Reading from the middle of the topic (a
+    restart), the first record of each writer is taken as the chain's anchor.  The Kafka
+    consumer is created lazily and never pickled: Spark may ship the reader (with its
+    config, never a path).
     """
 
     def __init__(self, bootstrap: str, topic: str, substream: str, config: Config) -> None:

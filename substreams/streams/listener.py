@@ -1,4 +1,4 @@
-"""Listeners: scan a stream from an index or an order key, behind or caught up (seed 004).
+"""Listeners: scan a stream from an index or an order key, behind or caught up (Sherlock's).
 
 Why partition EOF and not high watermarks decides "caught up": publishers write in
 transactions, and a ``read_committed`` reader stops at the last stable offset, below the high

@@ -1,4 +1,4 @@
-"""From a record to its time in each substream (the substream predicates of seed 001).
+"""From a record to its time in each substream (the substream predicates of the trAcker paper).
 
 Why the publisher computes times (and writes them into the envelope) instead of every reader
 recomputing them: readers, the acker and Spark then agree on every record's time by

@@ -43,6 +43,7 @@ from substreams.frontier import Time, sort_key
 from substreams.streams.deadletter import UndeliveredError
 from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
+from tests.applied import acks_applied
 from tests.conftest import ConfigFactory, follow_notifications, read_dead_letters
 from tests.unit.test_dead_letters import FlakyProducer
 
@@ -228,7 +229,7 @@ def test_sealed_empty_time_is_notified_and_unsealed_source_blocks(
             if (opened and opened[0].records == 1) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        time.sleep(0.5)  # a wrong notification would have had time to appear
+        acks_applied(config)  # a's record and seal applied: any notification is out
         assert notifications(config, sub) == []  # b has not sealed 1
         [open1] = opened
         assert open1.unsealed_sources == ["b"] and open1.records == 1
@@ -280,7 +281,7 @@ def test_an_aborted_publisher_drops_its_transaction_and_stops_its_agent(
             agent = pub._hooks[sub].agent  # type: ignore[attr-defined]
             raise RuntimeError("boom")
         assert not agent.pending()
-        time.sleep(0.5)
+        acks_applied(config)  # everything committed was applied: nothing notified
         assert notifications(config, sub) == []  # the aborted seal did not count
         with Application(config).publisher(stream, "a") as again:
             again.seal(sub, 0)
@@ -468,7 +469,7 @@ def test_times_that_terminate_together_are_announced_in_one_batched_record(
             pub.publish({"user": f"u{n % 7}", "url": f"/r{n}", "ts": t}, key=f"u{n % 7}")
             sent[t].append(("src0", f"/r{n}"))
         pub.flush()
-        time.sleep(0.5)  # the acker has applied the records (nothing sealed: nothing ends)
+        acks_applied(config)  # the records applied before the seal (nothing ends yet)
         pub.seal(sub, 39)
         check_exactly_once(config, sub, sent, set(range(40)))
     topic = config.acker.control_topic(sub)

@@ -23,6 +23,7 @@ from substreams.frontier import Keyed, sort_key
 from substreams.frontier.sessions import session_runs
 from substreams.streams.listener import Listener
 from substreams.streams.records import Entry
+from tests.applied import acks_applied
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import AckerThread, acker, notifications, wait_notifications
 from tests.integration.test_publisher_crashes import spawn
@@ -166,7 +167,7 @@ def test_per_key_substreams_close_only_when_every_sharing_source_sealed_them(
             for s in SOURCES[:3]:
                 pubs[s].seal(sub, Keyed("x", 0), commit=False)
                 pubs[s].seal(sub, Keyed("y", 0))
-            time.sleep(1.5)
+            acks_applied(config)
             assert notifications(config, sub) == [], "d has not sealed x or y"
             pubs["d"].seal(sub, Keyed("y", 0))
             [y] = wait_notifications(config, sub, 1)

@@ -16,6 +16,7 @@ from substreams.config import Config
 from substreams.control.io import read_control
 from substreams.control.messages import SourceEvicted
 from substreams.control.verify import verify_config
+from tests.applied import acks_applied
 from tests.conftest import ConfigFactory
 from tests.integration.test_acker import check_exactly_once, notifications, wait_notifications
 from tests.integration.test_publisher_crashes import EPOCH, Remote, committed
@@ -51,7 +52,7 @@ def test_a_dead_source_blocks_no_longer_than_the_timeout(make_config: ConfigFact
         assert dead.do("publish", "/dead", 0) == "ok" and dead.do("flush") == "ok"
         live.publish({"user": "l", "url": "/live", "ts": 0})
         live.seal(sub, 0)
-        time.sleep(1.0)
+        acks_applied(config)
         assert notifications(config, sub) == []  # the live heartbeating 'dead' holds 0 back
         dead.kill()
         killed = time.monotonic()
@@ -105,7 +106,7 @@ def test_evict_source_by_hand_and_list_sources(make_config: ConfigFactory) -> No
         Application(config).publisher(stream, "gone").abort()
         live.publish({"user": "l", "url": "/live", "ts": 0})
         live.seal(sub, 0)
-        time.sleep(1.0)
+        acks_applied(config)  # both registered, 0 sealed by live only
         listed = cli("acker", "sources", "-c", str(config.path))
         assert listed.returncode == 0, listed.stderr
         assert "gone" in listed.stdout and "live" in listed.stdout
@@ -140,6 +141,7 @@ def test_a_spark_driver_is_never_evicted_for_silence(make_config: ConfigFactory)
         while not evictions(config, sub) and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(2 * TIMEOUT_MS / 1000)  # the driver is silent for 3x the timeout now
+        acks_applied(config)  # and the acker has read (and judged) past that moment
         assert [e.source for e in evictions(config, sub)] == ["gone"]
         assert notifications(config, sub) == []  # the silent driver holds epoch 0
         listed = cli("acker", "sources", "-c", str(config.path))

@@ -24,6 +24,7 @@ from substreams.errors import PublisherFencedError
 from substreams.streams.deadletter import REASON_TERMINATED
 from substreams.streams.publisher import Publisher
 from substreams.ui.model import DashboardModel
+from tests.applied import acks_applied
 from tests.conftest import ConfigFactory, follow_notifications, read_dead_letters
 from tests.integration.test_acker import acker, check_exactly_once, notifications
 from tests.integration.test_publisher_crashes import EPOCH, committed
@@ -119,6 +120,7 @@ def test_a_never_sealing_source_is_shown_holding_and_not_evicted_by_default(
         assert re.search(r"│ 0 +│ \d+\.\d s", line), listed.stdout  # holds 0, for N s
         # Held past the silence timeout plus the unsealed timeout the other test sets:
         time.sleep(max(0.0, (SOURCE_TIMEOUT_MS + UNSEALED_MS + 1000 - held_ms(second)) / 1000))
+        acks_applied(config)  # and the acker has read (and judged) past that moment
         assert evictions(config, sub) == [] and notifications(config, sub) == []
         assert row(config, "holder").status == "live"
         holder.close()  # it leaves: the windows it held close

@@ -1,5 +1,5 @@
 """``python -m tests.sim --seed N --schedules M [--bug NAME|all] [--jobs J]``: run the
-simulator and print its summary against the targets (issue #26): >= 10,000 schedules in
+simulator and print its summary against the targets: >= 10,000 schedules in
 <= 2 minutes, every bug switch found within that budget.
 
 Exit status 0 iff no switch is on and nothing failed, or every switch asked for was found

@@ -1,4 +1,4 @@
-"""The deterministic simulator (issue #26 items 5 and 6): one seed, one schedule of sources
+"""The deterministic simulator: one seed, one schedule of sources
 and an acker over the in-memory log on a simulated clock, then the firm bound's checks.
 
 Why: every rule that carries the guarantees is in pure code (:class:`AckerCore`, the
@@ -1261,6 +1261,7 @@ class AckerShell:
         """The acks offsets of the last commit (its checkpoint records carry them)."""
         self.statelog: StateLog | None = None
         self.alive = False
+        self.invariant_broken = False
         self.core = self._core()
         self.reader: MemoryReader = sim.log.reader()
 
@@ -1383,6 +1384,7 @@ class AckerShell:
             for blocker in core.to_name(now):
                 self._name(blocker)
         effects = core.tick(now, positions)
+        self._check_invariants()
         for f in effects.fence:
             sim.stats["fences"] += 1
             sim.spawn(self._fence_io(f.writer, f.why, None, [None]))
@@ -1417,6 +1419,17 @@ class AckerShell:
         if sim.fault(0.004):
             raise Crash()
         return True
+
+    def _check_invariants(self) -> None:
+        """Every stated invariant of the core's state after every step (the core's, its
+        tables', the liveness'): a broken one is a violation (the first, once per acker),
+        and the schedule runs on so that the checker can judge what it led to."""
+        try:
+            self.core.check_invariants()
+        except AssertionError as exc:
+            if not self.invariant_broken:
+                self.invariant_broken = True
+                self.sim.violations.append(f"invariant: {self.name} at {self.sim.now()} ms: {exc}")
 
     def _fence_io(self, writer: str, why: str, partition: int | None,
                   slot: list[int | None]) -> Gen:

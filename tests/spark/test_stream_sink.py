@@ -5,7 +5,6 @@ checkpoint writes every result exactly once; bad options fail naming the option.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from substreams.errors import SubstreamsError
 from substreams.spark.options import CONFIG_PICKLE, ship_config
 from substreams.spark.stream_write import SinkOptions
 from substreams.streams.publisher import Publisher
+from tests.applied import acks_applied
 from tests.conftest import ConfigFactory
 from tests.spark.conftest import (
     output_epochs,
@@ -114,8 +114,8 @@ def test_sink_chains_a_read_and_an_aggregation_into_an_announced_output(
         assert query.awaitTermination(300)
         assert query.exception() is None
         check_output(config, want, [w for w, _ in windows])
-        # nothing more: the open window 99 was not announced
-        time.sleep(1.0)
+        # nothing more: the open window 99 was not announced (the sink's acks all applied)
+        acks_applied(config)
         assert len(output_epochs(config, config.substreams[1].name)) == len(windows)
 
 
@@ -253,8 +253,9 @@ def test_a_replayed_batch_writes_nothing_twice_and_other_rows_fail(
         notes = wait_for_epochs(config, uw, 2, timeout=60)
         rows_out = output_rows(config, url_counts)
         stream_write.close_sinks()
+        acks_applied(config)  # every ack applied: a third epoch would be out by now
+        epochs = output_epochs(config, uw)
     assert sorted((int(r["window"]), str(r["url"])) for r in rows_out) == [
         (0, "/a"), (0, "/b"), (0, "/c"), (1, "/a")]
     assert [(n.time, n.records) for n in notes] == [(0, 3), (1, 1)]
-    time.sleep(1.0)
-    assert len(output_epochs(config, uw)) == 2
+    assert len(epochs) == 2

@@ -165,7 +165,9 @@ def check_equivalent(steps: list[tuple[Any, ...]], gap: int | None = None) -> No
 
 def check_keyed_index(table: SegmentTable) -> None:
     """The keyed index's invariants (SegmentTable.__init__): per key the sorted open
-    ``Keyed(k, int)`` times, the same pairs by event time, their count."""
+    ``Keyed(k, int)`` times, the same pairs by event time, their count; and every
+    invariant the table checks itself."""
+    table.check_invariants()
     keyed: dict[str, list[int]] = {}
     for t in table.open:
         if type(t) is Keyed and type(t.time) is int:

@@ -1,4 +1,4 @@
-"""The subscriber's pure logic: seed 000's epoch-atomicity filter and frontier merging."""
+"""The subscriber's pure logic: Strymon's epoch-atomicity filter and frontier merging."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from substreams.frontier import Antichain, Time, UpperAntichain
 
 
 def test_seed_example_drops_active_and_hole_times_until_passed() -> None:
-    # completed 0..2, active {3, 5}, latent {4, 6, ...}: seed 000's example.
+    # completed 0..2, active {3, 5}, latent {4, 6, ...}: Strymon's example.
     f = SubscriptionFrontiers()
     f.start("a", lower=[3], upper=[5])
     assert [t for t in range(8) if f.admits(t)] == [6, 7]  # no hole at 5, 4 dropped too

@@ -1,11 +1,12 @@
 """The publisher's ticker: one thread runs every periodic job, a failing job keeps its
-schedule, a cancelled job stops, and nothing runs after close."""
+schedule, a cancelled job stops, and nothing runs after close -- the schedule on a
+simulated clock (no waiting for real time), the thread on the real one."""
 
 from __future__ import annotations
 
 import threading
-import time
 
+from substreams.kafka.clock import SimClock
 from substreams.streams.ticker import Ticker
 
 
@@ -41,24 +42,53 @@ def test_jobs_share_one_thread_and_a_failing_job_keeps_running() -> None:
         ticker.close()
 
 
+def test_jobs_run_on_their_schedule_on_a_simulated_clock() -> None:
+    """Each job every ``every`` seconds of the ticker's clock, from when it was added; a
+    failing one keeps its schedule; no thread: the caller steps it as the clock moves."""
+    clock = SimClock()
+    ticker = Ticker("t", clock)
+    runs: list[tuple[str, float]] = []
+    t0 = clock.monotonic()
+
+    def fail() -> None:
+        runs.append(("fail", clock.monotonic() - t0))
+        raise RuntimeError("boom")
+
+    before = threading.active_count()
+    ticker.every(1.0, lambda: runs.append(("a", clock.monotonic() - t0)))
+    ticker.every(2.5, fail)
+    assert threading.active_count() == before  # no thread on a simulated clock
+    waits = []
+    for _ in range(50):  # 5 s in steps of 0.1 s
+        clock.advance(0.1)
+        waits.append(ticker.run_due())
+    assert [round(t, 6) for n, t in runs if n == "a"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [round(t, 6) for n, t in runs if n == "fail"] == [2.5, 5.0]
+    assert round(waits[0], 6) == 0.9  # until a's first run
+    ticker.close()
+
+
 def test_cancel_and_close_stop_jobs() -> None:
-    ticker = Ticker("t")
+    clock = SimClock()
+    ticker = Ticker("t", clock)
     runs: list[str] = []
     cancel = ticker.every(0.005, lambda: runs.append("a"))
     ticker.every(0.005, lambda: runs.append("b"))
-    time.sleep(0.05)
+    clock.advance(0.005)
+    ticker.run_due()
+    assert runs == ["a", "b"]
     cancel()
-    time.sleep(0.02)
-    seen = len(runs)
-    time.sleep(0.05)
-    assert "a" not in runs[seen:] and "b" in runs[seen:]
+    clock.advance(0.005)
+    ticker.run_due()
+    assert runs == ["a", "b", "b"]  # a cancelled job is not run again
     ticker.close()
-    after = len(runs)
-    time.sleep(0.05)
-    assert len(runs) == after
+    clock.advance(0.005)
+    ticker.run_due()
+    assert runs == ["a", "b", "b"]  # nothing runs after close
     assert ticker.every(0.005, lambda: runs.append("c")) is not None  # refused quietly
-    time.sleep(0.03)
-    assert "c" not in runs
+    clock.advance(0.01)
+    ticker.run_due()
+    assert runs == ["a", "b", "b"]
 
 
 def test_no_thread_without_a_job() -> None:
