@@ -108,7 +108,9 @@ def test_sigkill_and_restart_loses_and_duplicates_nothing(
     finally:
         log.close()
     assert kills >= 10
-    assert len(set(seen)) >= 5, f"the acker made progress between kills: {seen}"
+    # Kills landed mid-stream (the acker had notified some, not all) at two points at least:
+    # how many depends on the machine's load (a loaded one makes progress in larger jumps).
+    assert len({n for n in seen if 0 < n < 80}) >= 2, f"kills between progress: {seen}"
     assert all(r.ok for r in verify_config(config)), [r.broken for r in verify_config(config)]
     verify_chains(config, [checkpoint_topic(config)])
 
