@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 __all__ = [
     "FENCED_CODES", "fatal_error", "fenced_as", "flush", "is_fenced", "produce", "produce_batch",
+    "raise_fatal",
 ]
 
 FENCED_CODES = frozenset(
@@ -83,10 +84,24 @@ def produce_batch(
             return
         except BufferError:
             producer.poll(0.05)
-        except BaseException:
+        except BaseException as exc:
             if refused is not None:
                 refused(i)
+            if isinstance(exc, KafkaException):
+                raise_fatal(producer, exc)
             raise
+
+
+def raise_fatal(producer: Producer, exc: KafkaException) -> None:
+    """Raise ``exc`` -- or, for librdkafka's generic "Unable to produce message: Local: Fatal
+    error" (``_FATAL``), the producer's own fatal error (a fence found by an earlier request),
+    which a caller can tell (:func:`is_fenced`)."""
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError) and err.code() == KafkaError._FATAL:
+        real = fatal_error(producer, exc)
+        if real is not None:
+            raise KafkaException(real) from exc
+    raise exc
 
 
 def flush(producer: Producer, timeout: float) -> int:

@@ -37,7 +37,7 @@ from substreams.errors import (
 from substreams.frontier import Time
 from substreams.kafka import client
 from substreams.kafka.clock import SYSTEM, Clock
-from substreams.kafka.write import is_fenced, produce, produce_batch
+from substreams.kafka.write import is_fenced, produce, produce_batch, raise_fatal
 from substreams.streams.evolution import register_stream
 from substreams.streams.framing import EnvelopeEncoder
 from substreams.streams.policy import PolicySeal, SealClock
@@ -1070,8 +1070,10 @@ class Publisher:
         callbacks: Sequence[Callable[[KafkaError | None, Message], None]] | None,
         refused: Callable[[int], None] | None = None,
     ) -> None:
-        """The batch's records into the open transaction (:func:`produce_batch`)."""
-        produce_batch(self._producer, self.stream, values, parts, keys, callbacks, refused)
+        """The batch's records into the open transaction (:func:`produce_batch`; a fenced
+        producer's refusal raised as :class:`PublisherFencedError`)."""
+        self._guard(produce_batch, self._producer, self.stream, values, parts, keys, callbacks,
+                    refused)
 
     def _kept_key(self) -> int:
         """The order key the framework keeps for a stream with no ``order_key`` field: this
@@ -1190,6 +1192,8 @@ class Publisher:
                 self._producer, self.stream, value,
                 key=key, partition=partition, on_delivery=on_delivery,
             )
+        except KafkaException as exc:  # a fenced producer's refusal: PublisherFencedError
+            self._guard(raise_fatal, self._producer, exc)
 
     def produce_aside(
         self,
