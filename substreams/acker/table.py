@@ -832,15 +832,8 @@ class SegmentTable:
         if self.touched is not None:
             self.touched.add(t)
         if type(t) is Keyed and entry.ranges and type(t.time) is int:
-            starts = self._starts
-            for key, (lo, _) in entry.ranges.items():
-                heap = starts.get(key)
-                if heap is None:
-                    starts[key] = [(lo, t.key, t.time)]
-                    continue
-                heapq.heappush(heap, (lo, t.key, t.time))
-                if len(heap) > 4 * self._nkeyed + 64:  # mostly passed-over entries
-                    self._index_starts()
+            for part, (lo, _) in entry.ranges.items():
+                self._push_start(part, lo, t.key, t.time)
         return new
 
     def _report_run(
